@@ -1,0 +1,125 @@
+"""Safetensors checkpoints that reload pruned (reshaped) models without pickles.
+
+The file holds the state dict plus JSON metadata: the `ModelSpec` that builds the original
+architecture and, per module, the shape attributes that pruning changed (`out_features`,
+`num_heads`...). Loading builds the architecture, resizes every module to the saved shapes and
+loads the weights strictly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from pruneops.errors import CheckpointError, ConfigError
+from pruneops.models import ModelSpec, create_model
+
+# Attributes that describe a module's shape; pruning edits them along with the weights.
+SHAPE_ATTRS = (
+    "in_features",
+    "out_features",
+    "in_channels",
+    "out_channels",
+    "groups",
+    "num_features",
+    "normalized_shape",
+    "num_heads",
+    "head_dim",
+)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the model (eval mode) and its metadata."""
+
+    model: nn.Module
+    spec: ModelSpec
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _structure(model: nn.Module) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, module in model.named_modules():
+        attrs = {a: getattr(module, a) for a in SHAPE_ATTRS if isinstance(getattr(module, a, None), (int, tuple))}
+        if attrs:
+            out[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.items()}
+    return out
+
+
+def save_checkpoint(path: Path, model: nn.Module, spec: ModelSpec, extra: dict[str, Any] | None = None) -> None:
+    """Writes `model` as safetensors with the metadata needed to rebuild its pruned shape."""
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    meta = {"spec": spec.to_dict(), "structure": _structure(model), "extra": extra or {}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata={"pruneops": json.dumps(meta)})
+
+
+def _resize_(model: nn.Module, structure: dict[str, dict[str, Any]], state: dict[str, torch.Tensor]) -> None:
+    modules = dict(model.named_modules())
+    for name, attrs in structure.items():
+        module = modules.get(name)
+        if module is None:
+            raise ValueError(f"module {name!r} of the checkpoint is not in the architecture")
+        for attr, value in attrs.items():
+            if hasattr(module, attr):
+                setattr(module, attr, tuple(value) if isinstance(value, list) else value)
+    for key, tensor in state.items():
+        mod_name, _, leaf = key.rpartition(".")
+        module = modules.get(mod_name)
+        if module is None:
+            continue
+        current = getattr(module, leaf, None)
+        if isinstance(current, torch.Tensor) and current.shape != tensor.shape:
+            if leaf in module._parameters:
+                module._parameters[leaf] = nn.Parameter(torch.empty_like(tensor))
+            elif leaf in module._buffers:
+                module._buffers[leaf] = torch.empty_like(tensor)
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    """The PruneOps metadata of a checkpoint, without loading its weights."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("pruneops")
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: checkpoint not found") from None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: corrupt checkpoint ({exc})") from None
+    if raw is None:
+        raise CheckpointError(f"{path}: not a PruneOps checkpoint (no metadata)")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: corrupt checkpoint metadata ({exc})") from None
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Rebuilds the model saved at `path` (pruned shapes included) in eval mode.
+
+    Raises:
+        CheckpointError: Missing, corrupt, or not matching its architecture.
+    """
+    path = Path(path)
+    meta = read_metadata(path)
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: corrupt checkpoint ({exc})") from None
+    try:
+        spec = ModelSpec(**meta["spec"])
+        model = create_model(spec)
+        _resize_(model, meta.get("structure", {}), state)
+        model.load_state_dict(state, strict=True)
+    except (KeyError, TypeError, ValueError, RuntimeError, ConfigError) as exc:
+        raise CheckpointError(f"{path}: checkpoint does not fit its architecture ({exc})") from None
+    model.eval()
+    return Checkpoint(model, spec, meta.get("extra", {}))

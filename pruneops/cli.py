@@ -1,0 +1,232 @@
+"""Command line: `pruneops <stage>` runs one stage with its section of `params.yaml`.
+
+This is the only module that reads `params.yaml` and the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pruneops import __version__
+from pruneops.config import check_sections, load_stage_config, parse_section, read_params
+from pruneops.errors import DataValidationError, PruneOpsError
+from pruneops.io import Layout
+
+
+@dataclass(frozen=True)
+class StageCommand:
+    """How the CLI runs one stage and summarises its report in one line."""
+
+    help: str
+    run: Callable[[Any, dict, Layout], Any]
+    summary: Callable[[Any], str]
+
+
+def _validate(cfg, params, layout):
+    from pruneops.validate import validate_dataset
+
+    return validate_dataset(cfg, layout)
+
+
+def _train(cfg, params, layout):
+    from pruneops.train import train_baseline
+
+    return train_baseline(cfg, layout)
+
+
+def _sensitivity(cfg, params, layout):
+    from pruneops.config import PruneConfig
+    from pruneops.sensitivity import analyze_sensitivity
+
+    target = parse_section("prune", params.get("prune"), PruneConfig).target_ratio
+    return analyze_sensitivity(cfg, target, layout)
+
+
+def _prune(cfg, params, layout):
+    from pruneops.prune import prune_iteratively
+
+    return prune_iteratively(cfg, layout)
+
+
+def _finetune(cfg, params, layout):
+    from pruneops.finetune import finetune
+
+    return finetune(cfg, layout)
+
+
+def _quantize(cfg, params, layout):
+    from pruneops.quantize import quantize_model
+
+    return quantize_model(cfg, layout)
+
+
+def _export(cfg, params, layout):
+    from pruneops.export import export_onnx
+
+    return export_onnx(cfg, layout)
+
+
+def _benchmark(cfg, params, layout):
+    from pruneops.benchmark import benchmark_model
+
+    return benchmark_model(cfg, layout)
+
+
+STAGES: dict[str, StageCommand] = {
+    "validate": StageCommand(
+        "load, split and check the data (Great Expectations)",
+        _validate,
+        lambda r: (
+            f"{r.dataset}: {r.n_train}/{r.n_val}/{r.n_test} train/val/test, "
+            f"{r.expectations_evaluated} expectations passed -> {r.data_dir}"
+        ),
+    ),
+    "train": StageCommand(
+        "train the baseline model",
+        _train,
+        lambda r: (
+            f"{r.model}: test accuracy {100 * r.test_accuracy:.2f}%, {r.params:,} params, "
+            f"{r.macs:,} MACs -> {r.checkpoint}"
+        ),
+    ),
+    "sensitivity": StageCommand(
+        "per-layer sensitivity sweep and ratio allocation",
+        _sensitivity,
+        lambda r: (
+            f"{r.units} units, {r.evaluations} evaluations; allocation for target {r.target_ratio} "
+            f"(achieved {r.achieved_ratio:.3f}, predicted drop {100 * r.predicted_accuracy_drop:.2f} pts) "
+            f"-> {r.allocation}"
+        ),
+    ),
+    "prune": StageCommand(
+        "iterative pruning to the target",
+        _prune,
+        lambda r: (
+            f"{r.method}: {r.mac_reduction:.2f}x fewer MACs, {r.param_reduction:.2f}x fewer params, "
+            f"{100 * r.weight_zero_fraction:.1f}% zero weights, val accuracy {100 * r.val_accuracy:.2f}%; "
+            f"speed-up: {r.speedup} -> {r.checkpoint}"
+        ),
+    ),
+    "finetune": StageCommand(
+        "recovery fine-tuning with distillation",
+        _finetune,
+        lambda r: (
+            f"test accuracy {100 * r.test_accuracy:.2f}% ({r.accuracy_delta_points:+.2f} pts vs baseline), "
+            f"{r.mac_reduction:.2f}x fewer MACs -> {r.checkpoint}"
+        ),
+    ),
+    "quantize": StageCommand(
+        "ONNX Runtime INT8 quantization",
+        _quantize,
+        lambda r: (
+            f"{r.method}: test accuracy {100 * r.test_accuracy:.2f}% (fp32 {100 * r.fp32_test_accuracy:.2f}%), "
+            f"batch-1 {r.latency_ms_b1:.4f} ms (fp32 {r.fp32_latency_ms_b1:.4f} ms) -> {r.model_path}"
+        ),
+    ),
+    "export": StageCommand(
+        "ONNX export with parity checks (and TensorRT where present)",
+        _export,
+        lambda r: (
+            f"parity dense {r.dense_max_abs_diff:.1e}, pruned {r.pruned_max_abs_diff:.1e}, "
+            f"int8 top-1 agreement {100 * r.int8_agreement:.1f}%; tensorrt: {r.tensorrt} -> {r.export_dir}"
+        ),
+    ),
+    "benchmark": StageCommand(
+        "latency/throughput/size/accuracy benchmark",
+        _benchmark,
+        lambda r: (
+            f"batch-1 speed-up vs dense fp32: pruned int8 {r.speedup_b1_pruned_int8_vs_dense:.2f}x, "
+            f"pruned fp32 {r.speedup_b1_pruned_fp32_vs_dense:.2f}x; {r.mac_reduction:.2f}x fewer MACs -> {r.table}"
+        ),
+    ),
+}
+
+
+def _list_registries() -> str:
+    import pruneops.models.architectures  # noqa: F401
+    from pruneops.data.loaders import LOADERS
+    from pruneops.export import ENGINE_BUILDERS
+    from pruneops.models import MODELS
+    from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES
+    from pruneops.quantize import QUANTIZERS
+
+    lines = []
+    for title, reg in [
+        ("pruning methods (prune.method)", METHODS),
+        ("importance (prune.importance)", IMPORTANCES),
+        ("schedules (prune.schedule)", SCHEDULES),
+        ("models (train.model)", MODELS),
+        ("datasets (validate.dataset)", LOADERS),
+        ("quantizers (quantize.method; or auto)", QUANTIZERS),
+        ("engine builders", ENGINE_BUILDERS),
+    ]:
+        lines.append(f"{title}:")
+        lines += [f"  {e.name:<12} {e.summary}" for e in reg]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (one sub-command per stage, plus `methods`)."""
+    parser = argparse.ArgumentParser(
+        prog="pruneops", description="Prune PyTorch models so they serve faster: one command per DVC stage."
+    )
+    parser.add_argument("--version", action="version", version=f"pruneops {__version__}")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--root", default=".", help="project directory the stages read and write (default: .)")
+    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
+    for name, cmd in STAGES.items():
+        sub.add_parser(name, help=cmd.help, description=f"{cmd.help}; reads section `{name}` of params.")
+    sub.add_parser("methods", help="list pruning methods, importance criteria, models, quantizers...")
+    return parser
+
+
+def run_stage(stage: str, params_path: str | Path, root: str | Path = ".") -> Any:
+    """Validates the stage's params, then runs it (raises `PruneOpsError` on failure)."""
+    params = read_params(params_path)
+    check_sections(params)
+    config = load_stage_config(params, stage)
+    return STAGES[stage].run(config, params, Layout(Path(root)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `pruneops` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if args.command == "methods":
+        print(_list_registries())
+        return 0
+    started = time.perf_counter()
+    try:
+        report = run_stage(args.command, args.params, args.root)
+    except PruneOpsError as exc:
+        print(f"pruneops {args.command}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, DataValidationError):
+            print("\n".join(exc.details), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"pruneops {args.command}: interrupted; no output written", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - last resort: one line unless debugging
+        if os.environ.get("PRUNEOPS_DEBUG"):
+            traceback.print_exc()
+        print(
+            f"pruneops {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(set PRUNEOPS_DEBUG=1 for a traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"pruneops {args.command} ({time.perf_counter() - started:.1f}s): {STAGES[args.command].summary(report)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

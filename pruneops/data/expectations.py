@@ -1,0 +1,173 @@
+"""The Great Expectations 1.x suite run by `validate`, in an in-memory (ephemeral) context.
+
+Images can have hundreds of features, so rather than one expectation per pixel the suite runs
+over a per-sample table (min, max, non-finite count, feature count, label, content digest) plus a
+per-class count table; tabular sources also get their raw schema and nulls checked per column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class ExpectationOutcome:
+    """One evaluated expectation."""
+
+    batch: str
+    expectation: str
+    column: str | None
+    success: bool
+    observed: str
+
+
+@dataclass
+class SuiteResult:
+    """All outcomes of the suite."""
+
+    outcomes: list[ExpectationOutcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[ExpectationOutcome]:
+        """The outcomes that did not hold."""
+        return [o for o in self.outcomes if not o.success]
+
+    @property
+    def success(self) -> bool:
+        """True when every expectation held."""
+        return not self.failed
+
+
+def digests(x: np.ndarray) -> np.ndarray:
+    """Content hash per sample (exact duplicates share a digest)."""
+    flat = np.ascontiguousarray(x.reshape(len(x), -1))
+    return np.array([hashlib.blake2b(row.tobytes(), digest_size=12).hexdigest() for row in flat])
+
+
+def sample_table(x: np.ndarray, y: np.ndarray, split: str) -> pd.DataFrame:
+    """One row per sample: what the per-sample expectations look at."""
+    flat = x.reshape(len(x), -1)
+    finite = np.isfinite(flat)
+    with np.errstate(invalid="ignore"):
+        x_min = np.where(finite, flat, np.inf).min(axis=1)
+        x_max = np.where(finite, flat, -np.inf).max(axis=1)
+    return pd.DataFrame(
+        {
+            "split": split,
+            "label": y,
+            "n_features": flat.shape[1],
+            "n_nonfinite": (~finite).sum(axis=1),
+            "x_min": np.where(np.isfinite(x_min), x_min, np.nan),
+            "x_max": np.where(np.isfinite(x_max), x_max, np.nan),
+        }
+    )
+
+
+def _observed(result: dict) -> str:
+    if "observed_value" in result:
+        return str(result["observed_value"])[:120]
+    if "unexpected_count" in result:
+        examples = result.get("partial_unexpected_list", [])[:5]
+        return f"{result['unexpected_count']} unexpected, e.g. {examples}"
+    return ""
+
+
+def run_suite(
+    *,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    classes: list[int],
+    value_range: tuple[float, float],
+    min_samples_per_class: int,
+    max_leakage_fraction: float,
+    table: pd.DataFrame | None = None,
+    table_columns: list[str] | None = None,
+) -> SuiteResult:
+    """Runs the data suite and returns every outcome (never raises on failing data).
+
+    Args:
+        train: Training inputs and labels (before scaling).
+        test: Test inputs and labels.
+        classes: The declared label set.
+        value_range: Allowed [low, high] of every input value.
+        min_samples_per_class: Fewest training samples any declared class may have.
+        max_leakage_fraction: Largest allowed fraction of test samples also found in train.
+        table: The raw table of tabular sources, for schema and per-column null checks.
+        table_columns: The expected columns of `table` (features then label).
+    """
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = {"globally": False}
+    source = context.data_sources.add_pandas("pruneops")
+    low, high = value_range
+
+    samples = pd.concat([sample_table(*train, "train"), sample_table(*test, "test")])
+    n_features = int(np.prod(train[0].shape[1:]))
+    counts = pd.Series(train[1]).value_counts()
+    class_counts = pd.DataFrame({"label": classes, "count": [int(counts.get(c, 0)) for c in classes]})
+    # Membership is precomputed: GX copies a large value_set on every metric it resolves.
+    train_digests = set(digests(train[0]).tolist())
+    test_rows = pd.DataFrame({"in_train": [d in train_digests for d in digests(test[0])]})
+
+    batches: dict[str, tuple[pd.DataFrame, list]] = {
+        "samples": (
+            samples,
+            [
+                gxe.ExpectColumnValuesToBeInSet(column="n_features", value_set=[n_features]),
+                gxe.ExpectColumnValuesToBeBetween(column="n_nonfinite", min_value=0, max_value=0),
+                gxe.ExpectColumnValuesToNotBeNull(column="x_min"),
+                gxe.ExpectColumnValuesToBeBetween(column="x_min", min_value=low),
+                gxe.ExpectColumnValuesToBeBetween(column="x_max", max_value=high),
+                gxe.ExpectColumnValuesToNotBeNull(column="label"),
+                gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes),
+            ],
+        ),
+        "class_counts": (
+            class_counts,
+            [gxe.ExpectColumnValuesToBeBetween(column="count", min_value=min_samples_per_class)],
+        ),
+        "test_leakage": (
+            test_rows,
+            [
+                gxe.ExpectColumnValuesToBeInSet(
+                    column="in_train", value_set=[False], mostly=max(1.0 - max_leakage_fraction, 1e-9)
+                )
+            ],
+        ),
+    }
+    if table is not None and table_columns is not None:
+        table_checks: list = [gxe.ExpectTableColumnsToMatchSet(column_set=table_columns)]
+        table_checks += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in table_columns if c in table]
+        batches["raw_table"] = (table, table_checks)
+
+    result = SuiteResult()
+    for name, (frame, expectations) in batches.items():
+        asset = source.add_dataframe_asset(name=name)
+        batch_def = asset.add_batch_definition_whole_dataframe(f"{name}_all")
+        suite = context.suites.add(gx.ExpectationSuite(name=f"pruneops_{name}"))
+        for expectation in expectations:
+            suite.add_expectation(expectation)
+        batch = batch_def.get_batch(batch_parameters={"dataframe": frame})
+        validation = batch.validate(suite)
+        for r in validation.results:
+            cfg = r.expectation_config
+            result.outcomes.append(
+                ExpectationOutcome(
+                    batch=name,
+                    expectation=cfg.type,
+                    column=cfg.kwargs.get("column"),
+                    success=bool(r.success),
+                    observed=_observed(r.result or {}),
+                )
+            )
+    return result

@@ -1,0 +1,117 @@
+"""Raw data loaders, chosen by `validate.dataset`: `digits`, `npz`, `table`."""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pruneops.config import ValidateConfig
+from pruneops.errors import ConfigError, DataError
+from pruneops.registry import Registry
+
+
+@dataclass(frozen=True)
+class RawData:
+    """Data as loaded, before checks and scaling.
+
+    `x_test`/`y_test` are None when the source has no test split (one is then carved out).
+    `table` holds the raw frame of tabular sources so the suite can check its schema.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray | None
+    y_test: np.ndarray | None
+    input_shape: tuple[int, ...]
+    value_range: tuple[float, float]
+    feature_names: list[str] | None = None
+    table: pd.DataFrame | None = None
+
+
+LOADERS: Registry = Registry("dataset")
+
+
+def _require_path(config: ValidateConfig) -> Path:
+    if not config.path:
+        raise ConfigError(f"validate.path: required for dataset {config.dataset!r}")
+    path = Path(config.path)
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found")
+    return path
+
+
+@LOADERS.register("digits", "scikit-learn's bundled 8x8 digits (1,797 images, no download)")
+def load_digits(config: ValidateConfig) -> RawData:
+    """scikit-learn's bundled 8x8 digits."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    bunch = sk_digits()
+    x = bunch.images.astype(np.float32)[:, None, :, :]
+    return RawData(x, bunch.target.astype(np.int64), None, None, (1, 8, 8), (0.0, 16.0))
+
+
+@LOADERS.register("npz", "NPZ with x_train, y_train, x_test, y_test (e.g. MNIST)")
+def load_npz(config: ValidateConfig) -> RawData:
+    """NPZ archive with `x_train, y_train, x_test, y_test`; images get a channel axis."""
+    path = _require_path(config)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = {"x_train", "y_train", "x_test", "y_test"} - set(npz.files)
+            if missing:
+                raise DataError(f"{path}: missing arrays {sorted(missing)}; found {npz.files}")
+            arrays = {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise DataError(f"{path}: not a readable NPZ archive ({exc})") from None
+    xtr, xte = arrays["x_train"], arrays["x_test"]
+    if xtr.ndim == 3:  # (N, H, W) grey images -> (N, 1, H, W)
+        xtr, xte = xtr[:, None], xte[:, None]
+    if xtr.ndim < 2 or len(xtr) != len(arrays["y_train"]) or len(xte) != len(arrays["y_test"]):
+        raise DataError(
+            f"{path}: inconsistent shapes x_train {arrays['x_train'].shape}, "
+            f"y_train {arrays['y_train'].shape}, x_test {arrays['x_test'].shape}, "
+            f"y_test {arrays['y_test'].shape}"
+        )
+    default_range = (0.0, 255.0) if xtr.dtype == np.uint8 else (0.0, 1.0)
+    return RawData(
+        xtr.astype(np.float32),
+        arrays["y_train"].astype(np.int64),
+        xte.astype(np.float32),
+        arrays["y_test"].astype(np.int64),
+        tuple(xtr.shape[1:]),
+        default_range,
+    )
+
+
+@LOADERS.register("table", "CSV or Parquet: feature columns + a label column")
+def load_table(config: ValidateConfig) -> RawData:
+    """CSV/Parquet table: `feature_columns` (default: all but the label) and `label_column`."""
+    path = _require_path(config)
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            frame = pd.read_parquet(path)
+        else:
+            frame = pd.read_csv(path)
+    except Exception as exc:  # pandas raises many unrelated types for unreadable files
+        raise DataError(f"{path}: cannot read table ({type(exc).__name__}: {exc})") from None
+    if config.label_column not in frame.columns:
+        raise DataError(f"{path}: label column {config.label_column!r} not found; columns: {list(frame.columns)}")
+    features = config.feature_columns or [c for c in frame.columns if c != config.label_column]
+    present = [c for c in features if c in frame.columns]
+    numeric = frame[present].apply(pd.to_numeric, errors="coerce")
+    x = numeric.to_numpy(dtype=np.float32)
+    labels = pd.to_numeric(frame[config.label_column], errors="coerce")
+    y = labels.fillna(-1).to_numpy().astype(np.int64)
+    finite = x[np.isfinite(x)]
+    default_range = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if default_range[0] == default_range[1]:
+        default_range = (default_range[0], default_range[0] + 1.0)
+    return RawData(x, y, None, None, (len(features),), default_range, feature_names=features, table=frame)
+
+
+def load_raw(config: ValidateConfig) -> RawData:
+    """Loads the dataset named by `config.dataset`."""
+    return LOADERS.get(config.dataset)(config)

@@ -1,0 +1,82 @@
+"""The prepared splits that `validate` writes and every later stage reads."""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pruneops.errors import DataError
+from pruneops.io import dump_json, read_json
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split: inputs scaled to [0, 1] as float32 and int64 labels."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def head(self, n: int) -> Split:
+        """The first `n` samples."""
+        return Split(self.x[:n], self.y[:n])
+
+
+@dataclass(frozen=True)
+class DataMeta:
+    """What models need to know about the data."""
+
+    dataset: str
+    input_shape: list[int]
+    num_classes: int
+    classes: list[int]
+    value_range: list[float]
+    feature_names: list[str] | None = None
+
+    def save(self, path: Path) -> None:
+        """Writes the metadata as JSON."""
+        dump_json(asdict(self), path)
+
+
+def save_split(split: Split, path: Path) -> None:
+    """Writes a split as an uncompressed NPZ (no pickles)."""
+    np.savez(path, x=split.x, y=split.y)
+
+
+def load_split(data_dir: Path, name: str) -> Split:
+    """Reads a prepared split written by the `validate` stage.
+
+    Raises:
+        DataError: The file is missing or unreadable.
+    """
+    path = Path(data_dir) / f"{name}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return Split(npz["x"].astype(np.float32), npz["y"].astype(np.int64))
+    except FileNotFoundError:
+        raise DataError(f"{path}: prepared split not found; run `pruneops validate` first") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: cannot read prepared split ({exc})") from None
+
+
+def load_meta(data_dir: Path) -> DataMeta:
+    """Reads the metadata written beside the splits."""
+    path = Path(data_dir) / "meta.json"
+    try:
+        return DataMeta(**read_json(path))
+    except FileNotFoundError:
+        raise DataError(f"{path}: not found; run `pruneops validate` first") from None
+    except (ValueError, TypeError) as exc:
+        raise DataError(f"{path}: unreadable metadata ({exc})") from None
+
+
+def load_prepared(data_dir: Path) -> tuple[DataMeta, Split, Split, Split]:
+    """Metadata and the train, val and test splits written by `validate`."""
+    return (load_meta(data_dir), *(load_split(data_dir, s) for s in SPLITS))

@@ -1,0 +1,42 @@
+"""Error types that the CLI turns into one-line messages and exit codes."""
+
+
+class PruneOpsError(Exception):
+    """Base class of every error a stage reports to the user (exit code 1)."""
+
+    exit_code = 1
+
+
+class ConfigError(PruneOpsError):
+    """A parameter is unknown, of the wrong type or out of range (exit code 2)."""
+
+    exit_code = 2
+
+
+class DataError(PruneOpsError):
+    """Input data is missing, unreadable or malformed."""
+
+
+class DataValidationError(DataError):
+    """The data failed its expectation suite.
+
+    Args:
+        summary: One line naming the failed expectations.
+        details: One line per failed expectation, for the report printed below the summary.
+    """
+
+    def __init__(self, summary: str, details: list[str]):
+        super().__init__(summary)
+        self.details = details
+
+
+class CheckpointError(PruneOpsError):
+    """A checkpoint is missing, corrupt or does not fit its architecture."""
+
+
+class ParityError(PruneOpsError):
+    """An exported model disagrees with its PyTorch source beyond tolerance."""
+
+
+class QualityGateError(PruneOpsError):
+    """No candidate meets the accuracy tolerance the stage was given."""

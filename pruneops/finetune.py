@@ -1,0 +1,118 @@
+"""`finetune` stage: recovery fine-tuning of the pruned model, distilled from the baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from pruneops.checkpoint import load_checkpoint, save_checkpoint
+from pruneops.config import FinetuneConfig
+from pruneops.data import load_prepared
+from pruneops.errors import CheckpointError
+from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.plots import plot_history
+from pruneops.profiling import count_macs, count_params
+from pruneops.train import fit_settings
+from pruneops.training import Distillation, evaluate, fit_
+
+
+@dataclass(frozen=True)
+class FinetuneReport:
+    """The recovered model against the baseline."""
+
+    params: int
+    macs: int
+    val_accuracy: float
+    test_accuracy: float
+    baseline_test_accuracy: float
+    accuracy_delta_points: float
+    mac_reduction: float
+    epochs_run: int
+    checkpoint: Path
+
+    def metrics(self) -> dict:
+        """The figures tracked by `dvc metrics`."""
+        return {k: v for k, v in self.__dict__.items() if k != "checkpoint"}
+
+
+def load_masks(path: Path) -> dict[str, torch.Tensor]:
+    """Pruning masks saved beside a checkpoint (empty when the method keeps none)."""
+    if not path.exists():
+        return {}
+    try:
+        return {k: v.bool() for k, v in load_file(str(path)).items()}
+    except Exception as exc:  # safetensors raises several types for a damaged file
+        raise CheckpointError(f"{path}: corrupt masks ({exc})") from None
+
+
+def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport:
+    """Fine-tunes the pruned model with distillation from the baseline, keeping its sparsity.
+
+    Args:
+        config: The `finetune` section of params.
+        layout: Where to read and write; defaults to the current directory.
+
+    Returns:
+        The report; the checkpoint is `artifacts/finetune/model.safetensors`.
+    """
+    layout = layout or Layout()
+    torch.set_num_threads(config.threads)
+    meta, train, val, test = load_prepared(layout.stage_dir("validate"))
+    teacher = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
+    pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
+    masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
+    model = pruned.model
+    params = dict(model.named_parameters())
+
+    @torch.no_grad()
+    def keep_masks(_: torch.nn.Module) -> None:
+        for name, mask in masks.items():
+            params[name].mul_(mask)
+
+    kd = Distillation(teacher, config.distill_temperature, config.distill_weight)
+    fit = fit_(
+        model,
+        train,
+        val,
+        fit_settings(config),
+        distillation=kd,
+        after_step=keep_masks if masks else None,
+        desc="finetune",
+    )
+    test_acc, _ = evaluate(model, test)
+    base_test, _ = evaluate(teacher, test)
+    macs = count_macs(model, meta.input_shape)
+    out_dir, metrics_path, plots_dir = (
+        layout.stage_dir("finetune"),
+        layout.metrics("finetune"),
+        layout.plots("finetune"),
+    )
+    report = FinetuneReport(
+        params=count_params(model),
+        macs=macs,
+        val_accuracy=fit.best_val_accuracy,
+        test_accuracy=test_acc,
+        baseline_test_accuracy=base_test,
+        accuracy_delta_points=100 * (test_acc - base_test),
+        mac_reduction=count_macs(teacher, meta.input_shape) / macs,
+        epochs_run=len(fit.history),
+        checkpoint=out_dir / "model.safetensors",
+    )
+    with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
+        save_checkpoint(
+            staged.dir(out_dir) / "model.safetensors", model, pruned.spec, {**pruned.extra, "stage": "finetune"}
+        )
+        dump_json(report.metrics(), staged.path(metrics_path))
+        plots = staged.dir(plots_dir)
+        dump_json(fit.history, plots / "history.json")
+        plot_history(
+            fit.history,
+            "epoch",
+            [("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])],
+            "Recovery fine-tuning (distilled)",
+            plots / "history.png",
+        )
+    return report

@@ -1,0 +1,62 @@
+"""Parameter and MAC counts, measured by running the model once with hooks."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of parameters (dense count: zeros included)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def count_nonzero_params(model: nn.Module) -> int:
+    """Number of non-zero parameters."""
+    return sum(int(torch.count_nonzero(p)) for p in model.parameters())
+
+
+def _weight_count(w: torch.Tensor, nonzero: bool) -> int:
+    return int(torch.count_nonzero(w)) if nonzero else w.numel()
+
+
+@torch.no_grad()
+def layer_macs(model: nn.Module, input_shape: list[int] | tuple[int, ...], nonzero: bool = False) -> dict[str, int]:
+    """Multiply-accumulates per module for one forward pass on a single sample.
+
+    Counts Linear and Conv layers, plus any module's `extra_macs(inputs, output)` (attention
+    matmuls). With `nonzero`, weights that are exactly zero are not counted: the work a sparse
+    kernel could skip, not what a dense kernel does.
+    """
+    macs: dict[str, int] = {}
+
+    def make_hook(name: str):
+        def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            n = 0
+            if isinstance(module, nn.Linear):
+                n = (output.numel() // output.shape[-1]) * _weight_count(module.weight, nonzero)
+            elif isinstance(module, (nn.Conv1d, nn.Conv2d)):
+                w = module.weight
+                n = output.numel() // w.shape[0] * _weight_count(w, nonzero)
+            if hasattr(module, "extra_macs"):
+                n += int(module.extra_macs(inputs, output))
+            if n:
+                macs[name] = macs.get(name, 0) + n
+
+        return hook
+
+    handles = [m.register_forward_hook(make_hook(n)) for n, m in model.named_modules()]
+    was_training = model.training
+    model.eval()
+    try:
+        model(torch.zeros(1, *input_shape))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return macs
+
+
+def count_macs(model: nn.Module, input_shape: list[int] | tuple[int, ...], nonzero: bool = False) -> int:
+    """Total MACs of one forward pass on a single sample (see `layer_macs`)."""
+    return sum(layer_macs(model, input_shape, nonzero).values())

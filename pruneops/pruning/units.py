@@ -1,0 +1,114 @@
+"""Prunable units of a model and their physical removal.
+
+A unit is either a channel group found by Torch-Pruning's dependency graph (named by its root
+layer; coupled layers across residual adds, BatchNorm, concatenation and flatten are pruned
+together) or the heads of an attention module (named `<module>.heads`). The classifier's
+outputs and attention projections are never pruned as channels.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from pruneops.models import classifier_of
+from pruneops.pruning.importance import Criterion
+
+ROOT_TYPES = (nn.Conv1d, nn.Conv2d, nn.Linear)
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    """One prunable unit: `kind` is "channels" or "heads"; `size` its current count."""
+
+    name: str
+    kind: str
+    size: int
+
+
+def head_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules whose heads can be removed (they implement `prune_heads_` and `head_weights`)."""
+    return {
+        n: m
+        for n, m in model.named_modules()
+        if hasattr(m, "prune_heads_") and hasattr(m, "head_weights") and hasattr(m, "num_heads")
+    }
+
+
+def ignored_layers(model: nn.Module) -> list[nn.Module]:
+    """Layers whose output channels are never pruned: the classifier and attention projections."""
+    ignored = [classifier_of(model)]
+    for module in head_modules(model).values():
+        ignored += [m for m in module.modules() if isinstance(m, ROOT_TYPES)]
+    return ignored
+
+
+def round_keep(size: int, ratio: float, round_to: int | None) -> int:
+    """How many of `size` units to keep after removing `ratio` of them (at least one)."""
+    keep = size - int(round(size * ratio))
+    if round_to:
+        keep = int(round(keep / round_to)) * round_to
+        keep = max(keep, min(round_to, size))
+    return max(1, min(size, keep))
+
+
+class UnitPruner:
+    """Lists and prunes the units of `model`; the dependency graph is rebuilt per call.
+
+    Args:
+        model: The model, pruned in place.
+        example_input: A batch the model accepts, to trace dependencies.
+        criterion: How to rank channels and heads.
+    """
+
+    def __init__(self, model: nn.Module, example_input: torch.Tensor, criterion: Criterion):
+        self.model = model
+        self.example_input = example_input
+        self.criterion = criterion
+
+    def _graph(self) -> tp.DependencyGraph:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return tp.DependencyGraph().build_dependency(self.model, example_inputs=self.example_input)
+
+    def _groups(self, graph: tp.DependencyGraph):
+        names = {m: n for n, m in self.model.named_modules()}
+        for group in graph.get_all_groups(ignored_layers=ignored_layers(self.model), root_module_types=ROOT_TYPES):
+            yield names[group[0].dep.target.module], group
+
+    def units(self) -> dict[str, UnitInfo]:
+        """Every prunable unit, by name."""
+        found = {name: UnitInfo(name, "channels", len(group[0].idxs)) for name, group in self._groups(self._graph())}
+        for name, module in head_modules(self.model).items():
+            found[f"{name}.heads"] = UnitInfo(f"{name}.heads", "heads", int(module.num_heads))
+        return found
+
+    def prune_to_(self, keep: dict[str, int]) -> None:
+        """Removes the least important channels/heads so each named unit keeps `keep[name]`."""
+        heads = head_modules(self.model)
+        for name, module in heads.items():
+            k = keep.get(f"{name}.heads")
+            if k is None or k >= module.num_heads:
+                continue
+            with torch.no_grad():
+                scores = self.criterion.head_scores(module.head_weights(), module.head_weights(grad=True))
+            module.prune_heads_(torch.argsort(scores)[: module.num_heads - k].tolist())
+        wanted = {n: k for n, k in keep.items() if not n.endswith(".heads")}
+        if not wanted:
+            return
+        graph = self._graph()
+        importance = self.criterion.make_group_importance()
+        for name, group in self._groups(graph):
+            size = len(group[0].idxs)
+            k = wanted.get(name)
+            if k is None or k >= size:
+                continue
+            with torch.no_grad():
+                scores = importance(group)
+            drop = torch.argsort(scores)[: size - k].tolist()
+            dep = group[0].dep
+            graph.get_pruning_group(dep.target.module, dep.handler, idxs=drop).prune()

@@ -1,0 +1,164 @@
+"""The one training loop: AdamW, cosine LR, early stopping on validation, optional distillation."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from pruneops.data.splits import Split
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """Hyper-parameters of one call of `fit_`."""
+
+    epochs: int
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    patience: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """Knowledge distillation from a teacher: loss = w * T^2 * KL + (1 - w) * CE."""
+
+    teacher: nn.Module
+    temperature: float = 4.0
+    weight: float = 0.5
+
+
+@dataclass
+class FitResult:
+    """Per-epoch history and the epoch whose weights were kept."""
+
+    history: list[dict] = field(default_factory=list)
+    best_epoch: int = 0
+    best_val_accuracy: float = 0.0
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds Python, NumPy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> torch.Tensor:
+    """Logits of `model` (eval mode) over `x`."""
+    model.eval()
+    xs = torch.from_numpy(x)
+    return torch.cat([model(xs[i : i + batch_size]) for i in range(0, len(xs), batch_size)])
+
+
+def evaluate(model: nn.Module, split: Split, batch_size: int = 512) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of `model` on `split`."""
+    logits = predict_logits(model, split.x, batch_size)
+    y = torch.from_numpy(split.y)
+    return float((logits.argmax(1) == y).float().mean()), float(F.cross_entropy(logits, y))
+
+
+def _loss(logits: torch.Tensor, y: torch.Tensor, xb: torch.Tensor, kd: Distillation | None) -> torch.Tensor:
+    ce = F.cross_entropy(logits, y)
+    if kd is None or kd.weight == 0:
+        return ce
+    with torch.no_grad():
+        teacher_logits = kd.teacher(xb)
+    t = kd.temperature
+    kl = F.kl_div(
+        F.log_softmax(logits / t, 1), F.log_softmax(teacher_logits / t, 1), log_target=True, reduction="batchmean"
+    )
+    return kd.weight * t * t * kl + (1 - kd.weight) * ce
+
+
+def fit_(
+    model: nn.Module,
+    train: Split,
+    val: Split,
+    settings: FitSettings,
+    *,
+    distillation: Distillation | None = None,
+    after_backward: Callable[[nn.Module], None] | None = None,
+    after_step: Callable[[nn.Module], None] | None = None,
+    desc: str = "train",
+) -> FitResult:
+    """Trains `model` in place and leaves it with the weights of its best validation epoch.
+
+    Args:
+        model: The model to train.
+        train: Training split.
+        val: Validation split for early stopping.
+        settings: Epochs, batch size, LR, weight decay, patience, seed.
+        distillation: Teacher and loss weighting, for recovery fine-tuning.
+        after_backward: Called after each backward pass (e.g. to accumulate movement scores).
+        after_step: Called after each optimizer step (e.g. to re-apply pruning masks).
+        desc: Label of the progress bar (shown on terminals only).
+
+    Returns:
+        History per epoch and the best epoch (by validation accuracy, then loss).
+    """
+    seed_everything(settings.seed)
+    if distillation is not None:
+        distillation.teacher.eval()
+    xs, ys = torch.from_numpy(train.x), torch.from_numpy(train.y)
+    steps_per_epoch = max(1, -(-len(ys) // settings.batch_size))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=settings.epochs * steps_per_epoch)
+    gen = torch.Generator().manual_seed(settings.seed)
+
+    result = FitResult()
+    best_key = (-1.0, 0.0)
+    best_state = copy.deepcopy(model.state_dict())
+    stale = 0
+    bar = tqdm(range(1, settings.epochs + 1), desc=desc, unit="epoch", disable=None, leave=False)
+    for epoch in bar:
+        model.train()
+        order = torch.randperm(len(ys), generator=gen)
+        total, seen = 0.0, 0
+        for i in range(0, len(ys), settings.batch_size):
+            idx = order[i : i + settings.batch_size]
+            xb, yb = xs[idx], ys[idx]
+            loss = _loss(model(xb), yb, xb, distillation)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if after_backward is not None:
+                after_backward(model)
+            opt.step()
+            sched.step()
+            if after_step is not None:
+                after_step(model)
+            total += loss.detach().item() * len(idx)
+            seen += len(idx)
+        val_acc, val_loss = evaluate(model, val)
+        result.history.append(
+            {
+                "epoch": epoch,
+                "train_loss": total / seen,
+                "val_loss": val_loss,
+                "val_accuracy": val_acc,
+                "lr": opt.param_groups[0]["lr"],
+            }
+        )
+        bar.set_postfix(val_acc=f"{val_acc:.4f}")
+        if (val_acc, -val_loss) > best_key:
+            best_key, stale = (val_acc, -val_loss), 0
+            best_state = copy.deepcopy(model.state_dict())
+            result.best_epoch, result.best_val_accuracy = epoch, val_acc
+        else:
+            stale += 1
+            if stale >= settings.patience:
+                break
+    bar.close()
+    model.load_state_dict(best_state)
+    return result

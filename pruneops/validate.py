@@ -1,0 +1,206 @@
+"""`validate` stage: load, split and check the data; write splits and reference statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from sklearn.model_selection import train_test_split
+
+from pruneops.config import ValidateConfig
+from pruneops.data.expectations import SuiteResult, digests, run_suite
+from pruneops.data.loaders import load_raw
+from pruneops.data.splits import DataMeta, Split, save_split
+from pruneops.errors import DataValidationError
+from pruneops.io import Layout, dump_json, staged_output_paths
+
+QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """What `validate` found and wrote."""
+
+    dataset: str
+    n_train: int
+    n_val: int
+    n_test: int
+    n_features: int
+    num_classes: int
+    duplicates_dropped: int
+    expectations_evaluated: int
+    expectations_failed: int
+    data_dir: Path
+
+    def metrics(self) -> dict:
+        """The figures tracked by `dvc metrics`."""
+        m = asdict(self)
+        m.pop("data_dir")
+        return m
+
+
+def _split(
+    x: np.ndarray, y: np.ndarray, fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded split, stratified whenever every class has at least two samples."""
+    _, counts = np.unique(y, return_counts=True)
+    stratify = y if counts.min() >= 2 else None
+    xa, xb, ya, yb = train_test_split(x, y, test_size=fraction, random_state=seed, stratify=stratify)
+    return xa, ya, xb, yb
+
+
+def feature_groups(input_shape: tuple[int, ...], feature_names: list[str] | None) -> dict:
+    """Named groups of flat feature indices, for per-group drift: image rows, or table columns."""
+    if len(input_shape) == 3:
+        c, h, w = input_shape
+        index = np.arange(c * h * w).reshape(c, h, w)
+        return {f"row_{r:02d}": index[:, r, :].ravel().tolist() for r in range(h)}
+    names = feature_names or [f"f{i}" for i in range(int(np.prod(input_shape)))]
+    return {name: [i] for i, name in enumerate(names)}
+
+
+def reference_stats(x: np.ndarray, y: np.ndarray, classes: list[int], bins: int, groups: dict) -> dict:
+    """Per-feature quantiles and histograms of scaled training inputs, for drift detection."""
+    flat = x.reshape(len(x), -1)
+    n_features = flat.shape[1]
+    idx = np.clip((flat * bins).astype(np.int64), 0, bins - 1)
+    counts = np.zeros((n_features, bins), dtype=np.int64)
+    np.add.at(counts, (np.broadcast_to(np.arange(n_features), idx.shape), idx), 1)
+    class_freq = np.array([(y == c).mean() for c in classes])
+    return {
+        "n_samples": len(flat),
+        "n_features": n_features,
+        "bin_edges": np.linspace(0.0, 1.0, bins + 1),
+        "quantile_levels": list(QUANTILE_LEVELS),
+        "quantiles": np.quantile(flat, QUANTILE_LEVELS, axis=0).T.round(6),
+        "histograms": (counts / len(flat)).round(6),
+        "mean": flat.mean(axis=0).round(6),
+        "std": flat.std(axis=0).round(6),
+        "classes": classes,
+        "class_frequencies": class_freq.round(6),
+        "feature_groups": groups,
+    }
+
+
+def summary_markdown(config: ValidateConfig, suite: SuiteResult, report: dict) -> str:
+    """A readable account of the run: the splits and each expectation's outcome."""
+    lines = [
+        f"# Data validation: {config.dataset}",
+        "",
+        f"- train / val / test: {report['n_train']} / {report['n_val']} / {report['n_test']}",
+        f"- features: {report['n_features']}, classes: {report['num_classes']}",
+        f"- exact duplicates dropped before splitting: {report['duplicates_dropped']}",
+        f"- expectations: {len(suite.outcomes)} evaluated, {len(suite.failed)} failed",
+        "",
+        "| batch | expectation | column | result | observed |",
+        "|---|---|---|---|---|",
+    ]
+    for o in suite.outcomes:
+        mark = "pass" if o.success else "**FAIL**"
+        lines.append(f"| {o.batch} | {o.expectation} | {o.column or ''} | {mark} | {o.observed} |")
+    return "\n".join(lines) + "\n"
+
+
+def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> ValidationReport:
+    """Loads the configured data, splits it (seeded), validates it and writes the splits.
+
+    Args:
+        config: The `validate` section of params.
+        layout: Where to write; defaults to the current directory.
+
+    Returns:
+        The report; the splits, metadata, reference statistics and the validation report are
+        under `artifacts/validate/`.
+
+    Raises:
+        DataError: The source is missing or unreadable.
+        DataValidationError: An expectation failed; nothing is written.
+    """
+    layout = layout or Layout()
+    raw = load_raw(config)
+    value_range = tuple(config.value_range) if config.value_range else raw.value_range
+
+    duplicates = 0
+    if raw.x_test is None:
+        keep = np.unique(digests(raw.x_train), return_index=True)[1]
+        keep.sort()
+        duplicates = len(raw.x_train) - len(keep)
+        x_pool, y_pool, x_test, y_test = _split(raw.x_train[keep], raw.y_train[keep], config.test_fraction, config.seed)
+    else:
+        x_pool, y_pool, x_test, y_test = raw.x_train, raw.y_train, raw.x_test, raw.y_test
+
+    classes = config.classes or sorted(int(c) for c in np.unique(y_pool) if c >= 0)
+    table_columns = None
+    if raw.table is not None:
+        table_columns = [*(config.feature_columns or raw.feature_names), config.label_column]
+    suite = run_suite(
+        train=(x_pool, y_pool),
+        test=(x_test, y_test),
+        classes=classes,
+        value_range=value_range,
+        min_samples_per_class=config.min_samples_per_class,
+        max_leakage_fraction=config.max_leakage_fraction,
+        table=raw.table,
+        table_columns=table_columns,
+    )
+    if not suite.success:
+        failed = suite.failed
+        names = ", ".join(f"{o.expectation}({o.column or o.batch})" for o in failed[:4])
+        details = [f"  {o.batch}: {o.expectation} {o.column or ''}: {o.observed}" for o in failed]
+        raise DataValidationError(
+            f"data validation failed: {len(failed)} of {len(suite.outcomes)} expectations "
+            f"failed: {names}{' ...' if len(failed) > 4 else ''}",
+            details,
+        )
+
+    x_train, y_train, x_val, y_val = _split(x_pool, y_pool, config.val_fraction, config.seed)
+    if config.max_train_samples and len(y_train) > config.max_train_samples:
+        x_train, y_train, _, _ = _split(x_train, y_train, 1.0 - config.max_train_samples / len(y_train), config.seed)
+
+    low, high = value_range
+
+    def scale(x: np.ndarray) -> np.ndarray:
+        return ((x - low) / (high - low)).astype(np.float32)
+
+    splits = {
+        "train": Split(scale(x_train), y_train),
+        "val": Split(scale(x_val), y_val),
+        "test": Split(scale(x_test), y_test),
+    }
+    meta = DataMeta(
+        dataset=config.dataset,
+        input_shape=list(raw.input_shape),
+        num_classes=max(classes) + 1,
+        classes=classes,
+        value_range=[float(low), float(high)],
+        feature_names=raw.feature_names,
+    )
+    groups = feature_groups(raw.input_shape, raw.feature_names)
+    stats = reference_stats(splits["train"].x, y_train, classes, config.hist_bins, groups)
+    report = ValidationReport(
+        dataset=config.dataset,
+        n_train=len(y_train),
+        n_val=len(y_val),
+        n_test=len(y_test),
+        n_features=int(np.prod(raw.input_shape)),
+        num_classes=meta.num_classes,
+        duplicates_dropped=duplicates,
+        expectations_evaluated=len(suite.outcomes),
+        expectations_failed=0,
+        data_dir=layout.stage_dir("validate"),
+    )
+    out_dir, metrics_path = layout.stage_dir("validate"), layout.metrics("validate")
+    with staged_output_paths(out_dir, metrics_path) as staged:
+        tmp = staged.dir(out_dir)
+        for name, split in splits.items():
+            save_split(split, tmp / f"{name}.npz")
+        meta.save(tmp / "meta.json")
+        dump_json(stats, tmp / "reference_stats.json")
+        dump_json(
+            {"success": True, "report": report.metrics(), "outcomes": [asdict(o) for o in suite.outcomes]},
+            tmp / "validation.json",
+        )
+        (tmp / "validation.md").write_text(summary_markdown(config, suite, report.metrics()))
+        dump_json(report.metrics(), staged.path(metrics_path))
+    return report

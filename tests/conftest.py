@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny params, and a pipeline run once per session on digits."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST = ROOT.parent / "shared" / "data" / "mnist.npz"
+
+# Small enough that every stage takes a second or two on 2 cores.
+TINY_OVERRIDES = {
+    "train": {"epochs": 8, "model_kwargs": {"widths": [16, 32]}, "patience": 3},
+    "sensitivity": {"ratios": [0.25, 0.5, 0.75]},
+    "prune": {"steps": 2, "epochs_per_step": 2},
+    "finetune": {"epochs": 4, "patience": 2},
+    "quantize": {"latency_repeats": 20, "calibration_samples": 64},
+    "export": {"parity_samples": 32},
+    "benchmark": {"repeats": 10, "rounds": 2, "warmup": 2, "batch_sizes": [1, 8]},
+}
+
+
+def tiny_params(**sections: dict) -> dict:
+    """The project's params.yaml with tiny epochs, updated per section by `sections`."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for section, values in {**TINY_OVERRIDES}.items():
+        params[section].update(copy.deepcopy(values))
+    for section, values in sections.items():
+        params[section].update(values)
+    return params
+
+
+def write_params(directory: Path, params: dict) -> Path:
+    """Writes `params` as `directory/params.yaml`."""
+    path = directory / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory where all eight stages ran once on digits with tiny settings."""
+    from pruneops.cli import run_stage
+
+    root = tmp_path_factory.mktemp("pipeline")
+    params = write_params(root, tiny_params())
+    for stage in ("validate", "train", "sensitivity", "prune", "finetune", "quantize", "export", "benchmark"):
+        run_stage(stage, params, root)
+    return root
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    """A copy of the project's pipeline files (dvc.yaml, params.yaml) in a fresh directory."""
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path

@@ -1,0 +1,126 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from pruneops.config import ValidateConfig
+from pruneops.data import load_prepared
+from pruneops.errors import ConfigError, DataError, DataValidationError
+from pruneops.io import Layout, read_json
+from pruneops.validate import validate_dataset
+
+
+def _npz(path, n_train=120, n_test=40, shape=(6, 6), classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    data = {
+        "x_train": rng.integers(0, 256, (n_train, *shape), dtype=np.uint8),
+        "y_train": np.arange(n_train) % classes,
+        "x_test": rng.integers(0, 256, (n_test, *shape), dtype=np.uint8),
+        "y_test": np.arange(n_test) % classes,
+    }
+    np.savez(path, **data)
+    return data
+
+
+def test_digits_default_splits_scaled_and_stats_written(tmp_path):
+    report = validate_dataset(ValidateConfig(), Layout(tmp_path))
+    meta, train, val, test = load_prepared(report.data_dir)
+    assert meta.input_shape == [1, 8, 8] and meta.num_classes == 10
+    assert len(train) + len(val) + len(test) == 1797 - report.duplicates_dropped
+    assert abs(len(test) / 1797 - 0.2) < 0.01
+    assert train.x.min() >= 0.0 and train.x.max() <= 1.0 and train.x.dtype == np.float32
+    assert report.expectations_failed == 0 and report.expectations_evaluated >= 9
+    stats = read_json(report.data_dir / "reference_stats.json")
+    assert len(stats["quantiles"]) == 64 and len(stats["histograms"][0]) == 20
+    assert abs(sum(stats["histograms"][10]) - 1.0) < 1e-3
+    assert len(stats["feature_groups"]) == 8
+    assert "| samples |" in (report.data_dir / "validation.md").read_text()
+
+
+def test_split_is_seeded(tmp_path):
+    a = validate_dataset(ValidateConfig(seed=3), Layout(tmp_path / "a"))
+    b = validate_dataset(ValidateConfig(seed=3), Layout(tmp_path / "b"))
+    c = validate_dataset(ValidateConfig(seed=4), Layout(tmp_path / "c"))
+    ya, yb, yc = (load_prepared(r.data_dir)[1].y for r in (a, b, c))
+    assert np.array_equal(ya, yb) and not np.array_equal(ya, yc)
+
+
+def test_npz_loader_adds_channel_axis_and_uses_uint8_range(tmp_path):
+    _npz(tmp_path / "d.npz")
+    report = validate_dataset(ValidateConfig(dataset="npz", path=str(tmp_path / "d.npz")), Layout(tmp_path))
+    meta, train, _, test = load_prepared(report.data_dir)
+    assert meta.input_shape == [1, 6, 6] and meta.value_range == [0.0, 255.0]
+    assert len(test) == 40 and train.x.shape[1:] == (1, 6, 6)
+
+
+def test_test_samples_leaking_from_train_fail_the_suite(tmp_path):
+    data = _npz(tmp_path / "d.npz")
+    data["x_test"][:5] = data["x_train"][:5]
+    np.savez(tmp_path / "d.npz", **data)
+    with pytest.raises(DataValidationError, match=r"expect_column_values_to_be_in_set\(in_train\)") as exc:
+        validate_dataset(ValidateConfig(dataset="npz", path=str(tmp_path / "d.npz")), Layout(tmp_path))
+    assert any("5 unexpected" in line for line in exc.value.details)
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_label_outside_declared_set_and_rare_class_fail(tmp_path):
+    data = _npz(tmp_path / "d.npz")
+    data["y_train"][:2] = 7
+    np.savez(tmp_path / "d.npz", **data)
+    cfg = ValidateConfig(dataset="npz", path=str(tmp_path / "d.npz"), classes=[0, 1, 2], min_samples_per_class=50)
+    with pytest.raises(DataValidationError) as exc:
+        validate_dataset(cfg, Layout(tmp_path))
+    failed = "\n".join(exc.value.details)
+    assert "label" in failed and "count" in failed
+
+
+def test_values_outside_range_fail(tmp_path):
+    _npz(tmp_path / "d.npz")
+    cfg = ValidateConfig(dataset="npz", path=str(tmp_path / "d.npz"), value_range=[0, 100])
+    with pytest.raises(DataValidationError, match="x_max"):
+        validate_dataset(cfg, Layout(tmp_path))
+
+
+def _table(n=90, seed=0):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {"a": rng.normal(size=n), "b": rng.normal(size=n), "c": rng.normal(size=n), "label": np.arange(n) % 3}
+    )
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_table_loader_reads_csv_and_parquet(tmp_path, suffix):
+    path = tmp_path / f"t{suffix}"
+    frame = _table()
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path)
+    report = validate_dataset(
+        ValidateConfig(dataset="table", path=str(path), feature_columns=["a", "b", "c"]), Layout(tmp_path)
+    )
+    meta, train, _, _ = load_prepared(report.data_dir)
+    assert meta.input_shape == [3] and meta.feature_names == ["a", "b", "c"]
+    assert train.x.shape[1] == 3
+
+
+def test_nan_in_table_fails_with_null_expectation(tmp_path):
+    frame = _table()
+    frame.loc[4, "b"] = np.nan
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    with pytest.raises(DataValidationError) as exc:
+        validate_dataset(ValidateConfig(dataset="table", path=str(tmp_path / "t.csv")), Layout(tmp_path))
+    assert "n_nonfinite" in str(exc.value) or "not_be_null" in str(exc.value)
+
+
+def test_wrong_column_count_fails_schema(tmp_path):
+    _table().drop(columns=["c"]).to_csv(tmp_path / "t.csv", index=False)
+    cfg = ValidateConfig(dataset="table", path=str(tmp_path / "t.csv"), feature_columns=["a", "b", "c"])
+    with pytest.raises(DataValidationError, match="expect_table_columns_to_match_set"):
+        validate_dataset(cfg, Layout(tmp_path))
+
+
+def test_missing_and_corrupt_files_are_data_errors(tmp_path):
+    with pytest.raises(DataError, match="data file not found"):
+        validate_dataset(ValidateConfig(dataset="npz", path=str(tmp_path / "nope.npz")), Layout(tmp_path))
+    (tmp_path / "bad.npz").write_bytes(b"not a zip at all")
+    with pytest.raises(DataError, match="not a readable NPZ"):
+        validate_dataset(ValidateConfig(dataset="npz", path=str(tmp_path / "bad.npz")), Layout(tmp_path))
+    with pytest.raises(ConfigError, match="validate.path: required"):
+        validate_dataset(ValidateConfig(dataset="npz"), Layout(tmp_path))

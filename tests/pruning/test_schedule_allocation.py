@@ -1,0 +1,47 @@
+import pytest
+
+from pruneops.pruning import SCHEDULES, allocate_ratios, round_keep
+
+
+def test_cubic_schedule_follows_zhu_gupta():
+    steps = SCHEDULES.get("cubic")(4)
+    assert steps == pytest.approx([1 - 0.75**3, 1 - 0.5**3, 1 - 0.25**3, 1.0])
+    assert all(b > a for a, b in zip(steps, steps[1:], strict=False))
+    increments = [b - a for a, b in zip([0.0, *steps], steps, strict=False)]
+    assert increments == sorted(increments, reverse=True)
+
+
+def test_linear_and_oneshot_end_at_target():
+    assert SCHEDULES.get("linear")(5)[-1] == pytest.approx(1.0)
+    assert SCHEDULES.get("oneshot")(3) == [1.0, 1.0, 1.0]
+
+
+def test_round_keep_respects_multiples_and_keeps_one():
+    assert round_keep(64, 0.5, None) == 32
+    assert round_keep(64, 0.55, 8) == 32
+    assert round_keep(10, 0.99, None) == 1
+    assert round_keep(16, 0.9, 8) == 8
+
+
+def test_allocation_meets_target_and_spares_the_sensitive_unit():
+    grid = [0.25, 0.5, 0.75]
+    curves = {
+        "robust": {"ratios": grid, "accuracy_drop": [0.0, 0.01, 0.02]},
+        "fragile": {"ratios": grid, "accuracy_drop": [0.2, 0.5, 0.9]},
+    }
+    alloc = allocate_ratios(curves, {"robust": 100, "fragile": 100}, target=0.35, max_ratio=0.75)
+    assert alloc["robust"] == 0.75 and alloc["fragile"] == 0.0
+    achieved = (100 * alloc["robust"] + 100 * alloc["fragile"]) / 200
+    assert achieved >= 0.35
+
+
+def test_allocation_weights_by_cost():
+    grid = [0.5]
+    curves = {"cheap": {"ratios": grid, "accuracy_drop": [0.01]}, "costly": {"ratios": grid, "accuracy_drop": [0.01]}}
+    alloc = allocate_ratios(curves, {"cheap": 1.0, "costly": 99.0}, target=0.4, max_ratio=0.9)
+    assert alloc == {"cheap": 0.0, "costly": 0.5}
+
+
+def test_unreachable_target_stops_at_max_ratio():
+    curves = {"u": {"ratios": [0.5, 0.9], "accuracy_drop": [0.0, 0.1]}}
+    assert allocate_ratios(curves, {"u": 10}, target=0.95, max_ratio=0.5) == {"u": 0.5}

@@ -1,0 +1,148 @@
+"""Bad input through the command line: one clear line, non-zero exit, no partial output."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pruneops.cli import main
+from tests.conftest import tiny_params, write_params
+
+
+def _run(tmp_path, *args):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pruneops.cli",
+            "--params",
+            str(tmp_path / "params.yaml"),
+            "--root",
+            str(tmp_path),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_help_lists_every_stage(capsys):
+    try:
+        main(["--help"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    out = capsys.readouterr().out
+    for stage in (
+        "validate",
+        "train",
+        "sensitivity",
+        "prune",
+        "finetune",
+        "quantize",
+        "export",
+        "benchmark",
+        "methods",
+    ):
+        assert stage in out
+
+
+def test_methods_lists_registries(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "channel" in out and "magnitude" in out and "transformer" in out and "static" in out
+
+
+def test_bad_param_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    write_params(tmp_path, tiny_params(prune={"target_ratio": 1.5}))
+    result = _run(tmp_path, "prune")
+    assert result.returncode == 2
+    assert _error_lines(result.stderr) == ["pruneops prune: error: prune.target_ratio: must be less than 1 (got 1.5)"]
+    assert not (tmp_path / "artifacts").exists() and not (tmp_path / "metrics").exists()
+
+
+def test_wrong_type_and_unknown_key(tmp_path):
+    write_params(tmp_path, tiny_params(train={"epochs": "many"}))
+    result = _run(tmp_path, "train")
+    assert result.returncode == 2 and "train.epochs: must be a valid integer" in result.stderr
+    write_params(tmp_path, tiny_params(validate={"datset": "digits"}))
+    result = _run(tmp_path, "validate")
+    assert result.returncode == 2 and "validate.datset: unknown key" in result.stderr
+
+
+def test_missing_and_corrupt_data_files(tmp_path):
+    write_params(tmp_path, tiny_params(validate={"dataset": "npz", "path": str(tmp_path / "none.npz")}))
+    result = _run(tmp_path, "validate")
+    assert result.returncode == 1
+    assert _error_lines(result.stderr) == [f"pruneops validate: error: {tmp_path / 'none.npz'}: data file not found"]
+    (tmp_path / "bad.npz").write_bytes(b"garbage")
+    write_params(tmp_path, tiny_params(validate={"dataset": "npz", "path": str(tmp_path / "bad.npz")}))
+    result = _run(tmp_path, "validate")
+    assert result.returncode == 1 and "not a readable NPZ archive" in result.stderr
+    assert len(_error_lines(result.stderr)) == 1
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_nan_in_data_stops_validate_with_summary(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.random((60, 4, 4)).astype(np.float32)
+    x[3, 1, 1] = np.nan
+    np.savez(
+        tmp_path / "d.npz",
+        x_train=x,
+        y_train=np.arange(60) % 3,
+        x_test=rng.random((20, 4, 4)).astype(np.float32),
+        y_test=np.arange(20) % 3,
+    )
+    write_params(tmp_path, tiny_params(validate={"dataset": "npz", "path": str(tmp_path / "d.npz")}))
+    result = _run(tmp_path, "validate")
+    assert result.returncode == 1
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("pruneops validate: error: data validation failed: 1 of ")
+    assert "n_nonfinite" in first
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_corrupt_checkpoint_fails_prune_and_leaves_no_output(pipeline_dir, tmp_path):
+    import shutil
+
+    for part in ("artifacts/validate", "artifacts/train", "artifacts/sensitivity"):
+        shutil.copytree(pipeline_dir / part, tmp_path / part)
+    shutil.copy(pipeline_dir / "params.yaml", tmp_path / "params.yaml")
+    ckpt = tmp_path / "artifacts/train/model.safetensors"
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    result = _run(tmp_path, "prune")
+    assert result.returncode == 1
+    assert _error_lines(result.stderr) == [
+        f"pruneops prune: error: {ckpt}: corrupt checkpoint "
+        f"{_error_lines(result.stderr)[0].split('corrupt checkpoint ', 1)[1]}"
+    ]
+    assert not (tmp_path / "artifacts/prune").exists() and not (tmp_path / "metrics/prune.json").exists()
+    assert not list((tmp_path / "artifacts").glob(".*tmp*"))
+
+
+def test_failure_mid_stage_keeps_previous_outputs(pipeline_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from pruneops import export as export_module
+    from pruneops.cli import run_stage
+    from pruneops.errors import ParityError
+
+    for part in ("artifacts", "metrics"):
+        shutil.copytree(pipeline_dir / part, tmp_path / part)
+    shutil.copy(pipeline_dir / "params.yaml", tmp_path / "params.yaml")
+    before = (tmp_path / "artifacts/export/pruned_fp32.onnx").read_bytes()
+
+    def failing_parity(*args, **kwargs):
+        raise ParityError("injected")
+
+    monkeypatch.setattr(export_module, "check_parity", failing_parity)
+    with pytest.raises(ParityError, match="injected"):
+        run_stage("export", tmp_path / "params.yaml", tmp_path)
+    assert (tmp_path / "artifacts/export/pruned_fp32.onnx").read_bytes() == before
+    assert not [p for p in (tmp_path / "artifacts").iterdir() if p.name.startswith(".")]

@@ -1,0 +1,64 @@
+"""The whole pipeline through DVC on digits with tiny epochs: repro, no-op repro, dvc exp run -S."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, tiny_params, write_params
+
+STAGES = ["validate", "train", "sensitivity", "prune", "finetune", "quantize", "export", "benchmark"]
+
+
+def _sh(cwd: Path, *cmd: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@localhost",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@localhost",
+    }
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_dvc_repro_then_noop_then_experiment(tmp_path):
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    shutil.copytree(ROOT / "pruneops", tmp_path / "pruneops", ignore=shutil.ignore_patterns("__pycache__"))
+    write_params(tmp_path, tiny_params())
+    dvc = str(Path(sys.executable).parent / "dvc")
+    _sh(tmp_path, "git", "init", "-q")
+    _sh(tmp_path, dvc, "init", "-q")
+    _sh(tmp_path, dvc, "config", "core.analytics", "false")
+
+    out = _sh(tmp_path, dvc, "repro").stdout
+    assert [s for s in STAGES if f"Running stage '{s}'" in out] == STAGES
+    bench = json.loads((tmp_path / "metrics/benchmark.json").read_text())
+    assert bench["mac_reduction"] > 1.5
+
+    started = time.perf_counter()
+    again = _sh(tmp_path, dvc, "repro").stdout
+    assert "Running stage" not in again and "up to date" in again
+    assert time.perf_counter() - started < 10
+
+    _sh(tmp_path, "git", "add", "-A")
+    _sh(tmp_path, "git", "commit", "-qm", "baseline run")
+    exp = _sh(tmp_path, dvc, "exp", "run", "-S", "prune.target_ratio=0.7").stdout
+    assert "Running stage 'sensitivity'" in exp and "Running stage 'prune'" in exp
+    assert "Running stage 'train'" not in exp
+    prune = json.loads((tmp_path / "metrics/prune.json").read_text())
+    assert prune["target_ratio"] == 0.7
+    alloc = json.loads((tmp_path / "artifacts/sensitivity/allocation.json").read_text())
+    assert alloc["target_ratio"] == 0.7
+    diff = _sh(tmp_path, dvc, "metrics", "diff", "--json").stdout
+    assert "metrics/prune.json" in json.loads(diff)

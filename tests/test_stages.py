@@ -1,0 +1,89 @@
+"""Each stage's outputs, from one tiny run of the whole pipeline on digits (conftest)."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from PIL import Image
+
+from pruneops.checkpoint import load_checkpoint
+from pruneops.io import read_json
+
+
+def _metrics(root, stage):
+    return read_json(root / "metrics" / f"{stage}.json")
+
+
+def test_train_stage_writes_safetensors_and_metrics(pipeline_dir):
+    m = _metrics(pipeline_dir, "train")
+    assert m["test_accuracy"] > 0.8
+    assert m["params"] > 0 and m["macs"] > m["params"]
+    ckpt = load_checkpoint(pipeline_dir / "artifacts/train/model.safetensors")
+    assert ckpt.spec.name == "cnn"
+    assert not list((pipeline_dir / "artifacts/train").glob("*.pt"))
+
+
+def test_sensitivity_stage_curves_and_allocation(pipeline_dir):
+    sens = read_json(pipeline_dir / "artifacts/sensitivity/sensitivity.json")
+    alloc = read_json(pipeline_dir / "artifacts/sensitivity/allocation.json")
+    assert set(alloc["ratios"]) == set(sens["units"])
+    assert alloc["achieved_ratio"] >= alloc["target_ratio"] - 1e-9
+    for curve in sens["units"].values():
+        assert curve["ratios"] == sorted(curve["ratios"]) and len(curve["ratios"]) == len(curve["accuracy_drop"])
+    png = Image.open(pipeline_dir / "plots/sensitivity/sensitivity.png")
+    assert png.size[0] > 400
+
+
+def test_prune_stage_history_and_real_shrink(pipeline_dir):
+    m = _metrics(pipeline_dir, "prune")
+    history = read_json(pipeline_dir / "plots/prune/history.json")
+    assert [h["step"] for h in history] == [0, 1, 2]
+    assert history[-1]["macs"] < history[1]["macs"] < history[0]["macs"]
+    assert m["mac_reduction"] >= 2.0
+    assert m["weight_zero_fraction"] == 0.0
+    assert (pipeline_dir / "plots/prune/history.png").stat().st_size > 10_000
+
+
+def test_finetune_stage_keeps_accuracy_close(pipeline_dir):
+    m = _metrics(pipeline_dir, "finetune")
+    assert m["test_accuracy"] > 0.8
+    assert m["accuracy_delta_points"] == pytest.approx(100 * (m["test_accuracy"] - m["baseline_test_accuracy"]))
+
+
+def test_quantize_stage_measures_candidates(pipeline_dir):
+    m = _metrics(pipeline_dir, "quantize")
+    assert set(m["candidates"]) == {"static", "dynamic"}
+    chosen = m["candidates"][m["method"]]
+    assert chosen["within_tolerance"]
+    assert all(chosen["latency_ms_b1"] <= c["latency_ms_b1"] for c in m["candidates"].values() if c["within_tolerance"])
+    assert abs(m["test_accuracy"] - m["fp32_test_accuracy"]) < 0.05
+    model = onnx.load(pipeline_dir / "artifacts/quantize/model_int8.onnx")
+    assert any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger") for n in model.graph.node)
+
+
+def test_export_stage_dynamic_batch_parity_and_tensorrt_note(pipeline_dir):
+    m = _metrics(pipeline_dir, "export")
+    assert m["dense_max_abs_diff"] < 1e-4 and m["pruned_max_abs_diff"] < 1e-4
+    assert m["tensorrt"].startswith(("skipped — ", "built"))
+    model = onnx.load(pipeline_dir / "artifacts/export/pruned_fp32.onnx")
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim.dim_param and not dim.dim_value
+
+
+def test_benchmark_stage_reports_every_model(pipeline_dir):
+    m = _metrics(pipeline_dir, "benchmark")
+    assert set(m["models"]) == {"dense_fp32", "pruned_fp32", "pruned_int8"}
+    for model in m["models"].values():
+        for b in ("1", "8"):
+            lat = model["latency"][b]
+            assert 0 < lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"]
+            assert lat["throughput"] == pytest.approx(int(b) / (lat["mean_ms"] / 1e3))
+    dense = m["models"]["dense_fp32"]
+    assert m["speedup_b1_pruned_int8_vs_dense"] == pytest.approx(
+        dense["latency"]["1"]["p50_ms"] / m["models"]["pruned_int8"]["latency"]["1"]["p50_ms"]
+    )
+    assert m["models"]["pruned_int8"]["size_bytes"] < dense["size_bytes"]
+    table = (pipeline_dir / "artifacts/benchmark/benchmark.md").read_text()
+    assert "| pruned_int8 |" in table
+    assert np.isfinite(json.loads((pipeline_dir / "plots/benchmark/frontier.json").read_text())[0]["latency_b1_ms"])

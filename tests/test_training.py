@@ -1,0 +1,50 @@
+import copy
+
+import torch
+
+from pruneops.data import load_prepared
+from pruneops.io import Layout
+from pruneops.models import ModelSpec, create_model
+from pruneops.training import Distillation, FitSettings, evaluate, fit_
+from pruneops.validate import ValidateConfig, validate_dataset
+
+
+def _digits(tmp_path):
+    return load_prepared(validate_dataset(ValidateConfig(), Layout(tmp_path)).data_dir)
+
+
+def test_fit_learns_digits_and_is_seeded(tmp_path):
+    meta, train, val, _ = _digits(tmp_path)
+    results = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
+        fit = fit_(model, train, val, FitSettings(epochs=4, lr=3e-3, seed=1))
+        results.append((fit.best_val_accuracy, evaluate(model, val)[0]))
+    assert results[0] == results[1]
+    assert results[0][0] > 0.85
+    assert results[0][1] == results[0][0]  # the best epoch's weights are the ones kept
+
+
+def test_early_stopping_stops_before_epoch_budget(tmp_path):
+    meta, train, val, _ = _digits(tmp_path)
+    model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [8]}))
+    fit = fit_(model, train, val, FitSettings(epochs=200, lr=0.5, patience=2))
+    assert len(fit.history) < 200
+    assert len(fit.history) - fit.best_epoch == 2
+
+
+def test_distillation_pulls_student_towards_teacher(tmp_path):
+    meta, train, val, _ = _digits(tmp_path)
+    torch.manual_seed(0)
+    teacher = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [128]}))
+    fit_(teacher, train, val, FitSettings(epochs=5, lr=3e-3))
+    student = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [32]}))
+    untrained = copy.deepcopy(student)
+    fit_(student, train, val, FitSettings(epochs=10, lr=3e-3), distillation=Distillation(teacher, 2.0, 1.0))
+    xs = torch.from_numpy(val.x)
+    with torch.no_grad():
+        t = teacher(xs).argmax(1)
+        agree_after = (student(xs).argmax(1) == t).float().mean()
+        agree_before = (untrained(xs).argmax(1) == t).float().mean()
+    assert agree_after > 0.85 > agree_before
