@@ -102,7 +102,7 @@ STAGES: dict[str, StageCommand] = {
         _sensitivity,
         lambda r: (
             f"{r.units} units, {r.evaluations} evaluations; allocation for target {r.target_ratio} "
-            f"(achieved {r.achieved_ratio:.3f}, predicted drop {100 * r.predicted_accuracy_drop:.2f} pts) "
+            f"(achieved {r.achieved_ratio:.3f}, summed isolated drop {100 * r.summed_isolated_drop:.1f} pts) "
             f"-> {r.allocation}"
         ),
     ),

@@ -13,8 +13,9 @@ from pruneops.config import FinetuneConfig
 from pruneops.data import load_prepared
 from pruneops.errors import CheckpointError
 from pruneops.io import Layout, dump_json, staged_output_paths
-from pruneops.plots import plot_history
+from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
+from pruneops.pruning.methods import apply_masks_
 from pruneops.train import fit_settings
 from pruneops.training import Distillation, evaluate, fit_
 
@@ -65,13 +66,6 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
     pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
     masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
     model = pruned.model
-    params = dict(model.named_parameters())
-
-    @torch.no_grad()
-    def keep_masks(_: torch.nn.Module) -> None:
-        for name, mask in masks.items():
-            params[name].mul_(mask)
-
     kd = Distillation(teacher, config.distill_temperature, config.distill_weight)
     fit = fit_(
         model,
@@ -79,7 +73,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         val,
         fit_settings(config),
         distillation=kd,
-        after_step=keep_masks if masks else None,
+        after_step=(lambda m: apply_masks_(m, masks)) if masks else None,
         desc="finetune",
     )
     test_acc, _ = evaluate(model, test)
@@ -106,13 +100,5 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             staged.dir(out_dir) / "model.safetensors", model, pruned.spec, {**pruned.extra, "stage": "finetune"}
         )
         dump_json(report.metrics(), staged.path(metrics_path))
-        plots = staged.dir(plots_dir)
-        dump_json(fit.history, plots / "history.json")
-        plot_history(
-            fit.history,
-            "epoch",
-            [("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])],
-            "Recovery fine-tuning (distilled)",
-            plots / "history.png",
-        )
+        save_fit_history(fit.history, staged.dir(plots_dir), "Recovery fine-tuning (distilled)")
     return report

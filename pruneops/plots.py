@@ -33,6 +33,15 @@ def plot_history(rows: list[dict], x: str, panels: list[tuple[str, list[str]]], 
     plt.close(fig)
 
 
+def save_fit_history(history: list[dict], plots_dir: Path, title: str) -> None:
+    """Writes a training history as `history.json` (for `dvc plots`) and `history.png`."""
+    from pruneops.io import dump_json
+
+    dump_json(history, plots_dir / "history.json")
+    panels = [("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])]
+    plot_history(history, "epoch", panels, title, plots_dir / "history.png")
+
+
 def plot_sensitivity(curves: dict[str, dict], allocation: dict[str, float], path: Path) -> None:
     """Accuracy drop vs ratio per group, with each group's allocated ratio marked."""
     plt = _pyplot()

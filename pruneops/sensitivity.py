@@ -22,14 +22,19 @@ from pruneops.training import evaluate
 
 @dataclass(frozen=True)
 class SensitivityReport:
-    """Sweep size and the allocation's predicted cost."""
+    """Sweep size and the allocation's cost.
+
+    `summed_isolated_drop` is the objective the allocation minimises: the sum over units of the
+    validation accuracy drop each chosen ratio caused alone, before any fine-tuning. It ranks
+    allocations; it is not a forecast of the final accuracy (it can exceed 1).
+    """
 
     units: int
     evaluations: int
     baseline_val_accuracy: float
     target_ratio: float
     achieved_ratio: float
-    predicted_accuracy_drop: float
+    summed_isolated_drop: float
     allocation: Path
 
     def metrics(self) -> dict:
@@ -98,11 +103,11 @@ def analyze_sensitivity(
     }
     allocation = allocate_ratios(curves, weights, target_ratio, config.max_layer_ratio)
     achieved = sum(weights[n] * r for n, r in allocation.items()) / max(sum(weights.values()), 1)
-    predicted = 0.0
+    cost = 0.0
     for name, r in allocation.items():
         c = curves[name]
         if r > 0:
-            predicted += max(c["accuracy_drop"][: c["ratios"].index(r) + 1])
+            cost += max(c["accuracy_drop"][: c["ratios"].index(r) + 1])
     evaluations = sum(len(c["ratios"]) for c in curves.values())
     out_dir, metrics_path, plots_dir = (
         layout.stage_dir("sensitivity"),
@@ -110,7 +115,7 @@ def analyze_sensitivity(
         layout.plots("sensitivity"),
     )
     report = SensitivityReport(
-        len(units), evaluations, base_acc, target_ratio, achieved, predicted, out_dir / "allocation.json"
+        len(units), evaluations, base_acc, target_ratio, achieved, cost, out_dir / "allocation.json"
     )
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         tmp = staged.dir(out_dir)

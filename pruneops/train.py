@@ -9,10 +9,10 @@ import torch
 
 from pruneops.checkpoint import save_checkpoint
 from pruneops.config import TrainConfig
-from pruneops.data import load_meta, load_split
+from pruneops.data import load_prepared
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.models import ModelSpec, create_model
-from pruneops.plots import plot_history
+from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
 from pruneops.training import FitSettings, evaluate, fit_, seed_everything
 
@@ -55,9 +55,7 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     """
     layout = layout or Layout()
     torch.set_num_threads(config.threads)
-    data_dir = layout.stage_dir("validate")
-    meta = load_meta(data_dir)
-    train, val, test = (load_split(data_dir, s) for s in ("train", "val", "test"))
+    meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     spec = ModelSpec(config.model, meta.input_shape, meta.num_classes, dict(config.model_kwargs))
     seed_everything(config.seed)
     model = create_model(spec)
@@ -78,13 +76,5 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         save_checkpoint(staged.dir(out_dir) / "model.safetensors", model, spec, {"stage": "train"})
         dump_json(report.metrics(), staged.path(metrics_path))
-        plots = staged.dir(plots_dir)
-        dump_json(fit.history, plots / "history.json")
-        plot_history(
-            fit.history,
-            "epoch",
-            [("loss", ["train_loss", "val_loss"]), ("accuracy", ["val_accuracy"])],
-            f"Baseline training: {config.model}",
-            plots / "history.png",
-        )
+        save_fit_history(fit.history, staged.dir(plots_dir), f"Baseline training: {config.model}")
     return report

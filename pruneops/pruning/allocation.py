@@ -1,4 +1,4 @@
-"""Per-unit ratio allocation from sensitivity curves: meet the target with the least predicted loss."""
+"""Per-unit ratio allocation from sensitivity curves: meet the target at the least summed isolated drop."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def allocate_ratios(
 
     The constraint is on the weighted mean ratio (sum w*ratio >= target * sum w, with w the
     unit's cost, e.g. MACs saved per removed fraction);
-    the objective is the summed predicted accuracy drop. Greedy on the best marginal cost per
+    the objective is the summed accuracy drop each unit showed when pruned alone. Greedy on the best marginal cost per
     removed unit, which is optimal for convex curves and a good approximation otherwise.
 
     Args:

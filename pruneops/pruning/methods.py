@@ -106,6 +106,14 @@ class ChannelPruning(PruningMethod):
         model.zero_grad(set_to_none=True)
 
 
+@torch.no_grad()
+def apply_masks_(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
+    """Zeroes the masked-out entries of the named parameters (mask True = keep)."""
+    params = dict(model.named_parameters())
+    for name, mask in masks.items():
+        params[name].mul_(mask)
+
+
 def prunable_weights(model: nn.Module) -> dict[str, nn.Parameter]:
     """Weights of every Linear/Conv layer except the classifier, by parameter name."""
     head = classifier_of(model)
@@ -139,11 +147,8 @@ class MagnitudePruning(PruningMethod):
             offset += w.numel()
         self.after_step(model)
 
-    @torch.no_grad()
     def after_step(self, model: nn.Module) -> None:
-        params = dict(model.named_parameters())
-        for name, mask in self._masks.items():
-            params[name].mul_(mask)
+        apply_masks_(model, self._masks)
 
     def masks(self) -> dict[str, torch.Tensor]:
         return dict(self._masks)
