@@ -32,6 +32,8 @@ SHAPE_ATTRS = (
     "normalized_shape",
     "num_heads",
     "head_dim",
+    "num_attention_heads",
+    "all_head_size",
 )
 
 
@@ -44,7 +46,8 @@ class Checkpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _structure(model: nn.Module) -> dict[str, dict[str, Any]]:
+def module_structure(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """The shape attributes (`SHAPE_ATTRS`) of every module that has any, by module name."""
     out: dict[str, dict[str, Any]] = {}
     for name, module in model.named_modules():
         attrs = {a: getattr(module, a) for a in SHAPE_ATTRS if isinstance(getattr(module, a, None), (int, tuple))}
@@ -56,12 +59,19 @@ def _structure(model: nn.Module) -> dict[str, dict[str, Any]]:
 def save_checkpoint(path: Path, model: nn.Module, spec: ModelSpec, extra: dict[str, Any] | None = None) -> None:
     """Writes `model` as safetensors with the metadata needed to rebuild its pruned shape."""
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    meta = {"spec": spec.to_dict(), "structure": _structure(model), "extra": extra or {}}
+    meta = {"spec": spec.to_dict(), "structure": module_structure(model), "extra": extra or {}}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path), metadata={"pruneops": json.dumps(meta)})
 
 
-def _resize_(model: nn.Module, structure: dict[str, dict[str, Any]], state: dict[str, torch.Tensor]) -> None:
+def resize_to_structure_(
+    model: nn.Module, structure: dict[str, dict[str, Any]], state: dict[str, torch.Tensor]
+) -> None:
+    """Gives every module the shape attributes of `structure` and parameters shaped like `state`.
+
+    Raises:
+        ValueError: `structure` names a module the model does not have.
+    """
     modules = dict(model.named_modules())
     for name, attrs in structure.items():
         module = modules.get(name)
@@ -117,7 +127,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     try:
         spec = ModelSpec(**meta["spec"])
         model = create_model(spec)
-        _resize_(model, meta.get("structure", {}), state)
+        resize_to_structure_(model, meta.get("structure", {}), state)
         model.load_state_dict(state, strict=True)
     except (KeyError, TypeError, ValueError, RuntimeError, ConfigError) as exc:
         raise CheckpointError(f"{path}: checkpoint does not fit its architecture ({exc})") from None

@@ -46,8 +46,7 @@ def _sensitivity(cfg, params, layout):
     from pruneops.config import PruneConfig
     from pruneops.sensitivity import analyze_sensitivity
 
-    target = parse_section("prune", params.get("prune"), PruneConfig).target_ratio
-    return analyze_sensitivity(cfg, target, layout)
+    return analyze_sensitivity(cfg, parse_section("prune", params.get("prune"), PruneConfig), layout)
 
 
 def _prune(cfg, params, layout):

@@ -91,6 +91,7 @@ class PruneConfig(StageConfig):
 
     method: str = "channel"
     target_ratio: Ratio = 0.5
+    scope: Literal["global", "layer"] = "global"
     steps: PositiveInt = 4
     schedule: Literal["cubic", "linear", "oneshot"] = "cubic"
     importance: str = "l2"

@@ -6,16 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from pruneops.checkpoint import load_checkpoint, save_checkpoint
 from pruneops.config import FinetuneConfig
 from pruneops.data import load_prepared
-from pruneops.errors import CheckpointError
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
-from pruneops.pruning.methods import apply_masks_
+from pruneops.pruning import sparsity_report
+from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_
 from pruneops.train import fit_settings
 from pruneops.training import Distillation, evaluate, fit_
 
@@ -31,22 +30,13 @@ class FinetuneReport:
     baseline_test_accuracy: float
     accuracy_delta_points: float
     mac_reduction: float
+    weight_zero_fraction: float
     epochs_run: int
     checkpoint: Path
 
     def metrics(self) -> dict:
         """The figures tracked by `dvc metrics`."""
         return {k: v for k, v in self.__dict__.items() if k != "checkpoint"}
-
-
-def load_masks(path: Path) -> dict[str, torch.Tensor]:
-    """Pruning masks saved beside a checkpoint (empty when the method keeps none)."""
-    if not path.exists():
-        return {}
-    try:
-        return {k: v.bool() for k, v in load_file(str(path)).items()}
-    except Exception as exc:  # safetensors raises several types for a damaged file
-        raise CheckpointError(f"{path}: corrupt masks ({exc})") from None
 
 
 def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport:
@@ -76,6 +66,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         after_step=(lambda m: apply_masks_(m, masks)) if masks else None,
         desc="finetune",
     )
+    make_permanent_(model, masks)
     test_acc, _ = evaluate(model, test)
     base_test, _ = evaluate(teacher, test)
     macs = count_macs(model, meta.input_shape)
@@ -92,6 +83,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         baseline_test_accuracy=base_test,
         accuracy_delta_points=100 * (test_acc - base_test),
         mac_reduction=count_macs(teacher, meta.input_shape) / macs,
+        weight_zero_fraction=sparsity_report(model, meta.input_shape)["global"]["weight_zero_fraction"],
         epochs_run=len(fit.history),
         checkpoint=out_dir / "model.safetensors",
     )

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import load_checkpoint, save_checkpoint
@@ -16,6 +15,7 @@ from pruneops.errors import DataError
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.plots import plot_history
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, layer_shapes, sparsity_report
+from pruneops.pruning.masks import save_masks
 from pruneops.training import FitSettings, evaluate, fit_
 
 
@@ -43,7 +43,11 @@ class PruneReport:
 
 
 def load_allocation(layout: Layout, config: PruneConfig) -> dict[str, float] | None:
-    """The sensitivity stage's per-unit ratios, if the method uses them."""
+    """The sensitivity stage's ratios (per unit or per layer), when `use_sensitivity` is on.
+
+    Raises:
+        DataError: Missing, or computed for another target or granularity.
+    """
     if not config.use_sensitivity:
         return None
     path = layout.stage_dir("sensitivity") / "allocation.json"
@@ -51,10 +55,12 @@ def load_allocation(layout: Layout, config: PruneConfig) -> dict[str, float] | N
         alloc = read_json(path)
     except FileNotFoundError:
         raise DataError(f"{path}: not found; run `pruneops sensitivity` or set prune.use_sensitivity: false") from None
-    if abs(alloc["target_ratio"] - config.target_ratio) > 1e-9:
+    wanted = "units" if METHODS.get(config.method).structured else "layers"
+    if abs(alloc["target_ratio"] - config.target_ratio) > 1e-9 or alloc.get("granularity", "units") != wanted:
         raise DataError(
-            f"{path}: allocated for target {alloc['target_ratio']}, not prune.target_ratio "
-            f"{config.target_ratio}; rerun `pruneops sensitivity`"
+            f"{path}: allocated per {alloc.get('granularity', 'units')} for target {alloc['target_ratio']}, "
+            f"but prune.method {config.method!r} at target {config.target_ratio} needs per-{wanted[:-1]} "
+            "ratios; rerun `pruneops sensitivity`"
         )
     return alloc["ratios"]
 
@@ -76,12 +82,15 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
     ckpt = load_checkpoint(layout.stage_dir("train") / "model.safetensors")
     model = ckpt.model
     method_cls = METHODS.get(config.method)
+    allocation = load_allocation(layout, config)
     ctx = PruneContext(
         target_ratio=config.target_ratio,
         criterion=IMPORTANCES.get(config.importance),
         example_input=torch.from_numpy(val.x[:1]),
         train=train,
-        allocation=load_allocation(layout, config) if method_cls.structured else None,
+        allocation=allocation if method_cls.structured else None,
+        layer_allocation=None if method_cls.structured else allocation,
+        scope=config.scope,
         round_to=config.round_to,
         batch_size=config.batch_size,
     )
@@ -105,20 +114,19 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
             "val_loss": loss,
         }
 
+    def tune(epochs: int, seed: int, desc: str) -> None:
+        settings = FitSettings(epochs, config.batch_size, config.lr, 1e-4, epochs + 1, seed)
+        fit_(model, train, val, settings, after_backward=method.after_backward, after_step=method.after_step, desc=desc)
+
     history = [record(0, 0.0)]
+    if method.needs_warmup:
+        # Movement scores come from training: gather them before the first step prunes.
+        tune(max(config.epochs_per_step, 1), config.seed, "prune warm-up")
     bar = tqdm(list(enumerate(schedule, 1)), desc="prune", unit="step", disable=None, leave=False)
     for step, fraction in bar:
         method.apply_(model, fraction)
         if config.epochs_per_step:
-            settings = FitSettings(
-                config.epochs_per_step,
-                config.batch_size,
-                config.lr,
-                1e-4,
-                config.epochs_per_step + 1,
-                config.seed + step,
-            )
-            fit_(model, train, val, settings, after_step=method.after_step, desc=f"prune step {step}")
+            tune(config.epochs_per_step, config.seed + step, f"prune step {step}")
         history.append(record(step, fraction))
         bar.set_postfix(val_acc=f"{history[-1]['val_accuracy']:.4f}", macs=history[-1]["macs"])
     bar.close()
@@ -145,7 +153,7 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         save_checkpoint(tmp / "model.safetensors", model, ckpt.spec, {"stage": "prune", "method": config.method})
         masks = method.masks()
         if masks:
-            save_file({k: v.to(torch.uint8).contiguous() for k, v in masks.items()}, str(tmp / "masks.safetensors"))
+            save_masks(masks, tmp / "masks.safetensors")
         dump_json(sparsity_report(model, meta.input_shape, reference), tmp / "sparsity.json")
         dump_json(report.metrics(), staged.path(metrics_path))
         plots = staged.dir(plots_dir)

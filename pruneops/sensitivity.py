@@ -10,13 +10,16 @@ import torch
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import load_checkpoint
-from pruneops.config import SensitivityConfig
-from pruneops.data import load_prepared
+from pruneops.config import PruneConfig, SensitivityConfig
+from pruneops.data import Split, load_prepared
+from pruneops.errors import ConfigError
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
-from pruneops.pruning import IMPORTANCES, UnitPruner, allocate_ratios, round_keep
-from pruneops.pruning.methods import accumulate_grads_
+from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, allocate_ratios, round_keep
+from pruneops.pruning.importance import Criterion
+from pruneops.pruning.masks import apply_masks_
+from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks
 from pruneops.training import evaluate
 
 
@@ -42,14 +45,81 @@ class SensitivityReport:
         return {k: v for k, v in self.__dict__.items() if k != "allocation"}
 
 
+def sweep_units(
+    base: torch.nn.Module,
+    val: Split,
+    criterion: Criterion,
+    ratios: list[float],
+    input_shape: list[int],
+    batch_size: int,
+) -> tuple[dict[str, dict], dict[str, float]]:
+    """Prunes each structured unit alone at each ratio: curves, and each unit's MAC weight."""
+    base_acc, base_loss = evaluate(base, val, batch_size)
+    example = torch.from_numpy(val.x[:1])
+    units = UnitPruner(base, example, criterion).units()
+    base_macs = count_macs(base, input_shape)
+    curves: dict[str, dict] = {}
+    jobs = [(name, r) for name in units for r in ratios]
+    for name, ratio in tqdm(jobs, desc="sensitivity", unit="eval", disable=None, leave=False):
+        size = units[name].size
+        keep = round_keep(size, ratio, None)
+        effective = 1.0 - keep / size
+        curve = curves.setdefault(name, _empty_curve(units[name].kind, size))
+        if effective == 0.0 or effective in curve["ratios"]:
+            continue
+        trial = copy.deepcopy(base)
+        UnitPruner(trial, example, criterion).prune_to_({name: keep})
+        _record(curve, effective, trial, val, batch_size, base_acc, base_loss)
+        curve["mac_saving"].append(base_macs - count_macs(trial, input_shape))
+    # A unit's weight is the MACs one removed fraction of it saves, so the target tracks compute.
+    weights = {
+        n: sum(s / r for s, r in zip(c["mac_saving"], c["ratios"], strict=True)) / max(len(c["ratios"]), 1)
+        for n, c in curves.items()
+    }
+    return curves, weights
+
+
+def sweep_layers(
+    base: torch.nn.Module, val: Split, ratios: list[float], batch_size: int
+) -> tuple[dict[str, dict], dict[str, float]]:
+    """Magnitude-prunes each layer's weights alone at each ratio: curves, and weight counts."""
+    base_acc, base_loss = evaluate(base, val, batch_size)
+    names = list(prunable_weights(base))
+    curves = {n: _empty_curve("weights", prunable_weights(base)[n].numel()) for n in names}
+    jobs = [(name, r) for name in names for r in ratios]
+    for name, ratio in tqdm(jobs, desc="sensitivity", unit="eval", disable=None, leave=False):
+        trial = copy.deepcopy(base)
+        w = prunable_weights(trial)[name]
+        masks = topk_masks({name: w.detach().abs()}, {name: ratio}, "layer")
+        apply_masks_(trial, masks)
+        _record(curves[name], ratio, trial, val, batch_size, base_acc, base_loss)
+    return curves, {n: float(c["size"]) for n, c in curves.items()}
+
+
+def _empty_curve(kind: str, size: int) -> dict:
+    return {"kind": kind, "size": size, "ratios": [], "accuracy_drop": [], "loss_increase": [], "mac_saving": []}
+
+
+def _record(
+    curve: dict, ratio: float, trial: torch.nn.Module, val: Split, batch_size: int, base_acc: float, base_loss: float
+) -> None:
+    acc, loss = evaluate(trial, val, batch_size)
+    curve["ratios"].append(ratio)
+    curve["accuracy_drop"].append(base_acc - acc)
+    curve["loss_increase"].append(loss - base_loss)
+
+
 def analyze_sensitivity(
-    config: SensitivityConfig, target_ratio: float, layout: Layout | None = None
+    config: SensitivityConfig, prune: PruneConfig, layout: Layout | None = None
 ) -> SensitivityReport:
     """Measures each unit's validation accuracy drop when pruned alone, then allocates ratios.
 
+    Structured methods sweep units (channel groups, attention heads) and weight them by MACs;
+    unstructured methods sweep each layer's weights by magnitude and weight them by count.
+
     Args:
         config: The `sensitivity` section of params.
-        target_ratio: The global fraction of channels/heads to remove (`prune.target_ratio`).
+        prune: The `prune` section: its method decides the granularity, its target the goal.
         layout: Where to read and write; defaults to the current directory.
 
     Returns:
@@ -60,49 +130,24 @@ def analyze_sensitivity(
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
     base = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
     criterion = IMPORTANCES.get(config.importance)
-    example = torch.from_numpy(val.x[:1])
+    structured = METHODS.get(prune.method).structured
+    target_ratio = prune.target_ratio
     if criterion.needs_grad:
         accumulate_grads_(base, train, 4, 64)
     base_acc, base_loss = evaluate(base, val, config.batch_size)
-    units = UnitPruner(base, example, criterion).units()
-    base_macs = count_macs(base, meta.input_shape)
-
-    curves: dict[str, dict] = {}
-    jobs = [(name, r) for name in units for r in config.ratios]
-    bar = tqdm(jobs, desc="sensitivity", unit="eval", disable=None, leave=False)
-    for name, ratio in bar:
-        size = units[name].size
-        keep = round_keep(size, ratio, None)
-        effective = 1.0 - keep / size
-        curve = curves.setdefault(
-            name,
-            {
-                "kind": units[name].kind,
-                "size": size,
-                "ratios": [],
-                "accuracy_drop": [],
-                "loss_increase": [],
-                "mac_saving": [],
-            },
-        )
-        if effective == 0.0 or effective in curve["ratios"]:
-            continue
-        trial = copy.deepcopy(base)
-        UnitPruner(trial, example, criterion).prune_to_({name: keep})
-        acc, loss = evaluate(trial, val, config.batch_size)
-        curve["ratios"].append(effective)
-        curve["accuracy_drop"].append(base_acc - acc)
-        curve["loss_increase"].append(loss - base_loss)
-        curve["mac_saving"].append(base_macs - count_macs(trial, meta.input_shape))
-    bar.close()
-
-    # A unit's weight is the MACs one removed fraction of it saves, so the target tracks compute.
-    weights = {
-        n: sum(s / r for s, r in zip(c["mac_saving"], c["ratios"], strict=True)) / max(len(c["ratios"]), 1)
-        for n, c in curves.items()
-    }
+    if structured:
+        curves, weights = sweep_units(base, val, criterion, config.ratios, meta.input_shape, config.batch_size)
+    else:
+        curves, weights = sweep_layers(base, val, config.ratios, config.batch_size)
+    granularity = "units" if structured else "layers"
     allocation = allocate_ratios(curves, weights, target_ratio, config.max_layer_ratio)
     achieved = sum(weights[n] * r for n, r in allocation.items()) / max(sum(weights.values()), 1)
+    if achieved + 1e-9 < target_ratio:
+        raise ConfigError(
+            f"prune.target_ratio: {target_ratio} is out of reach of the sweep (at most {achieved:.3f} with "
+            f"sensitivity.ratios up to {max(config.ratios)} and sensitivity.max_layer_ratio "
+            f"{config.max_layer_ratio}); add higher ratios, raise max_layer_ratio or lower the target"
+        )
     cost = 0.0
     for name, r in allocation.items():
         c = curves[name]
@@ -115,7 +160,7 @@ def analyze_sensitivity(
         layout.plots("sensitivity"),
     )
     report = SensitivityReport(
-        len(units), evaluations, base_acc, target_ratio, achieved, cost, out_dir / "allocation.json"
+        len(curves), evaluations, base_acc, target_ratio, achieved, cost, out_dir / "allocation.json"
     )
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         tmp = staged.dir(out_dir)
@@ -130,12 +175,14 @@ def analyze_sensitivity(
         )
         dump_json(
             {
+                "method": prune.method,
+                "granularity": granularity,
                 "target_ratio": target_ratio,
                 "achieved_ratio": achieved,
                 "max_layer_ratio": config.max_layer_ratio,
                 "ratios": allocation,
-                "mac_weights": weights,
-                "sizes": {n: u.size for n, u in units.items()},
+                "weights": weights,
+                "sizes": {n: c["size"] for n, c in curves.items()},
             },
             tmp / "allocation.json",
         )

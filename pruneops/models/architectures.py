@@ -115,35 +115,11 @@ class MultiHeadSelfAttention(nn.Module):
             ctx = ctx * head_mask.view(1, -1, 1, 1)
         return self.out(ctx.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
-    def head_weights(self, grad: bool = False) -> torch.Tensor | None:
-        """Per head, its Q/K/V rows and output columns flattened: shape (num_heads, -1).
-
-        Args:
-            grad: Return the same arrangement of the weights' gradients (None if absent).
-        """
-        h, d = self.num_heads, self.head_dim
-        mats = [p.weight.grad if grad else p.weight for p in (self.q, self.k, self.v, self.out)]
-        if any(m is None for m in mats):
-            return None
-        parts = [m.reshape(h, -1) for m in mats[:3]]
-        parts.append(mats[3].reshape(-1, h, d).transpose(0, 1).reshape(h, -1))
-        return torch.cat(parts, dim=1).detach()
-
-    @torch.no_grad()
     def prune_heads_(self, heads: list[int]) -> None:
-        """Physically removes `heads`: slices Q/K/V rows and output columns."""
-        drop = set(heads)
-        keep = [h for h in range(self.num_heads) if h not in drop]
-        if not keep:
-            raise ValueError("cannot remove every head of an attention layer")
-        rows = torch.tensor([h * self.head_dim + i for h in keep for i in range(self.head_dim)])
-        for proj in (self.q, self.k, self.v):
-            proj.weight = nn.Parameter(proj.weight[rows].clone())
-            proj.bias = nn.Parameter(proj.bias[rows].clone())
-            proj.out_features = len(rows)
-        self.out.weight = nn.Parameter(self.out.weight[:, rows].clone())
-        self.out.in_features = len(rows)
-        self.num_heads = len(keep)
+        """Physically removes `heads` (Q/K/V rows, output columns) and updates `num_heads`."""
+        from pruneops.pruning.heads import own_attention, remove_heads_
+
+        remove_heads_(own_attention(self), heads)
 
     def extra_macs(self, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> int:
         """MACs of the two attention matmuls (the projections are counted as Linears)."""

@@ -15,6 +15,7 @@ from pruneops.registry import Registry
 class Criterion:
     """A channel-group importance factory, a head scorer, and whether gradients are needed."""
 
+    name: str
     make_group_importance: Callable[[], Callable]
     head_scores: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
     needs_grad: bool = False
@@ -40,17 +41,17 @@ def _random(w: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
 
 
 IMPORTANCES.register("l1", "L1 norm of each group's weights")(
-    Criterion(lambda: tp.importance.GroupMagnitudeImportance(p=1), _l1)
+    Criterion("l1", lambda: tp.importance.GroupMagnitudeImportance(p=1), _l1)
 )
 IMPORTANCES.register("l2", "L2 norm of each group's weights")(
-    Criterion(lambda: tp.importance.GroupMagnitudeImportance(p=2), _l2)
+    Criterion("l2", lambda: tp.importance.GroupMagnitudeImportance(p=2), _l2)
 )
 IMPORTANCES.register("taylor", "first-order Taylor |w * dL/dw| (needs a gradient pass)")(
-    Criterion(lambda: tp.importance.GroupTaylorImportance(), _taylor, needs_grad=True)
+    Criterion("taylor", lambda: tp.importance.GroupTaylorImportance(), _taylor, needs_grad=True)
 )
 IMPORTANCES.register("bn_scale", "|gamma| of the BatchNorm that follows (heads: L2)")(
-    Criterion(lambda: tp.importance.BNScaleImportance(), _l2)
+    Criterion("bn_scale", lambda: tp.importance.BNScaleImportance(), _l2)
 )
 IMPORTANCES.register("random", "random scores (a baseline to beat)")(
-    Criterion(lambda: tp.importance.RandomImportance(), _random)
+    Criterion("random", lambda: tp.importance.RandomImportance(), _random)
 )

@@ -1,8 +1,9 @@
 """Pruning methods, chosen by `prune.method` through `METHODS`.
 
 A method is a class with `apply_(model, fraction)` (prune to `fraction` of the target, the
-schedule's point), `after_step(model)` (called after every optimizer step while fine-tuning),
+schedule's point), `after_backward(model)` / `after_step(model)` (called while fine-tuning),
 `masks()` (what to save beside the weights) and `speedup` (what hardware can gain from it).
+Structured methods shrink layers; unstructured ones keep masks beside dense weights.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from torch import nn
 
 from pruneops.data.splits import Split
 from pruneops.models import classifier_of
+from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import Criterion
+from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.units import UnitPruner, round_keep
 from pruneops.registry import Registry
 
@@ -30,7 +33,11 @@ class PruneContext:
         criterion: Importance criterion.
         example_input: A batch of one sample, for tracing.
         train: Training data (for gradient-based importance).
-        allocation: Per-unit final ratios from sensitivity analysis (None: uniform).
+        allocation: Per-unit final ratios from sensitivity analysis (structured methods;
+            None: uniform).
+        layer_allocation: Per-layer final ratios (unstructured methods; None: uniform).
+        scope: "global" (one threshold over all layers) or "layer" (each layer its ratio),
+            for unstructured methods.
         round_to: Keep channel counts multiples of this.
     """
 
@@ -39,6 +46,8 @@ class PruneContext:
     example_input: torch.Tensor
     train: Split
     allocation: dict[str, float] | None = None
+    layer_allocation: dict[str, float] | None = None
+    scope: str = "global"
     round_to: int | None = None
     grad_batches: int = 4
     batch_size: int = 64
@@ -57,23 +66,31 @@ def accumulate_grads_(model: nn.Module, data: Split, batches: int, batch_size: i
 
 
 class PruningMethod:
-    """Base class: no masks, nothing to do between optimizer steps."""
+    """Base class: no masks, nothing to do while fine-tuning."""
 
     structured = False
-    speedup = ""
+    needs_warmup = False
 
     def __init__(self, ctx: PruneContext):
         self.ctx = ctx
+
+    @property
+    def speedup(self) -> str:
+        """What hardware can gain from this method's sparsity."""
+        return ""
 
     def apply_(self, model: nn.Module, fraction: float) -> None:
         """Prunes `model` in place to `fraction` (0..1] of the target."""
         raise NotImplementedError
 
+    def after_backward(self, model: nn.Module) -> None:
+        """Sees the gradients of each fine-tuning batch (e.g. to accumulate scores)."""
+
     def after_step(self, model: nn.Module) -> None:
         """Keeps pruned weights pruned while fine-tuning."""
 
     def masks(self) -> dict[str, torch.Tensor]:
-        """Masks to save beside the weights (name -> bool tensor)."""
+        """Masks to save beside the weights (parameter name -> bool tensor, True = kept)."""
         return {}
 
 
@@ -85,11 +102,18 @@ class ChannelPruning(PruningMethod):
     """Dependency-aware channel (and attention-head) removal via Torch-Pruning's DepGraph."""
 
     structured = True
-    speedup = "real: layers become smaller dense matrices"
 
     def __init__(self, ctx: PruneContext):
         super().__init__(ctx)
         self.original: dict[str, int] = {}
+
+    @property
+    def speedup(self) -> str:
+        return "real: layers become smaller dense matrices"
+
+    def head_scores(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """Precomputed head importance; None ranks heads by the criterion over their weights."""
+        return None
 
     def apply_(self, model: nn.Module, fraction: float) -> None:
         pruner = UnitPruner(model, self.ctx.example_input, self.ctx.criterion)
@@ -102,16 +126,30 @@ class ChannelPruning(PruningMethod):
             keep[name] = round_keep(size, ratios.get(name, 0.0) * fraction, round_to)
         if self.ctx.criterion.needs_grad:
             accumulate_grads_(model, self.ctx.train, self.ctx.grad_batches, self.ctx.batch_size)
-        pruner.prune_to_(keep)
+        pruner.prune_to_(keep, head_scores=self.head_scores(model))
         model.zero_grad(set_to_none=True)
 
 
-@torch.no_grad()
-def apply_masks_(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
-    """Zeroes the masked-out entries of the named parameters (mask True = keep)."""
-    params = dict(model.named_parameters())
-    for name, mask in masks.items():
-        params[name].mul_(mask)
+def training_batches(data: Split, batches: int, batch_size: int):
+    """The first `batches` (inputs, labels) batches of `data` as tensors."""
+    for i in range(0, min(len(data), batches * batch_size), batch_size):
+        yield torch.from_numpy(data.x[i : i + batch_size]), torch.from_numpy(data.y[i : i + batch_size])
+
+
+@METHODS.register("head", "attention heads by gate importance (Michel et al. 2019) + FFN neurons")
+class HeadPruning(ChannelPruning):
+    """Structured removal with heads ranked by the gate importance over training data.
+
+    The gate importance (E|dL/d gate|, normalised per layer) ranks heads; FFN intermediate
+    neurons (and any other channel group) are ranked by the criterion.
+    """
+
+    def head_scores(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        sites = head_sites(model)
+        if not sites:
+            return None
+        batches = training_batches(self.ctx.train, max(self.ctx.grad_batches, 8), self.ctx.batch_size)
+        return gate_importance(model, sites, batches)
 
 
 def prunable_weights(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -124,27 +162,58 @@ def prunable_weights(model: nn.Module) -> dict[str, nn.Parameter]:
     }
 
 
-@METHODS.register("magnitude", "global unstructured magnitude: zeros in dense layers (no CPU speed-up)")
-class MagnitudePruning(PruningMethod):
-    """Global unstructured magnitude pruning with masks kept apart from the weights."""
+def _lowest(scores: torch.Tensor, k: int) -> torch.Tensor:
+    keep = torch.ones(scores.numel(), dtype=torch.bool)
+    keep[torch.argsort(scores.flatten())[:k]] = False
+    return keep
 
-    speedup = "none through dense kernels: zeros are multiplied like any other weight"
+
+def topk_masks(scores: dict[str, torch.Tensor], ratios: dict[str, float], scope: str) -> dict[str, torch.Tensor]:
+    """Masks keeping the highest scores: per layer (`ratios[name]` each) or globally.
+
+    In "global" scope one threshold over all layers removes the size-weighted mean of `ratios`.
+    """
+    if scope == "layer":
+        return {n: _lowest(s, int(round(ratios[n] * s.numel()))).view_as(s) for n, s in scores.items()}
+    total = sum(s.numel() for s in scores.values())
+    k = int(round(sum(ratios[n] * s.numel() for n, s in scores.items())))
+    keep = _lowest(torch.cat([s.flatten() for s in scores.values()]), k)
+    out, offset = {}, 0
+    for name, s in scores.items():
+        out[name] = keep[offset : offset + s.numel()].view_as(s).clone()
+        offset += s.numel()
+    assert offset == total
+    return out
+
+
+class UnstructuredPruning(PruningMethod):
+    """Masks over dense weights from per-weight scores, globally or per layer."""
+
+    @property
+    def speedup(self) -> str:
+        return "none through dense kernels: zeros are multiplied like any other weight"
 
     def __init__(self, ctx: PruneContext):
         super().__init__(ctx)
         self._masks: dict[str, torch.Tensor] = {}
 
+    def scores(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Per prunable weight, its importance (higher = keep)."""
+        raise NotImplementedError
+
+    def layer_ratios(self, names: list[str], fraction: float) -> dict[str, float]:
+        """Each layer's ratio at this point of the schedule."""
+        alloc = self.ctx.layer_allocation
+        return {n: (alloc.get(n, 0.0) if alloc is not None else self.ctx.target_ratio) * fraction for n in names}
+
     @torch.no_grad()
     def apply_(self, model: nn.Module, fraction: float) -> None:
-        weights = prunable_weights(model)
-        flat = torch.cat([w.detach().abs().flatten() for w in weights.values()])
-        k = int(round(self.ctx.target_ratio * fraction * flat.numel()))
-        keep = torch.ones_like(flat, dtype=torch.bool)
-        keep[torch.argsort(flat)[:k]] = False
-        offset = 0
-        for name, w in weights.items():
-            self._masks[name] = keep[offset : offset + w.numel()].view_as(w).clone()
-            offset += w.numel()
+        scores = self.scores(model)
+        for name, mask in self._masks.items():
+            # Pruned weights stay pruned: their scores no longer move.
+            scores[name] = torch.where(mask, scores[name], torch.full_like(scores[name], -torch.inf))
+        scope = "layer" if self.ctx.layer_allocation is not None else self.ctx.scope
+        self._masks = topk_masks(scores, self.layer_ratios(list(scores), fraction), scope)
         self.after_step(model)
 
     def after_step(self, model: nn.Module) -> None:
@@ -152,3 +221,113 @@ class MagnitudePruning(PruningMethod):
 
     def masks(self) -> dict[str, torch.Tensor]:
         return dict(self._masks)
+
+
+@METHODS.register("magnitude", "unstructured magnitude, global or per layer: zeros in dense layers (no CPU speed-up)")
+class MagnitudePruning(UnstructuredPruning):
+    """Unstructured magnitude pruning (|w| for l1, w^2 for l2: the same ranking per weight)."""
+
+    def scores(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        power = 2 if self.ctx.criterion.name == "l2" else 1
+        return {n: w.detach().abs().pow(power) for n, w in prunable_weights(model).items()}
+
+
+@METHODS.register("movement", "movement pruning (Sanh et al. 2020): scores -W*dL/dW accumulated while fine-tuning")
+class MovementPruning(UnstructuredPruning):
+    """Hard movement pruning: keeps the weights whose accumulated -W * dL/dW is largest.
+
+    Scores accumulate over every fine-tuning batch (a warm-up pass comes before the first step),
+    so they measure how training moves each weight away from zero, not its magnitude.
+    """
+
+    needs_warmup = True
+
+    def __init__(self, ctx: PruneContext):
+        super().__init__(ctx)
+        self._scores: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def after_backward(self, model: nn.Module) -> None:
+        for name, w in prunable_weights(model).items():
+            if w.grad is None:
+                continue
+            delta = -(w.detach() * w.grad)
+            self._scores[name] = self._scores.get(name, torch.zeros_like(w)) + delta
+
+    def scores(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        weights = prunable_weights(model)
+        if not self._scores:
+            raise RuntimeError("movement pruning has no scores yet: fine-tune (warm-up) before pruning")
+        return {n: self._scores.get(n, torch.zeros_like(w)).clone() for n, w in weights.items()}
+
+
+def semi_structured_available() -> str | None:
+    """Why 2:4 kernels cannot run here, or None when a CUDA device of capability >= 8.0 can."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, _ = torch.cuda.get_device_capability()
+    if major < 8:
+        return f"CUDA compute capability {major}.x < 8.0"
+    return None
+
+
+def semi_structured_mask(w: torch.Tensor) -> torch.Tensor:
+    """In every group of 4 consecutive input weights, True for the 2 largest |w|."""
+    out_f, in_f = w.shape
+    groups = w.detach().abs().reshape(out_f, in_f // 4, 4)
+    top = groups.topk(2, dim=-1).indices
+    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, top, True)
+    return mask.reshape(out_f, in_f)
+
+
+@METHODS.register("semi_structured", "2:4 sparsity on Linear layers (2 of every 4 inputs kept; CUDA >= 8.0 speed-up)")
+class SemiStructuredPruning(UnstructuredPruning):
+    """2:4 semi-structured sparsity on every eligible Linear (not the classifier).
+
+    The pattern is fixed at 50%: `target_ratio` does not apply. With a sensitivity allocation,
+    only layers allocated at least 0.5 get the pattern. On CUDA (capability >= 8.0)
+    `to_semi_structured_` converts them for cuSPARSELt kernels; on CPU the masked weights stay
+    dense and give no speed-up.
+    """
+
+    @property
+    def speedup(self) -> str:
+        reason = semi_structured_available()
+        return f"not available on CPU ({reason}): masked dense weights" if reason else "cuSPARSELt 2:4 kernels"
+
+    def eligible(self, model: nn.Module) -> dict[str, nn.Parameter]:
+        """Linear weights (not the classifier) whose input width is a multiple of 4."""
+        head = classifier_of(model)
+        alloc = self.ctx.layer_allocation
+        out = {}
+        for n, m in model.named_modules():
+            name = f"{n}.weight"
+            if not isinstance(m, nn.Linear) or m is head or m.in_features % 4:
+                continue
+            if alloc is not None and alloc.get(name, 0.0) < 0.5:
+                continue
+            out[name] = m.weight
+        return out
+
+    @torch.no_grad()
+    def apply_(self, model: nn.Module, fraction: float) -> None:
+        self._masks = {n: semi_structured_mask(w) for n, w in self.eligible(model).items()}
+        self.after_step(model)
+
+
+@torch.no_grad()
+def to_semi_structured_(model: nn.Module, masks: dict[str, torch.Tensor]) -> list[str]:
+    """Converts the 2:4-masked Linear weights to `torch.sparse` semi-structured tensors (CUDA).
+
+    Returns:
+        The converted parameter names. The model must already be on a CUDA device in fp16/bf16.
+    """
+    from torch.sparse import to_sparse_semi_structured
+
+    modules = dict(model.named_modules())
+    done = []
+    for name in masks:
+        module = modules[name.rsplit(".", 1)[0]]
+        module.weight = nn.Parameter(to_sparse_semi_structured(module.weight.detach()), requires_grad=False)
+        done.append(name)
+    return done

@@ -16,6 +16,7 @@ import torch_pruning as tp
 from torch import nn
 
 from pruneops.models import classifier_of
+from pruneops.pruning.heads import head_sites, remove_heads_
 from pruneops.pruning.importance import Criterion
 
 ROOT_TYPES = (nn.Conv1d, nn.Conv2d, nn.Linear)
@@ -30,20 +31,11 @@ class UnitInfo:
     size: int
 
 
-def head_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """Modules whose heads can be removed (they implement `prune_heads_` and `head_weights`)."""
-    return {
-        n: m
-        for n, m in model.named_modules()
-        if hasattr(m, "prune_heads_") and hasattr(m, "head_weights") and hasattr(m, "num_heads")
-    }
-
-
 def ignored_layers(model: nn.Module) -> list[nn.Module]:
     """Layers whose output channels are never pruned: the classifier and attention projections."""
     ignored = [classifier_of(model)]
-    for module in head_modules(model).values():
-        ignored += [m for m in module.modules() if isinstance(m, ROOT_TYPES)]
+    for site in head_sites(model).values():
+        ignored += [site.q, site.k, site.v, site.out]
     return ignored
 
 
@@ -83,20 +75,27 @@ class UnitPruner:
     def units(self) -> dict[str, UnitInfo]:
         """Every prunable unit, by name."""
         found = {name: UnitInfo(name, "channels", len(group[0].idxs)) for name, group in self._groups(self._graph())}
-        for name, module in head_modules(self.model).items():
-            found[f"{name}.heads"] = UnitInfo(f"{name}.heads", "heads", int(module.num_heads))
+        for name, site in head_sites(self.model).items():
+            found[f"{name}.heads"] = UnitInfo(f"{name}.heads", "heads", site.num_heads)
         return found
 
-    def prune_to_(self, keep: dict[str, int]) -> None:
-        """Removes the least important channels/heads so each named unit keeps `keep[name]`."""
-        heads = head_modules(self.model)
-        for name, module in heads.items():
+    def prune_to_(self, keep: dict[str, int], head_scores: dict[str, torch.Tensor] | None = None) -> None:
+        """Removes the least important channels/heads so each named unit keeps `keep[name]`.
+
+        Args:
+            keep: Units to shrink and how many channels/heads each keeps.
+            head_scores: Per attention module name, precomputed head importance (e.g. the gate
+                importance); otherwise heads are ranked by the criterion over their weights.
+        """
+        for name, site in head_sites(self.model).items():
             k = keep.get(f"{name}.heads")
-            if k is None or k >= module.num_heads:
+            if k is None or k >= site.num_heads:
                 continue
-            with torch.no_grad():
-                scores = self.criterion.head_scores(module.head_weights(), module.head_weights(grad=True))
-            module.prune_heads_(torch.argsort(scores)[: module.num_heads - k].tolist())
+            if head_scores and name in head_scores:
+                scores = head_scores[name]
+            else:
+                scores = self.criterion.head_scores(site.head_matrix(), site.head_matrix(grad=True))
+            remove_heads_(site, torch.argsort(scores)[: site.num_heads - k].tolist())
         wanted = {n: k for n, k in keep.items() if not n.endswith(".heads")}
         if not wanted:
             return

@@ -45,3 +45,18 @@ def test_allocation_weights_by_cost():
 def test_unreachable_target_stops_at_max_ratio():
     curves = {"u": {"ratios": [0.5, 0.9], "accuracy_drop": [0.0, 0.1]}}
     assert allocate_ratios(curves, {"u": 10}, target=0.95, max_ratio=0.5) == {"u": 0.5}
+
+
+def test_sensitivity_stage_refuses_an_unreachable_target(pipeline_dir, tmp_path):
+    import shutil
+
+    from pruneops.cli import run_stage
+    from pruneops.errors import ConfigError
+    from tests.conftest import tiny_params, write_params
+
+    for part in ("artifacts/validate", "artifacts/train"):
+        shutil.copytree(pipeline_dir / part, tmp_path / part)
+    params = write_params(tmp_path, tiny_params(prune={"target_ratio": 0.85}, sensitivity={"ratios": [0.25, 0.5]}))
+    with pytest.raises(ConfigError, match=r"prune.target_ratio: 0.85 is out of reach of the sweep"):
+        run_stage("sensitivity", params, tmp_path)
+    assert not (tmp_path / "artifacts/sensitivity").exists()

@@ -7,8 +7,8 @@ from pruneops.models import ModelSpec, create_model
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
 from pruneops.profiling import count_macs, count_params
 from pruneops.pruning import IMPORTANCES, METHODS, PruneContext, UnitPruner, round_keep, sparsity_report
+from pruneops.pruning.heads import head_sites
 from pruneops.pruning.report import layer_shapes
-from pruneops.pruning.units import head_modules
 from pruneops.training import FitSettings, fit_
 
 SHAPE = [1, 8, 8]
@@ -57,7 +57,7 @@ def test_removing_masked_heads_keeps_outputs_identical():
     UnitPruner(model, x[:1], IMPORTANCES.get("l2")).prune_to_({"layers.0.attn.heads": 3})
     assert attn.num_heads == 3 and attn.q.out_features == 3 * attn.head_dim
     torch.testing.assert_close(model(x), before, atol=1e-5, rtol=1e-4)
-    assert set(head_modules(model)) == {"layers.0.attn", "layers.1.attn"}
+    assert set(head_sites(model)) == {"layers.0.attn", "layers.1.attn"}
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])

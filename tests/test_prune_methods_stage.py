@@ -1,0 +1,59 @@
+"""Every pruning method through the sensitivity, prune and finetune stages on digits."""
+
+import shutil
+
+import pytest
+
+from pruneops.cli import run_stage
+from pruneops.io import read_json
+from tests.conftest import tiny_params, write_params
+
+
+@pytest.mark.parametrize(
+    ("method", "model", "target"),
+    [
+        ("magnitude", "cnn", 0.8),
+        ("movement", "cnn", 0.8),
+        ("semi_structured", "mlp", 0.5),
+        ("head", "transformer", 0.5),
+        ("channel", "transformer", 0.5),
+    ],
+)
+def test_method_through_stages(pipeline_dir, tmp_path, method, model, target):
+    shutil.copytree(pipeline_dir / "artifacts/validate", tmp_path / "artifacts/validate")
+    kwargs = {"cnn": {"widths": [16, 32]}, "mlp": {"hidden": [64, 64]}, "transformer": {"dim": 32, "ffn_dim": 64}}[
+        model
+    ]
+    params = write_params(
+        tmp_path,
+        tiny_params(
+            train={"model": model, "model_kwargs": kwargs},
+            prune={"method": method, "target_ratio": target},
+            sensitivity={"ratios": [0.25, 0.5, 0.75, 0.9], "max_layer_ratio": 0.9},
+        ),
+    )
+    for stage in ("train", "sensitivity", "prune", "finetune"):
+        run_stage(stage, params, tmp_path)
+    alloc = read_json(tmp_path / "artifacts/sensitivity/allocation.json")
+    prune = read_json(tmp_path / "metrics/prune.json")
+    finetune = read_json(tmp_path / "metrics/finetune.json")
+    if method in ("channel", "head"):
+        assert alloc["granularity"] == "units"
+        assert prune["mac_reduction"] > 1.5 and prune["weight_zero_fraction"] == 0.0
+    else:
+        assert alloc["granularity"] == "layers"
+        assert prune["mac_reduction"] == 1.0
+        assert "none" in prune["speedup"] or "not available" in prune["speedup"]
+        # The masks stay through fine-tuning and are made permanent.
+        assert finetune["weight_zero_fraction"] == pytest.approx(prune["weight_zero_fraction"], abs=1e-6)
+    if method in ("magnitude", "movement"):
+        # Allocation meets the target over prunable weights; the classifier is never pruned.
+        sizes, ratios = alloc["weights"], alloc["ratios"]
+        achieved = sum(sizes[n] * ratios[n] for n in sizes) / sum(sizes.values())
+        assert achieved >= target - 1e-6
+        sparsity = read_json(tmp_path / "artifacts/prune/sparsity.json")
+        zeros = sum(sparsity["layers"][n[: -len(".weight")]]["zero_fraction"] * sizes[n] for n in sizes)
+        assert zeros / sum(sizes.values()) == pytest.approx(achieved, abs=0.01)
+    if method == "semi_structured":
+        assert prune["weight_zero_fraction"] > 0.3
+    assert finetune["test_accuracy"] > 0.5
