@@ -41,7 +41,7 @@ repo: install
 
 run: repo
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
-	@$(BIN)/dvc metrics show
+	@cat artifacts/benchmark/benchmark.md
 
 test: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -142,7 +142,7 @@ def analyze_sensitivity(
     granularity = "units" if structured else "layers"
     allocation = allocate_ratios(curves, weights, target_ratio, config.max_layer_ratio)
     achieved = sum(weights[n] * r for n, r in allocation.items()) / max(sum(weights.values()), 1)
-    if achieved + 1e-9 < target_ratio:
+    if prune.use_sensitivity and achieved + 1e-9 < target_ratio:
         raise ConfigError(
             f"prune.target_ratio: {target_ratio} is out of reach of the sweep (at most {achieved:.3f} with "
             f"sensitivity.ratios up to {max(config.ratios)} and sensitivity.max_layer_ratio "
@@ -176,6 +176,7 @@ def analyze_sensitivity(
         dump_json(
             {
                 "method": prune.method,
+                "used": prune.use_sensitivity,
                 "granularity": granularity,
                 "target_ratio": target_ratio,
                 "achieved_ratio": achieved,

@@ -60,3 +60,10 @@ def test_sensitivity_stage_refuses_an_unreachable_target(pipeline_dir, tmp_path)
     with pytest.raises(ConfigError, match=r"prune.target_ratio: 0.85 is out of reach of the sweep"):
         run_stage("sensitivity", params, tmp_path)
     assert not (tmp_path / "artifacts/sensitivity").exists()
+    # Curves are still worth having when the allocation is not used.
+    params = write_params(
+        tmp_path,
+        tiny_params(prune={"target_ratio": 0.85, "use_sensitivity": False}, sensitivity={"ratios": [0.25, 0.5]}),
+    )
+    run_stage("sensitivity", params, tmp_path)
+    assert (tmp_path / "artifacts/sensitivity/sensitivity.json").exists()
