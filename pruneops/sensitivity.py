@@ -52,9 +52,13 @@ def sweep_units(
     ratios: list[float],
     input_shape: list[int],
     batch_size: int,
+    baseline: tuple[float, float],
 ) -> tuple[dict[str, dict], dict[str, float]]:
-    """Prunes each structured unit alone at each ratio: curves, and each unit's MAC weight."""
-    base_acc, base_loss = evaluate(base, val, batch_size)
+    """Prunes each structured unit alone at each ratio: curves, and each unit's MAC weight.
+
+    `baseline` is the unpruned model's validation (accuracy, loss).
+    """
+    base_acc, base_loss = baseline
     example = torch.from_numpy(val.x[:1])
     units = UnitPruner(base, example, criterion).units()
     base_macs = count_macs(base, input_shape)
@@ -80,13 +84,15 @@ def sweep_units(
 
 
 def sweep_layers(
-    base: torch.nn.Module, val: Split, ratios: list[float], batch_size: int
+    base: torch.nn.Module, val: Split, ratios: list[float], batch_size: int, baseline: tuple[float, float]
 ) -> tuple[dict[str, dict], dict[str, float]]:
-    """Magnitude-prunes each layer's weights alone at each ratio: curves, and weight counts."""
-    base_acc, base_loss = evaluate(base, val, batch_size)
-    names = list(prunable_weights(base))
-    curves = {n: _empty_curve("weights", prunable_weights(base)[n].numel()) for n in names}
-    jobs = [(name, r) for name in names for r in ratios]
+    """Magnitude-prunes each layer's weights alone at each ratio: curves, and weight counts.
+
+    `baseline` is the unpruned model's validation (accuracy, loss).
+    """
+    base_acc, base_loss = baseline
+    curves = {n: _empty_curve("weights", w.numel()) for n, w in prunable_weights(base).items()}
+    jobs = [(name, r) for name in curves for r in ratios]
     for name, ratio in tqdm(jobs, desc="sensitivity", unit="eval", disable=None, leave=False):
         trial = copy.deepcopy(base)
         w = prunable_weights(trial)[name]
@@ -136,9 +142,11 @@ def analyze_sensitivity(
         accumulate_grads_(base, train, 4, 64)
     base_acc, base_loss = evaluate(base, val, config.batch_size)
     if structured:
-        curves, weights = sweep_units(base, val, criterion, config.ratios, meta.input_shape, config.batch_size)
+        curves, weights = sweep_units(
+            base, val, criterion, config.ratios, meta.input_shape, config.batch_size, (base_acc, base_loss)
+        )
     else:
-        curves, weights = sweep_layers(base, val, config.ratios, config.batch_size)
+        curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, (base_acc, base_loss))
     granularity = "units" if structured else "layers"
     allocation = allocate_ratios(curves, weights, target_ratio, config.max_layer_ratio)
     achieved = sum(weights[n] * r for n, r in allocation.items()) / max(sum(weights.values()), 1)
