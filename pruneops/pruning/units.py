@@ -69,7 +69,17 @@ class UnitPruner:
 
     def _groups(self, graph: tp.DependencyGraph):
         names = {m: n for n, m in self.model.named_modules()}
+        # Torch-Pruning leaves a concatenation unmapped when it cannot infer the channel split
+        # (e.g. its output is flattened straight into a Linear); pruning through it would remove
+        # the wrong channels, so groups that cross one are left alone.
+        unmapped = {
+            node
+            for node in graph.module2node.values()
+            if node.type == tp.ops.OPTYPE.CONCAT and getattr(node.module, "offsets", None) is None
+        }
         for group in graph.get_all_groups(ignored_layers=ignored_layers(self.model), root_module_types=ROOT_TYPES):
+            if any(item.dep.source in unmapped or item.dep.target in unmapped for item in group):
+                continue
             yield names[group[0].dep.target.module], group
 
     def units(self) -> dict[str, UnitInfo]:
@@ -108,6 +118,8 @@ class UnitPruner:
                 continue
             with torch.no_grad():
                 scores = importance(group)
+                if scores is None:  # e.g. BN-scale on a group without BatchNorm
+                    scores = tp.importance.GroupMagnitudeImportance(p=2)(group)
             drop = torch.argsort(scores)[: size - k].tolist()
             dep = group[0].dep
             graph.get_pruning_group(dep.target.module, dep.handler, idxs=drop).prune()

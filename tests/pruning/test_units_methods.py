@@ -112,3 +112,68 @@ def test_magnitude_method_reaches_target_and_masks_survive_training():
     report = sparsity_report(model, SHAPE, layer_shapes(model))
     assert report["global"]["nonzero_macs"] < 0.3 * report["global"]["macs"]
     assert report["layers"]["classifier"]["zero_fraction"] == 0.0
+
+
+class ConcatNet(torch.nn.Module):
+    """Two conv branches concatenated on channels, fused by a conv, flattened into a Linear.
+
+    With `fuse=False` the concatenation is flattened straight into the Linear.
+    """
+
+    def __init__(self, fuse: bool = True):
+        super().__init__()
+        self.fuse = fuse
+        self.a = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+        self.b = torch.nn.Sequential(torch.nn.Conv2d(1, 12, 3, padding=1), torch.nn.BatchNorm2d(12), torch.nn.ReLU())
+        self.mix = torch.nn.Conv2d(20, 16, 1)
+        self.fc = torch.nn.Linear((16 if fuse else 20) * 4 * 4, 32)
+        self.classifier = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.cat([self.a(x), self.b(x)], dim=1)
+        if self.fuse:
+            x = torch.relu(self.mix(x))
+        x = torch.nn.functional.max_pool2d(x, 2)
+        return self.classifier(torch.relu(self.fc(torch.flatten(x, 1))))
+
+
+def _zero_channels_(conv, bn, channels):
+    with torch.no_grad():
+        bn.weight[channels] = 0.0
+        bn.bias[channels] = 0.0
+
+
+def test_channel_pruning_follows_concatenation_and_flatten(tmp_path):
+    torch.manual_seed(0)
+    model = ConcatNet().eval()
+    macs = count_macs(model, SHAPE)
+    pruner = UnitPruner(model, torch.zeros(1, *SHAPE), IMPORTANCES.get("bn_scale"))
+    assert {"a.0", "b.0", "mix", "fc"} <= set(pruner.units()) and "classifier" not in pruner.units()
+    pruner.prune_to_({"a.0": 4, "b.0": 6, "mix": 8})
+    assert (model.a[0].out_channels, model.b[0].out_channels, model.mix.in_channels) == (4, 6, 10)
+    # Each removed channel of `mix` takes its 4x4 block of flattened features out of fc's inputs.
+    assert model.fc.in_features == 8 * 16 and model.classifier.out_features == 10
+    assert count_macs(model, SHAPE) < macs / 1.5
+    export_onnx_file(model, SHAPE, tmp_path / "m.onnx", 18)
+    xs = np.random.default_rng(1).random((5, *SHAPE), dtype=np.float32)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(xs)).numpy()
+    assert np.abs(ort_logits(make_session(tmp_path / "m.onnx"), xs) - ref).max() < 1e-4
+
+
+def test_zeroed_concat_branches_removed_with_identical_outputs():
+    torch.manual_seed(0)
+    model = ConcatNet().eval()
+    _zero_channels_(model.a[0], model.a[1], [1, 3, 5, 7])
+    _zero_channels_(model.b[0], model.b[1], [0, 2, 4, 6, 8, 10])
+    x = torch.randn(4, *SHAPE)
+    before = model(x)
+    UnitPruner(model, torch.zeros(1, *SHAPE), IMPORTANCES.get("bn_scale")).prune_to_({"a.0": 4, "b.0": 6})
+    torch.testing.assert_close(model(x), before, atol=1e-5, rtol=1e-4)
+
+
+def test_unmapped_concatenation_is_left_alone():
+    model = ConcatNet(fuse=False).eval()
+    units = UnitPruner(model, torch.zeros(1, *SHAPE), IMPORTANCES.get("l2")).units()
+    assert "a.0" not in units and "b.0" not in units
+    assert "fc" in units
