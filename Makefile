@@ -26,7 +26,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 $(BIN)/.installed-dev: $(BIN)/.installed
-	$(PIP) install -q -c constraints.txt -e ".[dev,hf]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,hf,orchestration]"
 	touch $@
 
 install: $(BIN)/.installed

@@ -172,6 +172,52 @@ def _list_registries() -> str:
     return "\n".join(lines)
 
 
+def _launch_data_parallel(args: argparse.Namespace) -> int | None:
+    """Re-runs `finetune` under torchrun when `finetune.world_size` > 1; None when not needed."""
+    if args.command != "finetune" or "RANK" in os.environ:
+        return None
+    from pruneops.config import FinetuneConfig
+
+    world = parse_section("finetune", read_params(args.params).get("finetune"), FinetuneConfig).world_size
+    if world <= 1:
+        return None
+    import subprocess
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        "-m",
+        "pruneops.cli",
+        "--params",
+        str(args.params),
+        "--root",
+        str(args.root),
+        "finetune",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from pruneops.config import RepruneConfig
+    from pruneops.model_registry import ModelRegistry
+
+    try:
+        registry_dir = args.registry
+        if registry_dir is None:
+            params = read_params(Path(args.root) / args.params)
+            registry_dir = parse_section("reprune", params.get("reprune"), RepruneConfig).registry_dir
+        restored = ModelRegistry(Path(args.root) / registry_dir).rollback()
+    except PruneOpsError as exc:
+        print(f"pruneops rollback: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"pruneops rollback: production is now {restored.version}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (one sub-command per stage, plus `methods`)."""
     parser = argparse.ArgumentParser(
@@ -184,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, cmd in STAGES.items():
         sub.add_parser(name, help=cmd.help, description=f"{cmd.help}; reads section `{name}` of params.")
     sub.add_parser("methods", help="list pruning methods, importance criteria, models, quantizers...")
+    rollback = sub.add_parser("rollback", help="restore the production model that preceded the current one")
+    rollback.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     return parser
 
 
@@ -203,8 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "methods":
         print(_list_registries())
         return 0
+    if args.command == "rollback":
+        return _rollback(args)
     started = time.perf_counter()
     try:
+        launched = _launch_data_parallel(args)
+        if launched is not None:
+            return launched
         report = run_stage(args.command, args.params, args.root)
     except PruneOpsError as exc:
         print(f"pruneops {args.command}: error: {exc}", file=sys.stderr)
@@ -223,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"pruneops {args.command} ({time.perf_counter() - started:.1f}s): {STAGES[args.command].summary(report)}")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"pruneops {args.command} ({time.perf_counter() - started:.1f}s): {STAGES[args.command].summary(report)}")
     return 0
 
 

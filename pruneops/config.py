@@ -111,6 +111,7 @@ class FinetuneConfig(FitParams):
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-3
     distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
     distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    world_size: Annotated[int, Field(ge=1, le=64)] = 1
 
 
 class QuantizeConfig(StageConfig):
@@ -145,6 +146,19 @@ class BenchmarkConfig(StageConfig):
     rounds: PositiveInt = 5
 
 
+class RepruneConfig(StageConfig):
+    """`reprune` (not a DVC stage): the promotion gate and drift trigger of the Prefect flows."""
+
+    accuracy_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.005
+    latency_slo_ms: Annotated[float, Field(gt=0.0)] = 1.0
+    drift_threshold: Annotated[float, Field(gt=0.0)] = 0.2
+    drift_check_cron: str = "*/15 * * * *"
+    drift_source: str = "http://127.0.0.1:9090"
+    registry_dir: str = "models"
+    feedback_dir: str = "data/feedback"
+    latency_repeats: PositiveInt = 200
+
+
 STAGE_CONFIGS: dict[str, type[StageConfig]] = {
     "validate": ValidateConfig,
     "train": TrainConfig,
@@ -155,6 +169,9 @@ STAGE_CONFIGS: dict[str, type[StageConfig]] = {
     "export": ExportConfig,
     "benchmark": BenchmarkConfig,
 }
+
+# Sections that configure the orchestration around the stages rather than a stage.
+EXTRA_SECTIONS: dict[str, type[StageConfig]] = {"reprune": RepruneConfig}
 
 C = TypeVar("C", bound=StageConfig)
 
@@ -217,6 +234,7 @@ def load_stage_config(params: dict[str, Any], stage: str) -> StageConfig:
 
 def check_sections(params: dict[str, Any]) -> None:
     """Rejects top-level sections that name no stage (a typo would otherwise be ignored)."""
-    unknown = sorted(set(params) - set(STAGE_CONFIGS))
+    known = {**STAGE_CONFIGS, **EXTRA_SECTIONS}
+    unknown = sorted(set(params) - set(known))
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section; sections are: {', '.join(STAGE_CONFIGS)}")
+        raise ConfigError(f"{unknown[0]}: unknown section; sections are: {', '.join(known)}")

@@ -16,7 +16,7 @@ from pruneops.profiling import count_macs, count_params
 from pruneops.pruning import sparsity_report
 from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_
 from pruneops.train import fit_settings
-from pruneops.training import Distillation, evaluate, fit_
+from pruneops.training import Distillation, evaluate, fit_, torchrun_group
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class FinetuneReport:
     mac_reduction: float
     weight_zero_fraction: float
     epochs_run: int
+    world_size: int
     checkpoint: Path
 
     def metrics(self) -> dict:
@@ -42,6 +43,9 @@ class FinetuneReport:
 def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport:
     """Fine-tunes the pruned model with distillation from the baseline, keeping its sparsity.
 
+    Under torchrun (`finetune.world_size` > 1, launched by the CLI) every rank trains on its
+    shard with DDP over gloo and rank 0 writes the outputs.
+
     Args:
         config: The `finetune` section of params.
         layout: Where to read and write; defaults to the current directory.
@@ -50,47 +54,51 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         The report; the checkpoint is `artifacts/finetune/model.safetensors`.
     """
     layout = layout or Layout()
-    torch.set_num_threads(config.threads)
-    meta, train, val, test = load_prepared(layout.stage_dir("validate"))
-    teacher = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
-    pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
-    masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
-    model = pruned.model
-    kd = Distillation(teacher, config.distill_temperature, config.distill_weight)
-    fit = fit_(
-        model,
-        train,
-        val,
-        fit_settings(config),
-        distillation=kd,
-        after_step=(lambda m: apply_masks_(m, masks)) if masks else None,
-        desc="finetune",
-    )
-    make_permanent_(model, masks)
-    test_acc, _ = evaluate(model, test)
-    base_test, _ = evaluate(teacher, test)
-    macs = count_macs(model, meta.input_shape)
-    out_dir, metrics_path, plots_dir = (
-        layout.stage_dir("finetune"),
-        layout.metrics("finetune"),
-        layout.plots("finetune"),
-    )
-    report = FinetuneReport(
-        params=count_params(model),
-        macs=macs,
-        val_accuracy=fit.best_val_accuracy,
-        test_accuracy=test_acc,
-        baseline_test_accuracy=base_test,
-        accuracy_delta_points=100 * (test_acc - base_test),
-        mac_reduction=count_macs(teacher, meta.input_shape) / macs,
-        weight_zero_fraction=sparsity_report(model, meta.input_shape)["global"]["weight_zero_fraction"],
-        epochs_run=len(fit.history),
-        checkpoint=out_dir / "model.safetensors",
-    )
-    with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
-        save_checkpoint(
-            staged.dir(out_dir) / "model.safetensors", model, pruned.spec, {**pruned.extra, "stage": "finetune"}
+    with torchrun_group() as (rank, world):
+        torch.set_num_threads(max(1, config.threads // world))
+        meta, train, val, test = load_prepared(layout.stage_dir("validate"))
+        teacher = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
+        pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
+        masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
+        model = pruned.model
+        kd = Distillation(teacher, config.distill_temperature, config.distill_weight)
+        fit = fit_(
+            model,
+            train,
+            val,
+            fit_settings(config),
+            distillation=kd,
+            after_step=(lambda m: apply_masks_(m, masks)) if masks else None,
+            desc="finetune",
         )
-        dump_json(report.metrics(), staged.path(metrics_path))
-        save_fit_history(fit.history, staged.dir(plots_dir), "Recovery fine-tuning (distilled)")
-    return report
+        make_permanent_(model, masks)
+        test_acc, _ = evaluate(model, test)
+        base_test, _ = evaluate(teacher, test)
+        macs = count_macs(model, meta.input_shape)
+        out_dir, metrics_path, plots_dir = (
+            layout.stage_dir("finetune"),
+            layout.metrics("finetune"),
+            layout.plots("finetune"),
+        )
+        report = FinetuneReport(
+            params=count_params(model),
+            macs=macs,
+            val_accuracy=fit.best_val_accuracy,
+            test_accuracy=test_acc,
+            baseline_test_accuracy=base_test,
+            accuracy_delta_points=100 * (test_acc - base_test),
+            mac_reduction=count_macs(teacher, meta.input_shape) / macs,
+            weight_zero_fraction=sparsity_report(model, meta.input_shape)["global"]["weight_zero_fraction"],
+            epochs_run=len(fit.history),
+            world_size=world,
+            checkpoint=out_dir / "model.safetensors",
+        )
+        if rank != 0:  # rank 0 alone writes; every rank holds the same weights
+            return report
+        with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
+            save_checkpoint(
+                staged.dir(out_dir) / "model.safetensors", model, pruned.spec, {**pruned.extra, "stage": "finetune"}
+            )
+            dump_json(report.metrics(), staged.path(metrics_path))
+            save_fit_history(fit.history, staged.dir(plots_dir), "Recovery fine-tuning (distilled)")
+        return report

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +46,31 @@ class FitResult:
     history: list[dict] = field(default_factory=list)
     best_epoch: int = 0
     best_val_accuracy: float = 0.0
+
+
+@contextmanager
+def torchrun_group() -> Iterator[tuple[int, int]]:
+    """Joins the process group (gloo) when launched by torchrun; yields (rank, world size)."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or dist.is_initialized():
+        yield distributed_rank_world()
+        return
+    dist.init_process_group("gloo")
+    try:
+        yield dist.get_rank(), world
+    finally:
+        dist.destroy_process_group()
+
+
+def distributed_rank_world() -> tuple[int, int]:
+    """(rank, world size) of an initialised torch.distributed group, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def seed_everything(seed: int) -> None:
@@ -111,7 +138,18 @@ def fit_(
     if distillation is not None:
         distillation.teacher.eval()
     xs, ys = torch.from_numpy(train.x), torch.from_numpy(train.y)
-    steps_per_epoch = max(1, -(-len(ys) // settings.batch_size))
+    rank, world = distributed_rank_world()
+    # Under DDP each rank takes every world-th sample of the same shuffled order, equally many
+    # per rank (unequal batch counts would hang the gradient all-reduce), with the global batch
+    # size unchanged; every rank validates on the full split, so early stopping agrees.
+    per_rank = len(ys) // world
+    batch_size = max(1, settings.batch_size // world)
+    forward = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        forward = DistributedDataParallel(model)
+    steps_per_epoch = max(1, -(-per_rank // batch_size))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=settings.epochs * steps_per_epoch)
@@ -124,12 +162,12 @@ def fit_(
     bar = tqdm(range(1, settings.epochs + 1), desc=desc, unit="epoch", disable=None, leave=False)
     for epoch in bar:
         model.train()
-        order = torch.randperm(len(ys), generator=gen)
+        order = torch.randperm(len(ys), generator=gen)[: per_rank * world][rank::world]
         total, seen = 0.0, 0
-        for i in range(0, len(ys), settings.batch_size):
-            idx = order[i : i + settings.batch_size]
+        for i in range(0, per_rank, batch_size):
+            idx = order[i : i + batch_size]
             xb, yb = xs[idx], ys[idx]
-            loss = _loss(model(xb), yb, xb, distillation)
+            loss = _loss(forward(xb), yb, xb, distillation)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if after_backward is not None:

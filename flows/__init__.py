@@ -1,0 +1,1 @@
+"""Prefect flows: the pipeline, the gated re-prune and the drift check."""

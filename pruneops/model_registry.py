@@ -1,0 +1,162 @@
+"""A file-system model registry: versioned candidates and an atomically swapped production model.
+
+Layout under `root` (default `models/`)::
+
+    candidates/<version>/   model.onnx, metadata.json (data hash, params, metrics, git revision)
+    production -> candidates/<version>   (a symlink, swapped with one rename)
+    history.json            every promotion, newest last (what `rollback` walks back)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pruneops.errors import PruneOpsError
+from pruneops.io import dump_json, read_json
+
+
+class RegistryError(PruneOpsError):
+    """The registry has no such version, or nothing to roll back to."""
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One registered model."""
+
+    version: str
+    path: Path
+    metadata: dict[str, Any]
+
+    @property
+    def model_file(self) -> Path:
+        """The ONNX model of this version."""
+        return self.path / "model.onnx"
+
+
+def git_revision(cwd: Path) -> str | None:
+    """The checkout's commit, or None outside git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+class ModelRegistry:
+    """Candidates, production and its history under one directory.
+
+    Args:
+        root: The registry directory (created on first use).
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.candidates = self.root / "candidates"
+        self.production_link = self.root / "production"
+        self.history_file = self.root / "history.json"
+
+    def register(self, model_file: Path, metadata: dict[str, Any], version: str | None = None) -> ModelVersion:
+        """Copies `model_file` in as a new candidate version (written aside, then renamed)."""
+        version = version or time.strftime("v%Y%m%d-%H%M%S") + f"-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+        final = self.candidates / version
+        if final.exists():
+            raise RegistryError(f"version {version!r} is already registered")
+        tmp = self.candidates / f".{version}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        shutil.copyfile(model_file, tmp / "model.onnx")
+        dump_json({"version": version, "registered_at": time.time(), **metadata}, tmp / "metadata.json")
+        os.replace(tmp, final)
+        return self.get(version)
+
+    def get(self, version: str) -> ModelVersion:
+        """The registered `version`."""
+        path = self.candidates / version
+        if not (path / "metadata.json").exists():
+            raise RegistryError(f"no model version {version!r} in {self.candidates}")
+        return ModelVersion(version, path, read_json(path / "metadata.json"))
+
+    def versions(self) -> list[str]:
+        """Registered versions, oldest first."""
+        if not self.candidates.exists():
+            return []
+        found = [p for p in self.candidates.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        return [p.name for p in sorted(found, key=lambda p: read_json(p / "metadata.json")["registered_at"])]
+
+    def production(self) -> ModelVersion | None:
+        """The production model, or None before the first promotion."""
+        if not self.production_link.is_symlink():
+            return None
+        return self.get(Path(os.readlink(self.production_link)).name)
+
+    def history(self) -> list[dict[str, Any]]:
+        """Promotions, oldest first."""
+        return read_json(self.history_file) if self.history_file.exists() else []
+
+    def _point_production_at(self, version: str) -> None:
+        # A new symlink beside the old one, then one rename: readers see the old or the new.
+        tmp = self.root / f".production.{os.getpid()}.tmp"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(Path("candidates") / version, tmp)
+        os.replace(tmp, self.production_link)
+
+    def _record(self, entry: dict[str, Any]) -> None:
+        history = self.history()
+        history.append({"at": time.time(), **entry})
+        tmp = self.history_file.with_suffix(".tmp")
+        dump_json(history, tmp)
+        os.replace(tmp, self.history_file)
+
+    def promote(self, version: str, reason: str = "") -> ModelVersion:
+        """Makes `version` production (atomically) and records it."""
+        target = self.get(version)
+        previous = self.production()
+        self._point_production_at(version)
+        self._record(
+            {
+                "action": "promote",
+                "version": version,
+                "previous": previous.version if previous else None,
+                "reason": reason,
+            }
+        )
+        return target
+
+    def served_stack(self) -> list[str]:
+        """Production versions as a stack: each promotion pushes, each rollback pops."""
+        stack: list[str] = []
+        for entry in self.history():
+            if entry["action"] == "promote":
+                stack.append(entry["version"])
+            elif entry["action"] == "rollback" and stack:
+                stack.pop()
+        return stack
+
+    def rollback(self) -> ModelVersion:
+        """Restores the production model that preceded the current one.
+
+        Raises:
+            RegistryError: There is no earlier production model.
+        """
+        stack = self.served_stack()
+        if not stack:
+            raise RegistryError("nothing is in production; nothing to roll back")
+        if len(stack) < 2:
+            raise RegistryError(f"{stack[-1]} is the first production model; nothing to roll back to")
+        version = stack[-2]
+        self._point_production_at(version)
+        self._record({"action": "rollback", "version": version, "previous": stack[-1]})
+        return self.get(version)
+
+
+def metadata_json(metadata: dict[str, Any]) -> str:
+    """Metadata as one JSON line, for logs."""
+    return json.dumps(metadata, sort_keys=True, default=str)

@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers over the DVC stages and the pruneops library."""

@@ -1,0 +1,128 @@
+"""The gated re-prune: promotion only when at least as good, one run per burst, rollback."""
+
+import json
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import flows.reprune as reprune_module
+from flows.drift import drift_check
+from flows.reprune import reprune
+from pruneops.cli import main as cli_main
+from pruneops.data import load_prepared
+from pruneops.io import Layout
+from pruneops.model_registry import ModelRegistry
+from pruneops.models import ModelSpec, create_model
+from pruneops.onnx_utils import export_onnx_file
+from pruneops.training import FitSettings, fit_
+from pruneops.validate import ValidateConfig, validate_dataset
+from tests.flows.conftest import make_project
+
+
+@pytest.fixture(scope="module")
+def onnx_models(tmp_path_factory):
+    """A trained and an untrained digits MLP as ONNX, and the prepared data."""
+    root = tmp_path_factory.mktemp("models")
+    data_dir = validate_dataset(ValidateConfig(), Layout(root)).data_dir
+    meta, train, val, _ = load_prepared(data_dir)
+    torch.manual_seed(0)
+    good = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
+    fit_(good, train, val, FitSettings(epochs=4, lr=3e-3))
+    bad = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
+    for name, model in (("good", good), ("bad", bad)):
+        export_onnx_file(model, meta.input_shape, root / f"{name}.onnx", 18)
+    return root, data_dir
+
+
+@pytest.fixture
+def stub_pipeline(monkeypatch, onnx_models):
+    """Replaces the DVC pipeline by one that 'produces' the model named in `choice`."""
+    root, data_dir = onnx_models
+    choice = {"model": "good", "delay": 0.0}
+
+    def fake_pipeline(overrides, project_dir):
+        time.sleep(choice["delay"])
+        project = reprune_module.Path(project_dir)
+        (project / "artifacts/export").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / f"{choice['model']}.onnx", project / "artifacts/export/pruned_int8.onnx")
+        shutil.copytree(data_dir, project / "artifacts/validate", dirs_exist_ok=True)
+        return {"benchmark": {"model": choice["model"], "overrides": overrides}}
+
+    monkeypatch.setattr(reprune_module, "pruning_pipeline", fake_pipeline)
+    return choice
+
+
+@pytest.fixture
+def project(tmp_path):
+    project = make_project(tmp_path / "proj")
+    new = tmp_path / "new_data.npz"
+    rng = np.random.default_rng(0)
+    np.savez(
+        new,
+        x_train=rng.integers(0, 17, (50, 8, 8)),
+        y_train=np.arange(50) % 10,
+        x_test=rng.integers(0, 17, (20, 8, 8)),
+        y_test=np.arange(20) % 10,
+    )
+    return project, new
+
+
+def test_better_candidates_promoted_worse_kept_out_and_rollback(project, stub_pipeline):
+    project, new = project
+    registry = ModelRegistry(project / "models")
+
+    first = reprune(data_path=str(new), project_dir=str(project))
+    assert first["promoted"] and first["production_version_before"] is None
+    assert (project / "data/incoming/new_data.npz.dvc").exists()  # the data is versioned
+    assert first["candidate_version"] == registry.production().version
+
+    stub_pipeline["model"] = "bad"
+    worse = reprune(data_path=str(new), project_dir=str(project))
+    assert not worse["promoted"]
+    assert any("holdout accuracy" in r and "<" in r for r in worse["reasons"])
+    assert registry.production().version == first["candidate_version"]
+
+    stub_pipeline["model"] = "good"
+    better = reprune(data_path=str(new), project_dir=str(project), reason="drift alert")
+    assert better["promoted"] and better["production_version_before"] == first["candidate_version"]
+    decision = json.loads((project / "models/decisions" / f"{better['candidate_version']}.json").read_text())
+    assert decision["reason"] == "drift alert" and decision["candidate"]["latency_ms_b1"] > 0
+
+    assert cli_main(["--root", str(project), "rollback"]) == 0
+    assert registry.production().version == first["candidate_version"]
+    assert registry.get(better["candidate_version"]).path.exists()
+
+
+def test_two_triggers_in_quick_succession_give_one_reprune(project, stub_pipeline):
+    project, new = project
+    stub_pipeline["delay"] = 3.0
+    results = []
+
+    def trigger():
+        results.append(reprune(data_path=str(new), project_dir=str(project), reason="drift alert"))
+
+    threads = [threading.Thread(target=trigger) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.5)
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 2
+    assert sorted("skipped" in r for r in results) == [False, True]
+    assert len(ModelRegistry(project / "models").versions()) == 1
+
+
+def test_drift_check_reads_report_and_triggers_above_threshold(tmp_path):
+    project = make_project(tmp_path)
+    report = tmp_path / "drift.json"
+    params = (project / "params.yaml").read_text().replace("http://127.0.0.1:9090", str(report))
+    (project / "params.yaml").write_text(params)
+    assert drift_check(project_dir=str(project))["score"] is None
+    report.write_text(json.dumps({"overall": 0.05}))
+    assert drift_check(project_dir=str(project))["triggered"] is False
+    report.write_text(json.dumps({"overall": 0.4}))
+    assert drift_check(project_dir=str(project)) == {"score": 0.4, "threshold": 0.2, "triggered": True}
