@@ -18,8 +18,12 @@ def test_ddp_finetune_matches_single_process_within_a_point(pipeline_dir, tmp_pa
         for part in ("validate", "train", "prune"):
             shutil.copytree(pipeline_dir / "artifacts" / part, root / "artifacts" / part)
         params = write_params(root, tiny_params(finetune={"world_size": world, "epochs": 12, "patience": 12}))
-        result = subprocess.run([sys.executable, "-m", "pruneops.cli", "--params", str(params), "--root", str(root),
-                                 "finetune"], capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [sys.executable, "-m", "pruneops.cli", "--params", str(params), "--root", str(root), "finetune"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.count("pruneops finetune (") == 1  # rank 0 alone reports
         metrics = read_json(root / "metrics/finetune.json")
