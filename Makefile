@@ -7,17 +7,25 @@ PIP := $(BIN)/python -m pip
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
+STATE ?= $(abspath state)
+PREFECT_PORT ?= 4200
+
 export DVC_NO_ANALYTICS := 1
+# Prefect keeps its database and settings inside the project; no analytics.
+export PREFECT_HOME := $(STATE)/prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install install-dev repo lint format clean help
+.PHONY: run test install install-dev repo lint format clean help prefect-server deploy
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
 	@echo "make test   - install dev extras, then pytest"
 	@echo "make lint   - ruff check + format check"
+	@echo "make prefect-server - local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite under state/)"
+	@echo "make deploy - serve the pipeline, drift-check (cron) and re-prune (drift event) deployments"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +61,14 @@ lint: install-dev
 format: install-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+prefect-server: install-dev
+	mkdir -p $(PREFECT_HOME)
+	$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
+
+deploy: install-dev repo
+	PATH="$(abspath $(BIN)):$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api \
+		$(BIN)/python -m flows.deploy --project-dir $(CURDIR)
 
 clean:
 	rm -rf artifacts metrics plots .pytest_cache
