@@ -34,7 +34,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 $(BIN)/.installed-dev: $(BIN)/.installed
-	$(PIP) install -q -c constraints.txt -e ".[dev,hf,orchestration]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,hf,orchestration,serve]"
 	touch $@
 
 install: $(BIN)/.installed

@@ -201,16 +201,38 @@ def _launch_data_parallel(args: argparse.Namespace) -> int | None:
     return subprocess.run(cmd, env=env, check=False).returncode
 
 
-def _rollback(args: argparse.Namespace) -> int:
+def _registry_dir(args: argparse.Namespace) -> Path:
     from pruneops.config import RepruneConfig
+
+    if args.registry is not None:
+        return Path(args.root) / args.registry
+    params = read_params(Path(args.root) / args.params)
+    return Path(args.root) / parse_section("reprune", params.get("reprune"), RepruneConfig).registry_dir
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pruneops.serving.app import ServingConfig, create_app
+
+    try:
+        config = ServingConfig(
+            production=_registry_dir(args) / "production",
+            reference_stats=Path(args.root) / "artifacts" / "validate" / "reference_stats.json",
+        )
+        app = create_app(config)
+    except (PruneOpsError, FileNotFoundError) as exc:
+        print(f"pruneops serve: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
     from pruneops.model_registry import ModelRegistry
 
     try:
-        registry_dir = args.registry
-        if registry_dir is None:
-            params = read_params(Path(args.root) / args.params)
-            registry_dir = parse_section("reprune", params.get("reprune"), RepruneConfig).registry_dir
-        restored = ModelRegistry(Path(args.root) / registry_dir).rollback()
+        restored = ModelRegistry(_registry_dir(args)).rollback()
     except PruneOpsError as exc:
         print(f"pruneops rollback: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -230,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, cmd in STAGES.items():
         sub.add_parser(name, help=cmd.help, description=f"{cmd.help}; reads section `{name}` of params.")
     sub.add_parser("methods", help="list pruning methods, importance criteria, models, quantizers...")
+    serve = sub.add_parser("serve", help="serve the production model (FastAPI + ONNX Runtime, /metrics)")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     rollback = sub.add_parser("rollback", help="restore the production model that preceded the current one")
     rollback.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     return parser
@@ -253,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "rollback":
         return _rollback(args)
+    if args.command == "serve":
+        return _serve(args)
     started = time.perf_counter()
     try:
         launched = _launch_data_parallel(args)

@@ -1,0 +1,1 @@
+"""The serving app: ONNX Runtime over the production model, Prometheus metrics, drift."""

@@ -1,0 +1,108 @@
+"""The serving app: validation, predictions, feedback, metrics, hot reload and refusal."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="fastapi is not installed")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from pruneops.data import load_prepared  # noqa: E402
+from pruneops.io import Layout  # noqa: E402
+from pruneops.model_registry import ModelRegistry  # noqa: E402
+from pruneops.models import ModelSpec, create_model  # noqa: E402
+from pruneops.onnx_utils import export_onnx_file  # noqa: E402
+from pruneops.serving.app import ServingConfig, create_app  # noqa: E402
+from pruneops.training import FitSettings, fit_  # noqa: E402
+from pruneops.validate import ValidateConfig, validate_dataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serving")
+    data_dir = validate_dataset(ValidateConfig(), Layout(root)).data_dir
+    meta, train, val, test = load_prepared(data_dir)
+    torch.manual_seed(0)
+    model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
+    fit_(model, train, val, FitSettings(epochs=4, lr=3e-3))
+    export_onnx_file(model, meta.input_shape, root / "good.onnx", 18)
+    registry = ModelRegistry(root / "models")
+    registry.promote(registry.register(root / "good.onnx", {"sparsity": 0.0}, version="v1").version)
+    config = ServingConfig(
+        production=root / "models/production",
+        reference_stats=data_dir / "reference_stats.json",
+        drift_window=100,
+        drift_min_samples=10,
+        reload_interval_s=3600,
+    )
+    return root, registry, config, test
+
+
+def test_predict_feedback_and_metrics(setup):
+    _, _, config, test = setup
+    with TestClient(create_app(config)) as client:
+        assert client.get("/readyz").json() == {"status": "ready", "model_version": "v1"}
+        r = client.post("/predict", json={"inputs": test.x[:20].tolist()})
+        assert r.status_code == 200
+        body = r.json()
+        assert len(body["classes"]) == 20 and len(set(body["prediction_ids"])) == 20
+        np.testing.assert_allclose(np.sum(body["probabilities"], axis=1), 1.0, atol=1e-4)
+        single = client.post("/predict", json={"inputs": test.x[0].tolist()}).json()
+        assert len(single["classes"]) == 1
+        for pid, label in zip(body["prediction_ids"], test.y[:20], strict=True):
+            fb = client.post("/feedback", json={"prediction_id": pid, "label": int(label)})
+        expected = float(np.mean(np.array(body["classes"]) == test.y[:20]))
+        assert fb.json() == {"rolling_accuracy": pytest.approx(expected), "window": 20}
+        assert client.post("/feedback", json={"prediction_id": "nope", "label": 1}).status_code == 404
+        text = client.get("/metrics").text
+        assert 'pruneops_requests_total{endpoint="predict",status="200"} 2.0' in text
+        assert 'pruneops_inference_latency_seconds_bucket{le="0.001",model_version="v1"}' in text
+        assert f"pruneops_accuracy {expected}" in text
+        assert 'pruneops_drift_score{group="overall"}' in text and 'pruneops_drift_score{group="row_03"}' in text
+        assert 'pruneops_model_info{macs="",params="",sparsity="0.0",version="v1"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ('{"inputs": [[1, 2', "invalid request"),
+        ('{"inputs": [[0.1, 0.2]]}', "each input must have shape [1, 8, 8]"),
+        ('{"inputs": [[[[NaN, 0, 0, 0, 0, 0, 0, 0]]]]}', "shape"),
+        ('{"wrong": 1}', "invalid request: inputs"),
+        ('{"inputs": [[[[1, 2], [3]]]]}', "regular shape"),
+    ],
+)
+def test_bad_requests_get_4xx_with_a_message_and_serving_continues(setup, payload, message):
+    _, _, config, test = setup
+    with TestClient(create_app(config)) as client:
+        r = client.post("/predict", content=payload, headers={"content-type": "application/json"})
+        assert 400 <= r.status_code < 500 and message in r.json()["error"]
+        assert client.post("/predict", json={"inputs": test.x[:2].tolist()}).status_code == 200
+
+
+def test_nan_is_refused(setup):
+    _, _, config, test = setup
+    x = test.x[:1].copy()
+    body = json.dumps({"inputs": x.tolist()}).replace("0.0", "NaN", 1)
+    with TestClient(create_app(config)) as client:
+        r = client.post("/predict", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "finite" in r.json()["error"]
+        assert 'pruneops_requests_total{endpoint="predict",status="422"} 1.0' in client.get("/metrics").text
+
+
+def test_hot_reload_swaps_promoted_model_and_refuses_a_corrupt_one(setup, tmp_path):
+    root, registry, config, test = setup
+    with TestClient(create_app(config)) as client:
+        v2 = registry.register(root / "good.onnx", {"sparsity": 0.5}, version="v2")
+        registry.promote(v2.version)
+        client.app.state.refresh()
+        assert client.post("/predict", json={"inputs": test.x[:1].tolist()}).json()["model_version"] == "v2"
+        (tmp_path / "bad.onnx").write_bytes(b"not onnx")
+        registry.promote(registry.register(tmp_path / "bad.onnx", {}, version="v3").version)
+        client.app.state.refresh()
+        r = client.post("/predict", json={"inputs": test.x[:1].tolist()})
+        assert r.status_code == 200 and r.json()["model_version"] == "v2"
+        assert "pruneops_model_reload_errors_total 1.0" in client.get("/metrics").text
+        registry.rollback()
