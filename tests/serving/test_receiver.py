@@ -1,0 +1,45 @@
+import pytest
+
+pytest.importorskip("fastapi", reason="fastapi is not installed")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from pruneops.serving.receiver import create_receiver  # noqa: E402
+
+
+def _alert(fp, status="firing", name="PruneOpsDataDrift"):
+    return {"status": status, "fingerprint": fp, "labels": {"alertname": name, "action": "reprune"}}
+
+
+def test_token_dedupe_and_resolved():
+    runs = []
+    app = create_receiver("s3cret", lambda alert: runs.append(alert["fingerprint"]) or f"run-{len(runs)}")
+    client = TestClient(app)
+    body = {"status": "firing", "alerts": [_alert("a")]}
+    assert client.post("/alerts", json=body).status_code == 401
+    assert client.post("/alerts", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+    auth = {"Authorization": "Bearer s3cret"}
+    assert client.post("/alerts", json=body, headers=auth).json() == {
+        "triggered": 1,
+        "ignored_resolved": 0,
+        "duplicates": 0,
+    }
+    # Alertmanager repeats a firing alert: still one re-prune.
+    assert client.post("/alerts", json=body, headers=auth).json()["duplicates"] == 1
+    two = {"status": "firing", "alerts": [_alert("a"), _alert("b", name="PruneOpsAccuracyDrop")]}
+    assert client.post("/alerts", json=two, headers=auth).json() == {
+        "triggered": 1,
+        "ignored_resolved": 0,
+        "duplicates": 1,
+    }
+    resolved = {"status": "resolved", "alerts": [_alert("a", status="resolved")]}
+    assert client.post("/alerts", json=resolved, headers=auth).json()["ignored_resolved"] == 1
+    assert client.post("/alerts", json=body, headers=auth).json()["triggered"] == 1  # fires again later
+    assert runs == ["a", "b", "a"]
+    actions = [d["action"] for d in app.state.decisions]
+    assert actions == ["triggered", "duplicate", "duplicate", "triggered", "ignored", "triggered"]
+    assert client.post("/alerts", content=b"{}", headers=auth).status_code == 422
+
+
+def test_empty_token_refuses_everything():
+    client = TestClient(create_receiver("", lambda alert: "x"))
+    assert client.post("/alerts", json={"alerts": []}, headers={"Authorization": "Bearer "}).status_code == 401
