@@ -18,7 +18,8 @@ export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install install-dev repo lint format clean help prefect-server deploy
+.PHONY: run test install install-dev repo lint format clean help prefect-server deploy \
+	monitoring-deps monitoring-up monitoring-down
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
@@ -69,6 +70,34 @@ prefect-server: install-dev
 deploy: install-dev repo
 	PATH="$(abspath $(BIN)):$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api \
 		$(BIN)/python -m flows.deploy --project-dir $(CURDIR)
+
+# Prometheus 2.42 and Alertmanager 0.25 from Debian (root or sudo needed once).
+monitoring-deps:
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		prometheus prometheus-alertmanager; }
+
+# Serving app (:8000), receiver (:8010), Prometheus (:9090), Alertmanager (:9093), all on 127.0.0.1;
+# PIDs and data under state/monitoring. Needs a promoted model (models/production) and
+# PRUNEOPS_RECEIVER_TOKEN in the environment.
+MON_STATE := $(STATE)/monitoring
+monitoring-up: install-dev monitoring-deps
+	@test -n "$$PRUNEOPS_RECEIVER_TOKEN" || { echo "set PRUNEOPS_RECEIVER_TOKEN"; exit 2; }
+	mkdir -p $(MON_STATE)
+	@printf %s "$$PRUNEOPS_RECEIVER_TOKEN" > $(MON_STATE)/receiver-token
+	$(BIN)/pruneops serve --port 8000 > $(MON_STATE)/serving.log 2>&1 & echo $$! > $(MON_STATE)/serving.pid
+	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/python -m flows.receiver --port 8010 \
+		> $(MON_STATE)/receiver.log 2>&1 & echo $$! > $(MON_STATE)/receiver.pid
+	cd monitoring && prometheus --config.file=prometheus.yml --storage.tsdb.path=$(MON_STATE)/tsdb \
+		--web.listen-address=127.0.0.1:9090 > $(MON_STATE)/prometheus.log 2>&1 & echo $$! > $(MON_STATE)/prometheus.pid
+	cd monitoring && prometheus-alertmanager --config.file=alertmanager.yml --storage.path=$(MON_STATE)/am \
+		--web.listen-address=127.0.0.1:9093 --cluster.listen-address= \
+		> $(MON_STATE)/alertmanager.log 2>&1 & echo $$! > $(MON_STATE)/alertmanager.pid
+	@echo "serving http://127.0.0.1:8000  prometheus http://127.0.0.1:9090  alertmanager http://127.0.0.1:9093"
+
+monitoring-down:
+	-@for p in serving receiver prometheus alertmanager; do \
+		test -f $(MON_STATE)/$$p.pid && kill $$(cat $(MON_STATE)/$$p.pid) 2>/dev/null; rm -f $(MON_STATE)/$$p.pid; done
 
 clean:
 	rm -rf artifacts metrics plots .pytest_cache

@@ -25,6 +25,15 @@ def emit_drift_event(alert: dict) -> str:
     return str(event.id) if event else "not sent"
 
 
+def run_reprune_deployment(alert: dict, deployment: str = "reprune/reprune") -> str:
+    """Creates a run of the re-prune deployment for one alert (no automation needed)."""
+    from prefect.deployments import run_deployment
+
+    labels = alert.get("labels", {})
+    run = run_deployment(name=deployment, timeout=0, parameters={"reason": f"alert {labels.get('alertname')}"})
+    return str(run.id)
+
+
 def main() -> None:
     """Entry point: `python -m flows.receiver [--port 8010]` (binds 127.0.0.1)."""
     import uvicorn
@@ -32,8 +41,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="PruneOps Alertmanager receiver")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8010)
+    parser.add_argument(
+        "--trigger",
+        choices=["event", "run"],
+        default="event",
+        help="emit pruneops.drift.detected (automation) or call run_deployment directly",
+    )
     args = parser.parse_args()
-    app = create_receiver(os.environ.get("PRUNEOPS_RECEIVER_TOKEN", ""), emit_drift_event)
+    trigger = emit_drift_event if args.trigger == "event" else run_reprune_deployment
+    app = create_receiver(os.environ.get("PRUNEOPS_RECEIVER_TOKEN", ""), trigger)
     uvicorn.run(app, host=args.host, port=args.port)
 
 

@@ -12,7 +12,7 @@ def _alert(fp, status="firing", name="PruneOpsDataDrift"):
 
 def test_token_dedupe_and_resolved():
     runs = []
-    app = create_receiver("s3cret", lambda alert: runs.append(alert["fingerprint"]) or f"run-{len(runs)}")
+    app = create_receiver("s3cret", lambda alert: runs.append(alert["fingerprint"]) or f"run-{len(runs)}", cooldown_s=0)
     client = TestClient(app)
     body = {"status": "firing", "alerts": [_alert("a")]}
     assert client.post("/alerts", json=body).status_code == 401
@@ -22,6 +22,7 @@ def test_token_dedupe_and_resolved():
         "triggered": 1,
         "ignored_resolved": 0,
         "duplicates": 0,
+        "cooldown": 0,
     }
     # Alertmanager repeats a firing alert: still one re-prune.
     assert client.post("/alerts", json=body, headers=auth).json()["duplicates"] == 1
@@ -30,6 +31,7 @@ def test_token_dedupe_and_resolved():
         "triggered": 1,
         "ignored_resolved": 0,
         "duplicates": 1,
+        "cooldown": 0,
     }
     resolved = {"status": "resolved", "alerts": [_alert("a", status="resolved")]}
     assert client.post("/alerts", json=resolved, headers=auth).json()["ignored_resolved"] == 1
@@ -43,3 +45,22 @@ def test_token_dedupe_and_resolved():
 def test_empty_token_refuses_everything():
     client = TestClient(create_receiver("", lambda alert: "x"))
     assert client.post("/alerts", json={"alerts": []}, headers={"Authorization": "Bearer "}).status_code == 401
+
+
+def test_cooldown_gives_one_reprune_per_burst_and_failed_triggers_are_retried():
+    calls = []
+
+    def flaky(alert):
+        calls.append(alert["fingerprint"])
+        if len(calls) == 1:
+            raise RuntimeError("prefect unreachable")
+        return "run"
+
+    client = TestClient(create_receiver("t", flaky, cooldown_s=600), raise_server_exceptions=False)
+    auth = {"Authorization": "Bearer t"}
+    body = {"alerts": [_alert("drift")]}
+    assert client.post("/alerts", json=body, headers=auth).status_code == 500  # Alertmanager will retry
+    assert client.post("/alerts", json=body, headers=auth).json()["triggered"] == 1
+    burst = {"alerts": [_alert("accuracy", name="PruneOpsAccuracyDrop")]}
+    assert client.post("/alerts", json=burst, headers=auth).json()["cooldown"] == 1
+    assert calls == ["drift", "drift"]

@@ -1,0 +1,240 @@
+"""Real Prometheus + Alertmanager + serving app + receiver + a Prefect test server, on loopback.
+
+Shifted inputs raise the drift gauge, the alert fires, the receiver starts one re-prune flow run,
+within 60 s; then every Grafana panel's PromQL is run against the live Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")),
+        reason="Debian's prometheus and prometheus-alertmanager are not installed (make monitoring-deps)",
+    ),
+]
+pytest.importorskip("prefect", reason="prefect is not installed")
+TOKEN = "e2e-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+def post_json(url: str, body: dict, headers: dict | None = None) -> dict:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"content-type": "application/json", **(headers or {})},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def prom_query(base: str, expr: str) -> list:
+    with urllib.request.urlopen(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=10) as r:
+        return json.load(r)["data"]["result"]
+
+
+@pytest.fixture
+def served_project(tmp_path):
+    """A registry with a trained digits model in production, and the reference statistics."""
+    import torch
+
+    from pruneops.data import load_prepared
+    from pruneops.io import Layout
+    from pruneops.model_registry import ModelRegistry
+    from pruneops.models import ModelSpec, create_model
+    from pruneops.onnx_utils import export_onnx_file
+    from pruneops.training import FitSettings, fit_
+    from pruneops.validate import ValidateConfig, validate_dataset
+
+    data_dir = validate_dataset(ValidateConfig(), Layout(tmp_path)).data_dir
+    meta, train, val, test = load_prepared(data_dir)
+    torch.manual_seed(0)
+    model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
+    fit_(model, train, val, FitSettings(epochs=4, lr=3e-3))
+    export_onnx_file(model, meta.input_shape, tmp_path / "m.onnx", 18)
+    registry = ModelRegistry(tmp_path / "models")
+    registry.promote(registry.register(tmp_path / "m.onnx", {"sparsity": 0.0}, version="v1").version)
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    return tmp_path, test
+
+
+def test_drift_alert_reaches_receiver_and_starts_one_reprune(served_project, tmp_path_factory):
+    import uvicorn
+    from prefect.client.orchestration import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    import flows.receiver as receiver_flows
+    from flows.reprune import reprune
+    from pruneops.serving.receiver import create_receiver
+
+    project, test = served_project
+    work = tmp_path_factory.mktemp("monitoring")
+    ports = {name: free_port() for name in ("serving", "receiver", "prometheus", "alertmanager")}
+    procs: list[subprocess.Popen] = []
+    home = tmp_path_factory.mktemp("prefect")
+    os.environ.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"})
+    with prefect_test_harness(server_startup_timeout=120):
+        deployment_id = reprune.to_deployment(name="reprune", parameters={"project_dir": str(project)}).apply()
+        app = create_receiver(TOKEN, receiver_flows.run_reprune_deployment)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=ports["receiver"], log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pruneops.cli",
+                        "--root",
+                        str(project),
+                        "serve",
+                        "--port",
+                        str(ports["serving"]),
+                        "--registry",
+                        "models",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            (work / "token").write_text(TOKEN)
+            am = yaml.safe_load((ROOT / "monitoring/alertmanager.yml").read_text())
+            am["route"].update(group_wait="1s", group_interval="1s")
+            hook = am["receivers"][1]["webhook_configs"][0]
+            hook["url"] = f"http://127.0.0.1:{ports['receiver']}/alerts"
+            hook["http_config"]["authorization"]["credentials_file"] = str(work / "token")
+            (work / "alertmanager.yml").write_text(yaml.safe_dump(am))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "prometheus-alertmanager",
+                        f"--config.file={work / 'alertmanager.yml'}",
+                        f"--storage.path={work / 'am'}",
+                        f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+                        "--cluster.listen-address=",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            rules = yaml.safe_load((ROOT / "monitoring/rules/alerts.yml").read_text())
+            for rule in rules["groups"][0]["rules"]:
+                rule["for"] = "0s"  # test intervals; production waits minutes
+            (work / "alerts.yml").write_text(yaml.safe_dump(rules))
+            shutil.copy(ROOT / "monitoring/rules/recording.yml", work / "recording.yml")
+            prom = yaml.safe_load((ROOT / "monitoring/prometheus.yml").read_text())
+            prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+            prom["rule_files"] = [str(work / "recording.yml"), str(work / "alerts.yml")]
+            prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [
+                f"127.0.0.1:{ports['alertmanager']}"
+            ]
+            prom["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{ports['serving']}"]
+            (work / "prometheus.yml").write_text(yaml.safe_dump(prom))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "prometheus",
+                        f"--config.file={work / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={work / 'tsdb'}",
+                        f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+                        "--rules.alert.resend-delay=1s",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            serving = f"http://127.0.0.1:{ports['serving']}"
+            prometheus = f"http://127.0.0.1:{ports['prometheus']}"
+            for url in (
+                f"{serving}/readyz",
+                f"{prometheus}/-/ready",
+                f"http://127.0.0.1:{ports['alertmanager']}/-/ready",
+            ):
+                wait_http(url)
+
+            # Normal traffic with feedback, then shifted inputs; bounded loops.
+            for i in range(0, 60, 20):  # under the 100 labels the accuracy alert waits for
+                out = post_json(f"{serving}/predict", {"inputs": test.x[i : i + 20].tolist()})
+                for pid, label in zip(out["prediction_ids"], test.y[i : i + 20], strict=True):
+                    post_json(f"{serving}/feedback", {"prediction_id": pid, "label": int(label)})
+            time.sleep(2)
+            started = time.time()
+            shifted = np.clip(test.x[:200] * 0.3 + 0.6, 0, 1)
+            for i in range(0, 1200, 100):
+                post_json(f"{serving}/predict", {"inputs": shifted[i % 200 : i % 200 + 100].tolist()})
+            triggered = []
+            while time.time() - started < 60 and not triggered:
+                triggered = [d for d in app.state.decisions if d["action"] == "triggered"]
+                time.sleep(0.5)
+            elapsed = time.time() - started
+            assert triggered, f"no re-prune triggered within 60 s; decisions: {app.state.decisions}"
+            assert triggered[0]["alertname"] == "PruneOpsDataDrift"
+            drift = prom_query(prometheus, 'pruneops_drift_score{group="overall"}')
+            assert float(drift[0]["value"][1]) > 0.2
+            time.sleep(3)  # Alertmanager repeats: still one run
+
+            async def runs():
+                async with get_client() as client:
+                    return await client.read_flow_runs()
+
+            import asyncio
+
+            flow_runs = [r for r in asyncio.run(runs()) if r.deployment_id == deployment_id]
+            assert len(flow_runs) == 1, [d["action"] for d in app.state.decisions]
+            print(f"drift alert -> one re-prune flow run in {elapsed:.1f} s")
+
+            # Every Grafana panel's queries return data from the live Prometheus.
+            time.sleep(2)
+            dashboard = json.loads((ROOT / "monitoring/grafana/dashboards/pruneops.json").read_text())
+            empty = [
+                (p["title"], t["expr"])
+                for p in dashboard["panels"]
+                for t in p["targets"]
+                if not prom_query(prometheus, t["expr"])
+            ]
+            assert not empty, f"panels without data: {empty}"
+        finally:
+            server.should_exit = True
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            thread.join(timeout=10)
