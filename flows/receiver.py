@@ -36,8 +36,11 @@ def run_reprune_deployment(alert: dict, deployment: str = "reprune/reprune") -> 
 
 def main() -> None:
     """Entry point: `python -m flows.receiver [--port 8010]` (binds 127.0.0.1)."""
+    import logging
+
     import uvicorn
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description="PruneOps Alertmanager receiver")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8010)

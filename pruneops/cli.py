@@ -211,14 +211,18 @@ def _registry_dir(args: argparse.Namespace) -> Path:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
     import uvicorn
 
     from pruneops.serving.app import ServingConfig, create_app
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = ServingConfig(
             production=_registry_dir(args) / "production",
             reference_stats=Path(args.root) / "artifacts" / "validate" / "reference_stats.json",
+            reload_interval_s=args.reload_interval,
         )
         app = create_app(config)
     except (PruneOpsError, FileNotFoundError) as exc:
@@ -226,6 +230,22 @@ def _serve(args: argparse.Namespace) -> int:
         return getattr(exc, "exit_code", 1)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    import json
+
+    from pruneops.data import load_split
+    from pruneops.io import read_json
+    from pruneops.serving.loadtest import run_load, tracking_overhead_us
+
+    data_dir = Path(args.root) / "artifacts" / "validate"
+    test = load_split(data_dir, "test")
+    result = run_load(args.url, test.x, args.requests, args.concurrency)
+    summary = result.summary()
+    summary["tracking"] = tracking_overhead_us(read_json(data_dir / "reference_stats.json"), test.x)
+    print(json.dumps(summary, indent=2))
+    return 0 if result.errors == 0 else 1
 
 
 def _rollback(args: argparse.Namespace) -> int:
@@ -256,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
+    serve.add_argument("--reload-interval", type=float, default=2.0, help="seconds between checks for a promotion")
+    load = sub.add_parser("loadtest", help="bounded load test of a running `pruneops serve` on loopback")
+    load.add_argument("--url", default="http://127.0.0.1:8000")
+    load.add_argument("--requests", type=int, default=5000)
+    load.add_argument("--concurrency", type=int, default=8)
     rollback = sub.add_parser("rollback", help="restore the production model that preceded the current one")
     rollback.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     return parser
@@ -281,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         return _rollback(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "loadtest":
+        return _loadtest(args)
     started = time.perf_counter()
     try:
         launched = _launch_data_parallel(args)

@@ -67,31 +67,6 @@ def prom_query(base: str, expr: str) -> list:
         return json.load(r)["data"]["result"]
 
 
-@pytest.fixture
-def served_project(tmp_path):
-    """A registry with a trained digits model in production, and the reference statistics."""
-    import torch
-
-    from pruneops.data import load_prepared
-    from pruneops.io import Layout
-    from pruneops.model_registry import ModelRegistry
-    from pruneops.models import ModelSpec, create_model
-    from pruneops.onnx_utils import export_onnx_file
-    from pruneops.training import FitSettings, fit_
-    from pruneops.validate import ValidateConfig, validate_dataset
-
-    data_dir = validate_dataset(ValidateConfig(), Layout(tmp_path)).data_dir
-    meta, train, val, test = load_prepared(data_dir)
-    torch.manual_seed(0)
-    model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
-    fit_(model, train, val, FitSettings(epochs=4, lr=3e-3))
-    export_onnx_file(model, meta.input_shape, tmp_path / "m.onnx", 18)
-    registry = ModelRegistry(tmp_path / "models")
-    registry.promote(registry.register(tmp_path / "m.onnx", {"sparsity": 0.0}, version="v1").version)
-    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    return tmp_path, test
-
-
 def test_drift_alert_reaches_receiver_and_starts_one_reprune(served_project, tmp_path_factory):
     import uvicorn
     from prefect.client.orchestration import get_client
