@@ -219,10 +219,19 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        from pruneops.config import RepruneConfig, ServeConfig
+
+        params = read_params(Path(args.root) / args.params)
+        serve = parse_section("serve", params.get("serve"), ServeConfig)
+        reprune = parse_section("reprune", params.get("reprune"), RepruneConfig)
+        settings = serve.model_dump()
+        if args.reload_interval is not None:
+            settings["reload_interval_s"] = args.reload_interval
         config = ServingConfig(
             production=_registry_dir(args) / "production",
             reference_stats=Path(args.root) / "artifacts" / "validate" / "reference_stats.json",
-            reload_interval_s=args.reload_interval,
+            feedback_path=Path(args.root) / reprune.feedback_dir / "feedback.npz",
+            **settings,
         )
         app = create_app(config)
     except (PruneOpsError, FileNotFoundError) as exc:
@@ -276,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
-    serve.add_argument("--reload-interval", type=float, default=2.0, help="seconds between checks for a promotion")
+    serve.add_argument("--reload-interval", type=float, default=None, help="override serve.reload_interval_s")
     load = sub.add_parser("loadtest", help="bounded load test of a running `pruneops serve` on loopback")
     load.add_argument("--url", default="http://127.0.0.1:8000")
     load.add_argument("--requests", type=int, default=5000)

@@ -170,8 +170,22 @@ STAGE_CONFIGS: dict[str, type[StageConfig]] = {
     "benchmark": BenchmarkConfig,
 }
 
+
+class ServeConfig(StageConfig):
+    """`serve` (not a DVC stage): the serving app's drift window, thresholds and feedback store."""
+
+    drift_window: Annotated[int, Field(ge=10)] = 1000
+    drift_min_samples: PositiveInt = 50
+    psi_threshold: Annotated[float, Field(gt=0.0)] = 0.2
+    ks_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3
+    accuracy_window: PositiveInt = 500
+    max_batch: PositiveInt = 256
+    reload_interval_s: Annotated[float, Field(gt=0.0)] = 2.0
+    feedback_flush_every: PositiveInt = 100
+
+
 # Sections that configure the orchestration around the stages rather than a stage.
-EXTRA_SECTIONS: dict[str, type[StageConfig]] = {"reprune": RepruneConfig}
+EXTRA_SECTIONS: dict[str, type[StageConfig]] = {"reprune": RepruneConfig, "serve": ServeConfig}
 
 C = TypeVar("C", bound=StageConfig)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -37,6 +38,10 @@ class ServingConfig(BaseModel):
     reference_stats: Path = Path("artifacts/validate/reference_stats.json")
     drift_window: Annotated[int, Field(ge=10)] = 1000
     drift_min_samples: Annotated[int, Field(ge=1)] = 50
+    psi_threshold: Annotated[float, Field(gt=0)] = 0.2
+    ks_threshold: Annotated[float, Field(gt=0)] = 0.3
+    feedback_path: Path | None = None
+    feedback_flush_every: Annotated[int, Field(ge=1)] = 100
     accuracy_window: Annotated[int, Field(ge=1)] = 500
     max_batch: Annotated[int, Field(ge=1)] = 256
     reload_interval_s: Annotated[float, Field(gt=0)] = 2.0
@@ -76,6 +81,9 @@ class Metrics:
         self.feedback = Counter("pruneops_feedback_total", "Labelled feedback received", registry=r)
         self.drift = Gauge("pruneops_drift_score", "Input drift (PSI) per feature group", ["group"], registry=r)
         self.drift_ks = Gauge("pruneops_drift_ks", "Input drift (KS D) per feature group", ["group"], registry=r)
+        self.drift_threshold = Gauge(
+            "pruneops_drift_threshold", "Alert thresholds from params.yaml", ["stat"], registry=r
+        )
         self.prediction_drift = Gauge("pruneops_prediction_drift_psi", "Drift of predicted classes (PSI)", registry=r)
         self.model_info = Gauge(
             "pruneops_model_info", "The served model", ["version", "sparsity", "params", "macs"], registry=r
@@ -131,6 +139,24 @@ def create_app(config: ServingConfig | None = None) -> FastAPI:
         task = asyncio.create_task(watch())
         yield
         task.cancel()
+        flush_feedback()
+
+    metrics.drift_threshold.labels("psi").set(config.psi_threshold)
+    metrics.drift_threshold.labels("ks").set(config.ks_threshold)
+    since_flush = [0]
+
+    def flush_feedback() -> None:
+        """Writes the labelled samples where `reprune` looks for them (NPZ, 80/20 split)."""
+        if config.feedback_path is None or not labelled:
+            return
+        x = np.stack([item[0] for item in labelled])
+        y = np.array([item[1] for item in labelled], dtype=np.int64)
+        cut = max(1, int(0.8 * len(y)))
+        config.feedback_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = config.feedback_path.with_suffix(".tmp.npz")
+        np.savez(tmp, x_train=x[:cut], y_train=y[:cut], x_test=x[cut:], y_test=y[cut:])
+        os.replace(tmp, config.feedback_path)
+        since_flush[0] = 0
 
     app = FastAPI(title="PruneOps serving", lifespan=lifespan)
     app.state.holder, app.state.metrics, app.state.monitor, app.state.labelled = holder, metrics, monitor, labelled
@@ -196,6 +222,9 @@ def create_app(config: ServingConfig | None = None) -> FastAPI:
         x, predicted = item
         correct.append(int(predicted == body.label))
         labelled.append((x, body.label))
+        since_flush[0] += 1
+        if since_flush[0] >= config.feedback_flush_every:
+            flush_feedback()
         metrics.accuracy.set(sum(correct) / len(correct))
         metrics.feedback.inc()
         metrics.requests.labels("feedback", "200").inc()

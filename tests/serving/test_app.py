@@ -40,8 +40,9 @@ def setup(tmp_path_factory):
     return root, registry, config, test
 
 
-def test_predict_feedback_and_metrics(setup):
+def test_predict_feedback_and_metrics(setup, tmp_path):
     _, _, config, test = setup
+    config = config.model_copy(update={"feedback_path": tmp_path / "feedback.npz", "feedback_flush_every": 8})
     with TestClient(create_app(config)) as client:
         assert client.get("/readyz").json() == {"status": "ready", "model_version": "v1"}
         r = client.post("/predict", json={"inputs": test.x[:20].tolist()})
@@ -62,6 +63,13 @@ def test_predict_feedback_and_metrics(setup):
         assert f"pruneops_accuracy {expected}" in text
         assert 'pruneops_drift_score{group="overall"}' in text and 'pruneops_drift_score{group="row_03"}' in text
         assert 'pruneops_model_info{macs="",params="",sparsity="0.0",version="v1"} 1.0' in text
+        assert 'pruneops_drift_threshold{stat="psi"} 0.2' in text
+        with np.load(tmp_path / "feedback.npz") as saved:  # flushed after 8 and 16 labels
+            assert len(saved["y_train"]) + len(saved["y_test"]) == 16
+            assert saved["x_train"].shape[1:] == (1, 8, 8)
+    with np.load(tmp_path / "feedback.npz") as saved:  # and at shutdown: all 20
+        assert len(saved["y_train"]) + len(saved["y_test"]) == 20
+        np.testing.assert_array_equal(np.concatenate([saved["y_train"], saved["y_test"]]), test.y[:20])
 
 
 @pytest.mark.parametrize(
