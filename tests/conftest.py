@@ -61,26 +61,83 @@ def project_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def served_project(tmp_path):
-    """A registry with a trained digits model in production, and the reference statistics."""
+def digits_onnx(root: Path, trained: bool = True, name: str = "m.onnx"):
+    """Prepares digits under `root` and exports a small MLP (trained 4 epochs, or untrained).
+
+    Returns:
+        (data directory, ONNX path, test split).
+    """
     import torch
 
     from pruneops.data import load_prepared
     from pruneops.io import Layout
-    from pruneops.model_registry import ModelRegistry
     from pruneops.models import ModelSpec, create_model
     from pruneops.onnx_utils import export_onnx_file
     from pruneops.training import FitSettings, fit_
     from pruneops.validate import ValidateConfig, validate_dataset
 
-    data_dir = validate_dataset(ValidateConfig(), Layout(tmp_path)).data_dir
+    data_dir = validate_dataset(ValidateConfig(), Layout(root)).data_dir
     meta, train, val, test = load_prepared(data_dir)
     torch.manual_seed(0)
     model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
-    fit_(model, train, val, FitSettings(epochs=4, lr=3e-3))
-    export_onnx_file(model, meta.input_shape, tmp_path / "m.onnx", 18)
+    if trained:
+        fit_(model, train, val, FitSettings(epochs=4, lr=3e-3))
+    export_onnx_file(model, meta.input_shape, root / name, 18)
+    return data_dir, root / name, test
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    """Polls `url` until it answers (bounded by `timeout`)."""
+    import time
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+def start_serving(project: Path, port: int, *extra: str):
+    """Starts `pruneops serve` for `project` on loopback (stop it by terminating the process)."""
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "pruneops.cli",
+        "--root",
+        str(project),
+        "serve",
+        "--port",
+        str(port),
+        "--registry",
+        "models",
+        *extra,
+    ]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def served_project(tmp_path):
+    """A registry with a trained digits model in production, and the reference statistics."""
+    from pruneops.model_registry import ModelRegistry
+
+    _, onnx_path, test = digits_onnx(tmp_path)
     registry = ModelRegistry(tmp_path / "models")
-    registry.promote(registry.register(tmp_path / "m.onnx", {"sparsity": 0.0}, version="v1").version)
+    registry.promote(registry.register(onnx_path, {"sparsity": 0.0}, version="v1").version)
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     return tmp_path, test

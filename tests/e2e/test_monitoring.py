@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -21,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port, start_serving, wait_http
 
 pytestmark = [
     pytest.mark.e2e,
@@ -32,23 +30,6 @@ pytestmark = [
 ]
 pytest.importorskip("prefect", reason="prefect is not installed")
 TOKEN = "e2e-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(url)
 
 
 def post_json(url: str, body: dict, headers: dict | None = None) -> dict:
@@ -89,24 +70,7 @@ def test_drift_alert_reaches_receiver_and_starts_one_reprune(served_project, tmp
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         try:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "pruneops.cli",
-                        "--root",
-                        str(project),
-                        "serve",
-                        "--port",
-                        str(ports["serving"]),
-                        "--registry",
-                        "models",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+            procs.append(start_serving(project, ports["serving"]))
             (work / "token").write_text(TOKEN)
             am = yaml.safe_load((ROOT / "monitoring/alertmanager.yml").read_text())
             am["route"].update(group_wait="1s", group_interval="1s")

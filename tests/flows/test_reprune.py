@@ -7,19 +7,13 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 import flows.reprune as reprune_module
 from flows.drift import drift_check
 from flows.reprune import reprune
 from pruneops.cli import main as cli_main
-from pruneops.data import load_prepared
-from pruneops.io import Layout
 from pruneops.model_registry import ModelRegistry
-from pruneops.models import ModelSpec, create_model
-from pruneops.onnx_utils import export_onnx_file
-from pruneops.training import FitSettings, fit_
-from pruneops.validate import ValidateConfig, validate_dataset
+from tests.conftest import digits_onnx
 from tests.flows.conftest import make_project
 
 
@@ -27,14 +21,8 @@ from tests.flows.conftest import make_project
 def onnx_models(tmp_path_factory):
     """A trained and an untrained digits MLP as ONNX, and the prepared data."""
     root = tmp_path_factory.mktemp("models")
-    data_dir = validate_dataset(ValidateConfig(), Layout(root)).data_dir
-    meta, train, val, _ = load_prepared(data_dir)
-    torch.manual_seed(0)
-    good = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
-    fit_(good, train, val, FitSettings(epochs=4, lr=3e-3))
-    bad = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
-    for name, model in (("good", good), ("bad", bad)):
-        export_onnx_file(model, meta.input_shape, root / f"{name}.onnx", 18)
+    data_dir, _, _ = digits_onnx(root, name="good.onnx")
+    digits_onnx(root, trained=False, name="bad.onnx")
     return root, data_dir
 
 

@@ -4,32 +4,21 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("fastapi", reason="fastapi is not installed")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from pruneops.data import load_prepared  # noqa: E402
-from pruneops.io import Layout  # noqa: E402
 from pruneops.model_registry import ModelRegistry  # noqa: E402
-from pruneops.models import ModelSpec, create_model  # noqa: E402
-from pruneops.onnx_utils import export_onnx_file  # noqa: E402
 from pruneops.serving.app import ServingConfig, create_app  # noqa: E402
-from pruneops.training import FitSettings, fit_  # noqa: E402
-from pruneops.validate import ValidateConfig, validate_dataset  # noqa: E402
+from tests.conftest import digits_onnx  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("serving")
-    data_dir = validate_dataset(ValidateConfig(), Layout(root)).data_dir
-    meta, train, val, test = load_prepared(data_dir)
-    torch.manual_seed(0)
-    model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
-    fit_(model, train, val, FitSettings(epochs=4, lr=3e-3))
-    export_onnx_file(model, meta.input_shape, root / "good.onnx", 18)
+    data_dir, onnx_path, test = digits_onnx(root, name="good.onnx")
     registry = ModelRegistry(root / "models")
-    registry.promote(registry.register(root / "good.onnx", {"sparsity": 0.0}, version="v1").version)
+    registry.promote(registry.register(onnx_path, {"sparsity": 0.0}, version="v1").version)
     config = ServingConfig(
         production=root / "models/production",
         reference_stats=data_dir / "reference_stats.json",

@@ -1,18 +1,14 @@
 """A bounded load test on loopback with a promotion in the middle: no request may fail."""
 
 import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 
 from pruneops.model_registry import ModelRegistry
 from pruneops.serving.loadtest import run_load, tracking_overhead_us
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port, start_serving, wait_http
 
 pytest.importorskip("httpx", reason="httpx is not installed")
 
@@ -20,35 +16,10 @@ pytest.importorskip("httpx", reason="httpx is not installed")
 @pytest.mark.slow
 def test_load_with_hot_reload_loses_no_request(served_project):
     project, test = served_project
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pruneops.cli",
-            "--root",
-            str(project),
-            "serve",
-            "--port",
-            str(port),
-            "--registry",
-            "models",
-            "--reload-interval",
-            "0.2",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    port = free_port()
+    server = start_serving(project, port, "--reload-interval", "0.2")
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
+        wait_http(f"http://127.0.0.1:{port}/readyz")
         registry = ModelRegistry(project / "models")
         shutil.copy(ROOT / "params.yaml", project / "params.yaml")
 
