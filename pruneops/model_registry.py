@@ -9,7 +9,6 @@ Layout under `root` (default `models/`)::
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -155,8 +154,3 @@ class ModelRegistry:
         self._point_production_at(version)
         self._record({"action": "rollback", "version": version, "previous": stack[-1]})
         return self.get(version)
-
-
-def metadata_json(metadata: dict[str, Any]) -> str:
-    """Metadata as one JSON line, for logs."""
-    return json.dumps(metadata, sort_keys=True, default=str)

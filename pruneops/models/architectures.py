@@ -103,7 +103,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.v = nn.Linear(dim, inner)
         self.out = nn.Linear(inner, dim)
 
-    def forward(self, x: torch.Tensor, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         shape = (b, t, self.num_heads, self.head_dim)
         q = self.q(x).reshape(shape).transpose(1, 2)
@@ -111,8 +111,6 @@ class MultiHeadSelfAttention(nn.Module):
         v = self.v(x).reshape(shape).transpose(1, 2)
         attn = torch.softmax(q @ k.transpose(-2, -1) * self.head_dim**-0.5, dim=-1)
         ctx = attn @ v
-        if head_mask is not None:
-            ctx = ctx * head_mask.view(1, -1, 1, 1)
         return self.out(ctx.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
     def prune_heads_(self, heads: list[int]) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from pruneops.profiling import count_params, layer_macs
+from pruneops.profiling import count_nonzero_params, count_params, layer_macs
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
@@ -53,7 +52,7 @@ def sparsity_report(model: nn.Module, input_shape: list[int], reference: dict[st
         layers[name] = row
     total = {
         "params": count_params(model),
-        "nonzero_params": sum(int(torch.count_nonzero(p)) for p in model.parameters()),
+        "nonzero_params": count_nonzero_params(model),
         "weight_zero_fraction": zeros / max(weights, 1),
         "macs": sum(dense.values()),
         "nonzero_macs": sum(nonzero.values()),
