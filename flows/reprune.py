@@ -14,11 +14,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.pipeline import pruning_pipeline
-from pruneops.config import RepruneConfig, parse_section, read_params
+from pruneops.config import read_params
 from pruneops.data import Split, load_split
 from pruneops.io import dump_json
 from pruneops.model_registry import ModelRegistry, git_revision
 from pruneops.promotion import decide_promotion, evaluate_onnx
+from tasks.params import reprune_config
 from tasks.stages import run_streamed
 
 LOCK_NAME = ".reprune.lock"
@@ -95,7 +96,7 @@ def reprune(data_path: str | None = None, project_dir: str = ".", reason: str = 
     """
     logger = get_run_logger()
     project = Path(project_dir).resolve()
-    cfg = parse_section("reprune", read_params(project / "params.yaml").get("reprune"), RepruneConfig)
+    cfg = reprune_config(project)
     registry_dir = project / cfg.registry_dir
     with reprune_lease(registry_dir) as held:
         if not held:

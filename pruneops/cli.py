@@ -227,8 +227,9 @@ def _serve(args: argparse.Namespace) -> int:
         settings = serve.model_dump()
         if args.reload_interval is not None:
             settings["reload_interval_s"] = args.reload_interval
+        registry = Path(args.root) / (args.registry or reprune.registry_dir)
         config = ServingConfig(
-            production=_registry_dir(args) / "production",
+            production=registry / "production",
             reference_stats=Path(args.root) / "artifacts" / "validate" / "reference_stats.json",
             feedback_path=Path(args.root) / reprune.feedback_dir / "feedback.npz",
             **settings,

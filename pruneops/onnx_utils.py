@@ -77,6 +77,11 @@ def time_session(session, x: np.ndarray, repeats: int, warmup: int) -> np.ndarra
     return times * 1e3
 
 
+def median_latency_ms(session, x: np.ndarray, repeats: int, warmup: int = 20) -> float:
+    """Median latency in milliseconds of `session` on `x` (see `time_session`)."""
+    return float(np.median(time_session(session, x, repeats, warmup)))
+
+
 def file_size(path: Path) -> int:
     """Size of a file in bytes."""
     return os.path.getsize(path)

@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from pruneops.data.splits import Split
-from pruneops.onnx_utils import make_session, ort_accuracy, time_session
+from pruneops.onnx_utils import make_session, median_latency_ms, ort_accuracy
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,7 @@ def evaluate_onnx(model_path: Path, datasets: dict[str, Split], repeats: int = 2
     session = make_session(model_path, threads=1)
     accuracy = {name: ort_accuracy(session, d.x, d.y) for name, d in datasets.items() if len(d)}
     sample = next(d for d in datasets.values() if len(d)).x[:1]
-    return ModelEvaluation(accuracy, float(np.median(time_session(session, sample, repeats, 20))))
+    return ModelEvaluation(accuracy, median_latency_ms(session, sample, repeats))
 
 
 def decide_promotion(

@@ -17,7 +17,7 @@ from pruneops.config import QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import QualityGateError
 from pruneops.io import Layout, dump_json, staged_output_paths
-from pruneops.onnx_utils import INPUT_NAME, export_onnx_file, file_size, make_session, ort_accuracy, time_session
+from pruneops.onnx_utils import INPUT_NAME, export_onnx_file, file_size, make_session, median_latency_ms, ort_accuracy
 from pruneops.registry import Registry
 
 Quantizer = Callable[[Path, Path, np.ndarray, QuantizeConfig], None]
@@ -124,7 +124,7 @@ def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> Quan
         sess = make_session(fp32, config.threads)
         fp32_val = ort_accuracy(sess, val.x, val.y)
         fp32_test = ort_accuracy(sess, test.x, test.y)
-        fp32_lat = float(np.median(time_session(sess, one, config.latency_repeats, 20)))
+        fp32_lat = median_latency_ms(sess, one, config.latency_repeats)
         candidates: dict[str, dict] = {}
         for name in names:
             dst = work / f"{name}.onnx"
@@ -132,7 +132,7 @@ def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> Quan
             s = make_session(dst, config.threads)
             candidates[name] = {
                 "val_accuracy": ort_accuracy(s, val.x, val.y),
-                "latency_ms_b1": float(np.median(time_session(s, one, config.latency_repeats, 20))),
+                "latency_ms_b1": median_latency_ms(s, one, config.latency_repeats),
                 "size_bytes": file_size(dst),
             }
             candidates[name]["within_tolerance"] = (

@@ -11,7 +11,7 @@ from typing import Any
 from prefect import task
 from ruamel.yaml import YAML
 
-from pruneops.config import EXTRA_SECTIONS, STAGE_CONFIGS, check_sections, parse_section
+from pruneops.config import EXTRA_SECTIONS, STAGE_CONFIGS, RepruneConfig, check_sections, parse_section, read_params
 
 
 def set_dotted(tree: Any, key: str, value: Any) -> None:
@@ -21,6 +21,12 @@ def set_dotted(tree: Any, key: str, value: Any) -> None:
     for part in path:
         node = node[part]
     node[leaf] = value
+
+
+def reprune_config(project_dir: str | Path) -> RepruneConfig:
+    """The validated `reprune` section of a project's params.yaml."""
+    params = read_params(Path(project_dir) / "params.yaml")
+    return parse_section("reprune", params.get("reprune"), RepruneConfig)
 
 
 @task(task_run_name="set-params")
