@@ -110,8 +110,8 @@ def reprune(data_path: str | None = None, project_dir: str = ".", reason: str = 
         data = version_data(str(project), data_path)
         metrics = pruning_pipeline(dataset_overrides(data["path"]), str(project))
         registry = ModelRegistry(registry_dir)
-        candidate = registry.register(
-            project / "artifacts" / "export" / "pruned_int8.onnx",
+        candidate = registry.register_pipeline_model(
+            project,
             {
                 "data": data,
                 "git_revision": git_revision(project),

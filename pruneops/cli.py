@@ -215,6 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from pruneops.model_registry import PIPELINE_REFERENCE_STATS
     from pruneops.serving.app import ServingConfig, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -230,7 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
         registry = Path(args.root) / (args.registry or reprune.registry_dir)
         config = ServingConfig(
             production=registry / "production",
-            reference_stats=Path(args.root) / "artifacts" / "validate" / "reference_stats.json",
+            reference_stats=Path(args.reference_stats or Path(args.root) / PIPELINE_REFERENCE_STATS),
             feedback_path=Path(args.root) / reprune.feedback_dir / "feedback.npz",
             **settings,
         )
@@ -258,6 +259,36 @@ def _loadtest(args: argparse.Namespace) -> int:
     return 0 if result.errors == 0 else 1
 
 
+def _publish(args: argparse.Namespace) -> int:
+    import json
+
+    from pruneops.io import read_json
+    from pruneops.model_registry import ModelRegistry, git_revision
+
+    root = Path(args.root)
+    bench = root / "metrics" / "benchmark.json"
+    try:
+        registry = ModelRegistry(_registry_dir(args))
+        had_production = registry.production() is not None
+        version = registry.register_pipeline_model(
+            root,
+            {
+                "git_revision": git_revision(root),
+                "reason": "publish",
+                "params": read_params(root / args.params),
+                "metrics": read_json(bench) if bench.exists() else {},
+            },
+        )
+        promoted = args.promote or not had_production
+        if promoted:
+            registry.promote(version.version, "published" + (" (forced)" if had_production else " (first model)"))
+    except PruneOpsError as exc:
+        print(f"pruneops publish: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps({"version": version.version, "promoted": promoted, "path": str(version.path)}))
+    return 0
+
+
 def _rollback(args: argparse.Namespace) -> int:
     from pruneops.model_registry import ModelRegistry
 
@@ -268,6 +299,21 @@ def _rollback(args: argparse.Namespace) -> int:
         return exc.exit_code
     print(f"pruneops rollback: production is now {restored.version}")
     return 0
+
+
+def _methods(_: argparse.Namespace) -> int:
+    print(_list_registries())
+    return 0
+
+
+# The sub-commands that are not pipeline stages.
+TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "methods": _methods,
+    "serve": _serve,
+    "loadtest": _loadtest,
+    "publish": _publish,
+    "rollback": _rollback,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,6 +333,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     serve.add_argument("--reload-interval", type=float, default=None, help="override serve.reload_interval_s")
+    serve.add_argument(
+        "--reference-stats",
+        default=None,
+        help="drift reference used until a model brings its own (default: the pipeline's validate output)",
+    )
+    publish = sub.add_parser(
+        "publish",
+        help="register the pipeline's pruned INT8 model; promote it if nothing is in production",
+        description="Registers artifacts/export/pruned_int8.onnx with its drift reference statistics. "
+        "It becomes production only when there is none (first deployment) or with --promote; "
+        "later models go through the re-prune flow's promotion gate.",
+    )
+    publish.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
+    publish.add_argument("--promote", action="store_true", help="promote even over an existing production model")
     load = sub.add_parser("loadtest", help="bounded load test of a running `pruneops serve` on loopback")
     load.add_argument("--url", default="http://127.0.0.1:8000")
     load.add_argument("--requests", type=int, default=5000)
@@ -309,15 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    if args.command == "methods":
-        print(_list_registries())
-        return 0
-    if args.command == "rollback":
-        return _rollback(args)
-    if args.command == "serve":
-        return _serve(args)
-    if args.command == "loadtest":
-        return _loadtest(args)
+    if args.command in TOOLS:
+        return TOOLS[args.command](args)
     started = time.perf_counter()
     try:
         launched = _launch_data_parallel(args)

@@ -74,24 +74,39 @@ class DriftMonitor:
     """Sliding window of live inputs and predictions, scored against reference statistics.
 
     Args:
-        reference: The `reference_stats.json` mapping written by `validate`.
+        reference: The `reference_stats.json` mapping written by `validate`; None scores nothing
+            until `set_reference` gives one.
         window: How many recent samples to keep.
         min_samples: No scores below this many samples: a handful of inputs makes PSI noisy
             enough to raise false alerts.
     """
 
-    def __init__(self, reference: dict, window: int = 1000, min_samples: int = 50):
+    def __init__(self, reference: dict | None, window: int = 1000, min_samples: int = 50):
         self.min_samples = min_samples
-        self.edges = np.asarray(reference["bin_edges"], dtype=np.float64)
-        self.ref_hist = np.asarray(reference["histograms"], dtype=np.float64)
-        self.levels = np.asarray(reference["quantile_levels"], dtype=np.float64)
-        self.quantiles = np.asarray(reference["quantiles"], dtype=np.float64)
-        self.classes = list(reference["classes"])
-        self.class_freq = np.asarray(reference["class_frequencies"], dtype=np.float64)
-        self.groups = {name: np.asarray(idx) for name, idx in reference["feature_groups"].items()}
+        self.reference: dict | None = None
         self._inputs: deque[np.ndarray] = deque(maxlen=window)
         self._preds: deque[int] = deque(maxlen=window)
         self._lock = threading.Lock()
+        if reference is not None:
+            self.set_reference(reference)
+
+    def set_reference(self, reference: dict) -> None:
+        """Scores against `reference` from now on; the window restarts empty.
+
+        A model re-pruned on new data brings that data's statistics: measuring it against the
+        old reference would keep the drift alert firing after the re-prune that answered it.
+        """
+        with self._lock:
+            self.reference = reference
+            self.edges = np.asarray(reference["bin_edges"], dtype=np.float64)
+            self.ref_hist = np.asarray(reference["histograms"], dtype=np.float64)
+            self.levels = np.asarray(reference["quantile_levels"], dtype=np.float64)
+            self.quantiles = np.asarray(reference["quantiles"], dtype=np.float64)
+            self.classes = list(reference["classes"])
+            self.class_freq = np.asarray(reference["class_frequencies"], dtype=np.float64)
+            self.groups = {name: np.asarray(idx) for name, idx in reference["feature_groups"].items()}
+            self._inputs.clear()
+            self._preds.clear()
 
     def observe(self, x: np.ndarray, predictions: np.ndarray) -> None:
         """Adds a batch of model inputs (any shape per sample) and their predicted classes."""
@@ -101,9 +116,9 @@ class DriftMonitor:
             self._preds.extend(int(p) for p in predictions)
 
     def scores(self) -> DriftScores | None:
-        """Drift of the current window, or None while it holds fewer than `min_samples`."""
+        """Drift of the current window, or None without a reference or below `min_samples`."""
         with self._lock:
-            if len(self._inputs) < max(self.min_samples, 1):
+            if self.reference is None or len(self._inputs) < max(self.min_samples, 1):
                 return None
             x = np.stack(self._inputs)
             preds = np.asarray(self._preds)

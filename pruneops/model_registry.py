@@ -20,6 +20,12 @@ from typing import Any
 from pruneops.errors import PruneOpsError
 from pruneops.io import dump_json, read_json
 
+REFERENCE_STATS = "reference_stats.json"
+# What the pipeline deploys, relative to the project: the pruned INT8 model and the statistics
+# of the data it was trained on (the serving app's drift reference).
+PIPELINE_MODEL = Path("artifacts/export/pruned_int8.onnx")
+PIPELINE_REFERENCE_STATS = Path("artifacts/validate/reference_stats.json")
+
 
 class RegistryError(PruneOpsError):
     """The registry has no such version, or nothing to roll back to."""
@@ -61,8 +67,22 @@ class ModelRegistry:
         self.production_link = self.root / "production"
         self.history_file = self.root / "history.json"
 
-    def register(self, model_file: Path, metadata: dict[str, Any], version: str | None = None) -> ModelVersion:
-        """Copies `model_file` in as a new candidate version (written aside, then renamed)."""
+    def register(
+        self,
+        model_file: Path,
+        metadata: dict[str, Any],
+        version: str | None = None,
+        reference_stats: Path | None = None,
+    ) -> ModelVersion:
+        """Copies `model_file` in as a new candidate version (written aside, then renamed).
+
+        Args:
+            model_file: The ONNX model.
+            metadata: Kept as `metadata.json` (data hash, params, metrics...).
+            version: Version name; default: a timestamp.
+            reference_stats: The training data's feature statistics (`reference_stats.json`), kept
+                beside the model so that drift is measured against the data this model saw.
+        """
         version = version or time.strftime("v%Y%m%d-%H%M%S") + f"-{os.getpid()}-{time.monotonic_ns() % 10**6}"
         final = self.candidates / version
         if final.exists():
@@ -71,9 +91,23 @@ class ModelRegistry:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         shutil.copyfile(model_file, tmp / "model.onnx")
+        if reference_stats is not None:
+            shutil.copyfile(reference_stats, tmp / REFERENCE_STATS)
         dump_json({"version": version, "registered_at": time.time(), **metadata}, tmp / "metadata.json")
         os.replace(tmp, final)
         return self.get(version)
+
+    def register_pipeline_model(self, project: Path, metadata: dict[str, Any]) -> ModelVersion:
+        """Registers what the pipeline in `project` deploys, with its drift reference statistics.
+
+        Raises:
+            RegistryError: The pipeline has not produced its model yet.
+        """
+        model = Path(project) / PIPELINE_MODEL
+        if not model.is_file():
+            raise RegistryError(f"{model}: no pipeline output to register; run `dvc repro` first")
+        reference = Path(project) / PIPELINE_REFERENCE_STATS
+        return self.register(model, metadata, reference_stats=reference if reference.is_file() else None)
 
     def get(self, version: str) -> ModelVersion:
         """The registered `version`."""

@@ -1,4 +1,7 @@
-"""ONNX export and ONNX Runtime helpers shared by `quantize`, `export` and `benchmark`."""
+"""ONNX export and ONNX Runtime helpers shared by `quantize`, `export`, `benchmark` and serving.
+
+torch is imported only inside `export_onnx_file`: the serving image has ONNX Runtime and no torch.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +12,12 @@ import time
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from torch import nn
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
@@ -20,6 +25,8 @@ OUTPUT_NAME = "logits"
 
 def export_onnx_file(model: nn.Module, input_shape: list[int], path: Path, opset: int) -> None:
     """Exports `model` to ONNX with a dynamic batch axis (TorchDynamo exporter)."""
+    import torch
+
     model.eval()
     example = torch.zeros(2, *input_shape)
     batch = torch.export.Dim("batch", min=1, max=4096)

@@ -146,3 +146,30 @@ def test_failure_mid_stage_keeps_previous_outputs(pipeline_dir, tmp_path, monkey
         run_stage("export", tmp_path / "params.yaml", tmp_path)
     assert (tmp_path / "artifacts/export/pruned_fp32.onnx").read_bytes() == before
     assert not [p for p in (tmp_path / "artifacts").iterdir() if p.name.startswith(".")]
+
+
+def test_publish_promotes_only_the_first_model_unless_forced(pipeline_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    from pruneops.model_registry import REFERENCE_STATS, ModelRegistry
+
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(pipeline_dir / "params.yaml", root / "params.yaml")
+    assert main(["--root", str(root), "publish"]) == 1
+    assert "run `dvc repro` first" in capsys.readouterr().err
+    shutil.copytree(pipeline_dir / "artifacts", root / "artifacts")
+    shutil.copytree(pipeline_dir / "metrics", root / "metrics")
+    results = []
+    for extra in ([], [], ["--promote"]):
+        assert main(["--root", str(root), "publish", *extra]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert [r["promoted"] for r in results] == [True, False, True]
+    registry = ModelRegistry(root / "models")
+    assert registry.production().version == results[2]["version"]
+    first = registry.get(results[0]["version"])
+    assert (first.path / REFERENCE_STATS).read_bytes() == (
+        root / "artifacts/validate/reference_stats.json"
+    ).read_bytes()
+    assert first.metadata["metrics"]["models"]["pruned_int8"]["test_accuracy"] > 0.5

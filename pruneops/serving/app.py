@@ -35,7 +35,8 @@ class ServingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     production: Path = Path("models/production")
-    reference_stats: Path = Path("artifacts/validate/reference_stats.json")
+    # Used until a model that carries its own reference statistics is loaded.
+    reference_stats: Path | None = Path("artifacts/validate/reference_stats.json")
     drift_window: Annotated[int, Field(ge=10)] = 1000
     drift_min_samples: Annotated[int, Field(ge=1)] = 50
     psi_threshold: Annotated[float, Field(gt=0)] = 0.2
@@ -100,7 +101,9 @@ def create_app(config: ServingConfig | None = None) -> FastAPI:
     config = config or ServingConfig()
     metrics = Metrics()
     holder = ModelHolder(config.production, config.threads)
-    monitor = DriftMonitor(read_json(config.reference_stats), config.drift_window, config.drift_min_samples)
+    fallback = config.reference_stats
+    reference = read_json(fallback) if fallback is not None and fallback.exists() else None
+    monitor = DriftMonitor(reference, config.drift_window, config.drift_min_samples)
     recent: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
     correct: deque[int] = deque(maxlen=config.accuracy_window)
     labelled: deque[tuple[np.ndarray, int]] = deque(maxlen=50_000)
@@ -109,6 +112,8 @@ def create_app(config: ServingConfig | None = None) -> FastAPI:
         model = holder.current
         if model is None:
             return
+        if model.reference_stats is not None and model.reference_stats != monitor.reference:
+            monitor.set_reference(model.reference_stats)
         metrics.model_info.clear()
         m = model.metadata.get("metrics", {}).get("models", {}).get("pruned_int8", {})
         metrics.model_info.labels(

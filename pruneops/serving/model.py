@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from pruneops.io import read_json
+from pruneops.model_registry import REFERENCE_STATS
 from pruneops.onnx_utils import INPUT_NAME, make_session
 
 log = logging.getLogger("pruneops.serving")
@@ -24,6 +25,7 @@ class LoadedModel:
     session: object
     input_shape: tuple[int, ...]
     metadata: dict
+    reference_stats: dict | None = None
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         """Class probabilities for a batch."""
@@ -34,7 +36,7 @@ class LoadedModel:
 
 
 def load_version(path: Path, threads: int = 1) -> LoadedModel:
-    """Loads a registry version directory (model.onnx + metadata.json) and checks it runs.
+    """Loads a registry version directory (model.onnx, metadata.json, reference statistics) and checks it runs.
 
     Raises:
         ValueError: The model cannot be loaded or does not run on its declared input shape.
@@ -42,6 +44,7 @@ def load_version(path: Path, threads: int = 1) -> LoadedModel:
     path = path.resolve()
     try:
         metadata = read_json(path / "metadata.json")
+        reference = read_json(path / REFERENCE_STATS) if (path / REFERENCE_STATS).exists() else None
         session = make_session(path / "model.onnx", threads)
         dims = session.get_inputs()[0].shape[1:]
         input_shape = tuple(int(d) for d in dims)
@@ -50,7 +53,7 @@ def load_version(path: Path, threads: int = 1) -> LoadedModel:
         raise ValueError(f"{path}: cannot serve this model ({type(exc).__name__}: {exc})") from None
     if out.ndim != 2:
         raise ValueError(f"{path}: model output has shape {out.shape}, expected (batch, classes)")
-    return LoadedModel(path.name, session, input_shape, metadata)
+    return LoadedModel(path.name, session, input_shape, metadata, reference)
 
 
 class ModelHolder:

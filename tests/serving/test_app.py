@@ -103,3 +103,27 @@ def test_hot_reload_swaps_promoted_model_and_refuses_a_corrupt_one(setup, tmp_pa
         assert r.status_code == 200 and r.json()["model_version"] == "v2"
         assert "pruneops_model_reload_errors_total 1.0" in client.get("/metrics").text
         registry.rollback()
+
+
+def test_drift_reference_comes_with_the_served_model(setup, tmp_path):
+    root, _, config, test = setup
+    registry = ModelRegistry(tmp_path / "models")
+    registry.promote(registry.register(root / "good.onnx", {}, version="plain").version)
+    config = config.model_copy(update={"production": tmp_path / "models/production", "reference_stats": None})
+    with TestClient(create_app(config)) as client:
+        monitor = client.app.state.monitor
+        client.post("/predict", json={"inputs": test.x[:20].tolist()})
+        assert monitor.reference is None and monitor.scores() is None  # no reference: no score, not a wrong one
+        # A re-pruned model brings the statistics of the data it was trained on.
+        shifted = json.loads((root / "artifacts/validate/reference_stats.json").read_text())
+        shifted["class_frequencies"] = [1.0] + [0.0] * (len(shifted["classes"]) - 1)
+        (tmp_path / "ref.json").write_text(json.dumps(shifted))
+        v = registry.register(root / "good.onnx", {}, version="with-ref", reference_stats=tmp_path / "ref.json")
+        registry.promote(v.version)
+        client.app.state.refresh()
+        assert monitor.reference == shifted
+        client.post("/predict", json={"inputs": test.x[:20].tolist()})
+        scores = monitor.scores()
+        assert scores is not None and scores.window == 20
+        # Predictions spread over ten classes against a one-class reference: large prediction drift.
+        assert scores.prediction_psi > 1.0
