@@ -19,7 +19,7 @@ export DO_NOT_TRACK := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: run test install install-dev repo lint format clean help prefect-server deploy \
-	monitoring-deps monitoring-up monitoring-down
+	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
@@ -27,6 +27,7 @@ help:
 	@echo "make lint   - ruff check + format check"
 	@echo "make prefect-server - local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite under state/)"
 	@echo "make deploy - serve the pipeline, drift-check (cron) and re-prune (drift event) deployments"
+	@echo "make container-smoke - build both images (podman or docker), smoke-test serving and dvc repro in them"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -98,6 +99,21 @@ monitoring-up: install-dev monitoring-deps
 monitoring-down:
 	-@for p in serving receiver prometheus alertmanager; do \
 		test -f $(MON_STATE)/$$p.pid && kill $$(cat $(MON_STATE)/$$p.pid) 2>/dev/null; rm -f $(MON_STATE)/$$p.pid; done
+
+# docker-compose (Debian's, v1) validates docker/compose.yaml in `make test` (root or sudo needed once).
+container-deps:
+	@command -v docker-compose >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose; }
+
+# Images: pruneops-worker and pruneops-serving (BASE_IMAGE=... to build on another base).
+container-build:
+	docker/build-images.sh worker serving
+
+# Both images built, the serving image run on the pipeline's model (/predict, /metrics,
+# healthcheck, no torch), and `dvc repro` run inside the worker image.
+container-smoke: install container-build
+	docker/smoke-serving.sh
+	docker/smoke-worker.sh
 
 clean:
 	rm -rf artifacts metrics plots .pytest_cache

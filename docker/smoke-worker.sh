@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Smoke test of the worker image:
+# 1. `dvc repro` on the embedded default inside the container (no network), then a second repro
+#    that must run no stage; the benchmark metrics it wrote are checked.
+# 2. The compose start-up path: a Prefect server container and a worker running `deploy`, which
+#    publishes a first model into the models volume and serves the three deployments.
+# Needs a built image (docker/build-images.sh worker).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+engine=${CONTAINER_ENGINE:-$(command -v podman >/dev/null 2>&1 && echo podman || echo docker)}
+image=pruneops-worker:latest
+name=pruneops-smoke-worker-$$
+work=$(mktemp -d /tmp/pruneops-smoke.XXXX)
+cleanup() {
+  "$engine" rm -f "$name" "$name-server" "$name-deploy" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+start=$(date +%s)
+"$engine" run --name "$name" --network none "$image" \
+  bash -c 'docker/worker-entrypoint.sh repro && dvc repro | tee /tmp/second.log && ! grep -q "Running stage" /tmp/second.log'
+echo "ok: dvc repro in the worker image, then a no-op repro ($(( $(date +%s) - start )) s)"
+"$engine" cp "$name:/app/metrics/benchmark.json" "$work/benchmark.json"
+python3 - "$work/benchmark.json" <<'PY'
+import json, sys
+
+models = json.load(open(sys.argv[1]))["models"]
+dense, pruned = models["dense_fp32"], models["pruned_int8"]
+mac_ratio = dense["macs"] / pruned["macs"]
+drop = dense["test_accuracy"] - pruned["test_accuracy"]
+print(json.dumps({"dense_acc": dense["test_accuracy"], "pruned_int8_acc": pruned["test_accuracy"], "mac_ratio": mac_ratio}))
+if not (mac_ratio > 4 and drop < 0.02):
+    sys.exit(f"FAIL: pruned model off target (MACs {mac_ratio:.2f}x fewer, accuracy drop {drop:.4f})")
+PY
+port=${SMOKE_PREFECT_PORT:-14200}
+mkdir -p "$work/models" && chown 10001:10001 "$work/models" 2>/dev/null || chmod 777 "$work/models"
+start=$(date +%s)
+"$engine" run -d --name "$name-server" --network host -e PREFECT_SERVER_HOST=127.0.0.1 \
+  -e "PREFECT_SERVER_PORT=$port" "$image" server >/dev/null
+# As compose's depends_on (service_healthy): the worker starts once the server answers.
+for _ in $(seq 60); do
+  "$engine" exec "$name-server" python -m pruneops.serving.healthcheck "http://127.0.0.1:$port/api/health" \
+    2>/dev/null && break
+  sleep 2
+done
+"$engine" run -d --name "$name-deploy" --network host -e "PREFECT_API_URL=http://127.0.0.1:$port/api" \
+  -e PRUNEOPS_SET=reprune.drift_source=http://127.0.0.1:19090 -v "$work/models:/app/models" "$image" deploy >/dev/null
+python3 - "$port" "$work/models" <<'PY' || { "$engine" logs --tail 40 "$name-deploy"; exit 1; }
+import json, os, sys, time, urllib.request
+
+api = f"http://127.0.0.1:{sys.argv[1]}/api"
+deadline = time.time() + 300  # bounded: the first start runs the whole pipeline
+names = set()
+while time.time() < deadline:
+    try:
+        req = urllib.request.Request(api + "/deployments/filter", data=b"{}", headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            names = {d["name"] for d in json.loads(r.read())}
+    except OSError:
+        pass
+    if os.path.islink(os.path.join(sys.argv[2], "production")) and {"pipeline", "drift-check", "reprune"} <= names:
+        print(json.dumps({"production": os.readlink(os.path.join(sys.argv[2], "production")), "deployments": sorted(names)}))
+        break
+    time.sleep(3)
+else:
+    sys.exit(f"FAIL: no published model and deployments after 300 s (deployments: {sorted(names)})")
+PY
+"$engine" healthcheck run "$name-deploy" 2>/dev/null
+echo "ok: deploy in the worker image published a first model and serves the deployments ($(( $(date +%s) - start )) s)"
+size=$("$engine" image inspect "$image" --format '{{.Size}}')
+echo "ok: worker smoke passed ($image, $(( size / 1000000 )) MB)"

