@@ -301,6 +301,37 @@ def _rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import shlex
+
+    import yaml
+
+    from pruneops.bench import BenchConfig, run_benchmarks
+    from pruneops.config import parse_section
+
+    root = Path(args.root)
+    try:
+        raw = yaml.safe_load(Path(args.config).read_text())
+        config = parse_section("bench", raw, BenchConfig)
+        if args.only:
+            config = config.model_copy(update={"workloads": [w for w in config.workloads if w.name in args.only]})
+        params = read_params(root / args.params)
+        command = "pruneops bench " + " ".join(shlex.quote(a) for a in args.argv)
+        report = run_benchmarks(
+            config, params, command, root, log=lambda line: print(f"pruneops bench: {line}", flush=True)
+        )
+    except (PruneOpsError, FileNotFoundError) as exc:
+        print(f"pruneops bench: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    for name, pick in report.selected.items():
+        print(
+            f"pruneops bench: {name}: selected {pick['name']}: test {100 * pick['test_accuracy']:.2f}% "
+            f"({-pick['test_drop_points']:+.2f} pts), batch-1 {pick['speedup_b1']:.2f}x faster"
+        )
+    print(f"pruneops bench: wrote {report.markdown}, {report.plot}, {report.results}")
+    return 0
+
+
 def _methods(_: argparse.Namespace) -> int:
     print(_list_registries())
     return 0
@@ -309,6 +340,7 @@ def _methods(_: argparse.Namespace) -> int:
 # The sub-commands that are not pipeline stages.
 TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
     "methods": _methods,
+    "bench": _bench,
     "serve": _serve,
     "loadtest": _loadtest,
     "publish": _publish,
@@ -351,6 +383,14 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--url", default="http://127.0.0.1:8000")
     load.add_argument("--requests", type=int, default=5000)
     load.add_argument("--concurrency", type=int, default=8)
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark recipes side by side (frontier table and plot in docs/)",
+        description="Runs each workload's variants through the pipeline's stages (sharing one baseline), "
+        "times every model interleaved in one process, and writes docs/benchmarks.md.",
+    )
+    bench.add_argument("--config", default="benchmarks/mnist.yaml", help="benchmark definition (YAML)")
+    bench.add_argument("--only", nargs="*", default=None, help="run only these workloads")
     rollback = sub.add_parser("rollback", help="restore the production model that preceded the current one")
     rollback.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     return parser
@@ -367,6 +407,7 @@ def run_stage(stage: str, params_path: str | Path, root: str | Path = ".") -> An
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `pruneops` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     if args.command in TOOLS:

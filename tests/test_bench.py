@@ -1,0 +1,132 @@
+"""`pruneops bench` on digits with tiny settings: every recipe measured, selection on validation."""
+
+import json
+
+import pytest
+import yaml
+
+from pruneops.bench import BenchConfig, run_benchmarks, select_point
+from pruneops.cli import main
+from tests.conftest import tiny_params
+
+pytestmark = pytest.mark.slow
+
+BENCH = {
+    "work_dir": "work",
+    "out_dir": "docs",
+    "timing": {"repeats": 10, "rounds": 2, "warmup": 2, "batch_sizes": [1, 16]},
+    "workloads": [
+        {
+            "name": "digits-cnn",
+            "max_accuracy_drop_points": 50.0,
+            "targets": {"speedup_b1": 1.5, "size_reduction": 2.0},
+            "params": {"prune": {"method": "channel"}},
+            "variants": [
+                {"name": "dense", "kind": "dense", "family": "dense"},
+                {
+                    "name": "naive90",
+                    "family": "naive",
+                    "set": {
+                        "prune.method": "magnitude",
+                        "prune.scope": "global",
+                        "prune.target_ratio": 0.9,
+                        "prune.use_sensitivity": False,
+                        "prune.schedule": "oneshot",
+                        "prune.steps": 1,
+                        "prune.epochs_per_step": 0,
+                        "finetune.epochs": 2,
+                        "finetune.distill_weight": 0.0,
+                    },
+                },
+                {
+                    "name": "tp75",
+                    "family": "torch_pruning",
+                    "set": {
+                        "prune.target_ratio": 0.75,
+                        "prune.use_sensitivity": False,
+                        "prune.schedule": "oneshot",
+                        "prune.steps": 1,
+                        "prune.epochs_per_step": 0,
+                        "finetune.epochs": 2,
+                        "finetune.distill_weight": 0.0,
+                    },
+                },
+                {
+                    "name": "ours-tp-budget",
+                    "match_macs_of": "tp75",
+                    "set": {
+                        "prune.schedule": "oneshot",
+                        "prune.steps": 1,
+                        "prune.epochs_per_step": 0,
+                        "finetune.epochs": 2,
+                    },
+                },
+                {"name": "ours50", "set": {"prune.target_ratio": 0.5}},
+            ],
+        }
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    params = tiny_params(sensitivity={"ratios": [0.25, 0.5, 0.75, 0.9], "max_layer_ratio": 0.9})
+    lines = []
+    report = run_benchmarks(BenchConfig(**BENCH), params, "pruneops bench --config t.yaml", root, lines.append)
+    return root, params, report, lines
+
+
+def test_every_recipe_is_measured_together(bench_run):
+    root, _, report, lines = bench_run
+    rows = {r["name"]: r for r in report.rows["digits-cnn"]}
+    assert set(rows) == {
+        f"{v} {p}" for v in ("dense", "naive90", "tp75", "ours-tp-budget", "ours50") for p in ("fp32", "int8")
+    }
+    dense = rows["dense fp32"]
+    assert dense["speedup_b1"] == pytest.approx(1.0) and dense["mac_reduction"] == pytest.approx(1.0)
+    # Unstructured zeros: ~90% of weights gone, the same dense MACs and file, no speed-up to speak of.
+    naive = rows["naive90 fp32"]
+    assert naive["nonzero_params"] < 0.2 * naive["params"]
+    assert naive["macs"] == dense["macs"] and naive["size_reduction"] == pytest.approx(1.0, abs=0.05)
+    # Structured: fewer MACs, a smaller file, and the ratio of speed-up to MAC reduction reported.
+    tp = rows["tp75 fp32"]
+    assert tp["mac_reduction"] > 4 and tp["size_reduction"] > 2
+    assert tp["speedup_per_mac_reduction"] == pytest.approx(tp["speedup_b1"] / tp["mac_reduction"])
+    # Same MAC budget: ours is allocated to no more MACs than the plain recipe (within a few percent).
+    assert rows["ours-tp-budget fp32"]["macs"] <= 1.05 * tp["macs"]
+    for r in rows.values():
+        assert 0.0 < r["test_accuracy"] <= 1.0 and r["latency"]["1"]["p50_ms"] > 0
+    assert any("base: train done" in line for line in lines)
+
+
+def test_report_files_and_selection_on_validation(bench_run):
+    root, _, report, _ = bench_run
+    text = report.markdown.read_text()
+    assert "pruneops bench --config t.yaml" in text and "## digits-cnn" in text
+    assert "same MAC budget, int8" in text and "target speedup_b1" in text
+    assert report.plot.stat().st_size > 10_000
+    saved = json.loads(report.results.read_text())
+    assert saved["machine"]["cores"] >= 1
+    rows = report.rows["digits-cnn"]
+    pick = select_point(rows, 50.0)
+    assert pick == report.selected["digits-cnn"] and pick["family"] == "ours" and pick["val_drop_points"] <= 50.0
+    # The selection ignores the test set: changing test accuracies does not move it.
+    shuffled = [{**r, "test_accuracy": 1.0 - r["test_accuracy"]} for r in rows]
+    assert select_point(shuffled, 50.0)["name"] == pick["name"]
+
+
+def test_rerun_reuses_finished_variants_and_cli_writes_the_report(bench_run, capsys):
+    root, params, _, _ = bench_run
+    (root / "bench.yaml").write_text(yaml.safe_dump(BENCH))
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["--root", str(root), "bench", "--config", str(root / "bench.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "done in" not in out  # every stage was reused
+    assert "selected" in out and "benchmarks.md" in out
+
+
+def test_bad_bench_config_is_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump({"workloads": [{"name": "x", "variants": [{"nam": 1}]}]}))
+    assert main(["--root", str(tmp_path), "bench", "--config", str(tmp_path / "bench.yaml")]) == 2
+    assert "bench" in capsys.readouterr().err
