@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from pruneops.config import BenchmarkConfig, check_sections, load_stage_config
-from pruneops.errors import ConfigError
+from pruneops.errors import ConfigError, PruneOpsError
 from pruneops.io import Layout, dump_json, read_json
 
 # Which stages a variant kind runs after the shared baseline (validate, train, sensitivity).
@@ -80,10 +80,11 @@ class BenchConfig(BaseModel):
 
 @dataclass(frozen=True)
 class BenchReport:
-    """Rows per workload, the selected points, and where the outputs were written."""
+    """Rows per workload, the selected points, failed variants, and where the outputs went."""
 
     rows: dict[str, list[dict]]
     selected: dict[str, dict]
+    failed: dict[str, dict[str, str]]
     markdown: Path
     plot: Path
     results: Path
@@ -142,8 +143,14 @@ def _link(src: Path, dst: Path) -> None:
     os.symlink(os.path.relpath(src, dst.parent), dst)
 
 
-def reallocate_(sensitivity_dir: Path, target: float, dst_dir: Path) -> float:
+def reallocate_(sensitivity_dir: Path, target: float, dst_dir: Path, max_ratio: float | None = None) -> float:
     """Writes an allocation for `target` from an existing sweep (no new evaluations).
+
+    Args:
+        sensitivity_dir: The sweep (`sensitivity.json`, `allocation.json`).
+        target: The weighted fraction to remove.
+        dst_dir: Where the variant's `sensitivity.json` and `allocation.json` go.
+        max_ratio: No unit loses more than this (default: the sweep's `max_layer_ratio`).
 
     Returns:
         The weighted ratio the allocation reaches.
@@ -152,9 +159,15 @@ def reallocate_(sensitivity_dir: Path, target: float, dst_dir: Path) -> float:
 
     sweep = read_json(sensitivity_dir / "sensitivity.json")
     alloc = read_json(sensitivity_dir / "allocation.json")
-    ratios = allocate_ratios(sweep["units"], alloc["weights"], target, alloc["max_layer_ratio"])
+    max_ratio = alloc["max_layer_ratio"] if max_ratio is None else max_ratio
+    ratios = allocate_ratios(sweep["units"], alloc["weights"], target, max_ratio)
     weights = alloc["weights"]
     achieved = sum(weights[n] * r for n, r in ratios.items()) / max(sum(weights.values()), 1)
+    if achieved + 1e-9 < target:
+        raise ConfigError(
+            f"prune.target_ratio: {target} is out of reach of the sweep (at most {achieved:.3f} with units capped "
+            f"at {max_ratio})"
+        )
     dst_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sensitivity_dir / "sensitivity.json", dst_dir / "sensitivity.json")
     dump_json(
@@ -177,7 +190,8 @@ def predicted_macs(base: Layout, params: dict[str, Any], target: float) -> int:
     meta, train, val, _ = load_prepared(base.stage_dir("validate"))
     model = load_checkpoint(base.stage_dir("train") / "model.safetensors").model
     scratch = Path(base.root) / ".predict"
-    reallocate_(base.stage_dir("sensitivity"), target, scratch)
+    max_ratio = load_stage_config(params, "sensitivity").max_layer_ratio
+    reallocate_(base.stage_dir("sensitivity"), target, scratch, max_ratio)
     allocation = read_json(scratch / "allocation.json")["ratios"]
     shutil.rmtree(scratch, ignore_errors=True)
     ctx = PruneContext(
@@ -212,11 +226,20 @@ def _done(marker: Path, digest: str) -> bool:
 
 def prepare_workload(
     work: Path, workload: WorkloadConfig, base_params: dict[str, Any], log: Callable[[str], None]
-) -> dict[str, Path]:
-    """Runs the shared baseline and every variant's stages; returns each variant's directory."""
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """Runs the shared baseline and every variant's stages.
+
+    A variant whose stage fails (a quality gate, an unreachable target) is reported and the
+    others go on.
+
+    Returns:
+        Each finished variant's directory, and why each failed variant failed.
+    """
     params = _merged(base_params, workload.params, {})
     base = Layout(work / "base")
-    base_digest = _digest({k: params.get(k) for k in ("validate", "train", "sensitivity")}, params["prune"]["method"])
+    # The allocation cap (max_layer_ratio) is each variant's choice; the sweep does not depend on it.
+    sweep = {k: v for k, v in params.get("sensitivity", {}).items() if k != "max_layer_ratio"}
+    base_digest = _digest(params.get("validate"), params.get("train"), sweep, params["prune"]["method"])
     marker = base.root / "done.json"
     if not _done(marker, base_digest):
         base.root.mkdir(parents=True, exist_ok=True)
@@ -226,12 +249,19 @@ def prepare_workload(
             log(f"[{workload.name}] base: {stage} done in {time.perf_counter() - started:.0f} s")
         dump_json({"digest": base_digest}, marker)
     dirs: dict[str, Path] = {}
+    failed: dict[str, str] = {}
     macs_of: dict[str, int] = {}
+    names = [v.name for v in workload.variants]
     for variant in workload.variants:
         overrides = dict(variant.set)
         if variant.match_macs_of is not None:
+            if variant.match_macs_of not in names[: names.index(variant.name)]:
+                raise ConfigError(
+                    f"bench variant {variant.name}: match_macs_of {variant.match_macs_of!r} must be an earlier variant"
+                )
             if variant.match_macs_of not in macs_of:
-                raise ConfigError(f"bench variant {variant.name}: match_macs_of {variant.match_macs_of!r} comes later")
+                failed[variant.name] = f"{variant.match_macs_of} failed, so there is no MAC budget to match"
+                continue
             vparams = _merged(params, {}, overrides)
             overrides["prune.target_ratio"] = target_for_macs(base, vparams, macs_of[variant.match_macs_of])
             log(f"[{workload.name}] {variant.name}: target_ratio {overrides['prune.target_ratio']} for the same MACs")
@@ -239,7 +269,6 @@ def prepare_workload(
         layout = Layout(work / variant.name)
         digest = _digest(base_digest, vparams, variant.kind)
         vmarker = layout.root / "done.json"
-        dirs[variant.name] = layout.root
         if not _done(vmarker, digest):
             if layout.root.exists():
                 shutil.rmtree(layout.root)
@@ -250,18 +279,29 @@ def prepare_workload(
                 shutil.copyfile(
                     base.stage_dir("train") / "model.safetensors", layout.stage_dir("finetune") / "model.safetensors"
                 )
-            else:
+            stage = "sensitivity"
+            try:
                 prune = load_stage_config(vparams, "prune")
-                if prune.use_sensitivity:
-                    reallocate_(base.stage_dir("sensitivity"), prune.target_ratio, layout.stage_dir("sensitivity"))
-            for stage in VARIANT_STAGES[variant.kind]:
-                started = time.perf_counter()
-                _run_stage(stage, vparams, layout)
-                log(f"[{workload.name}] {variant.name}: {stage} done in {time.perf_counter() - started:.0f} s")
+                if variant.kind == "pruned" and prune.use_sensitivity:
+                    reallocate_(
+                        base.stage_dir("sensitivity"),
+                        prune.target_ratio,
+                        layout.stage_dir("sensitivity"),
+                        load_stage_config(vparams, "sensitivity").max_layer_ratio,
+                    )
+                for stage in VARIANT_STAGES[variant.kind]:
+                    started = time.perf_counter()
+                    _run_stage(stage, vparams, layout)
+                    log(f"[{workload.name}] {variant.name}: {stage} done in {time.perf_counter() - started:.0f} s")
+            except PruneOpsError as exc:
+                failed[variant.name] = f"{stage}: {exc}"
+                log(f"[{workload.name}] {variant.name}: skipped: {failed[variant.name]}")
+                continue
             dump_json({"digest": digest, "params": vparams}, vmarker)
+        dirs[variant.name] = layout.root
         manifest = read_json(layout.stage_dir("export") / "manifest.json")
         macs_of[variant.name] = manifest["models"]["pruned_fp32"]["macs"]
-    return dirs
+    return dirs, failed
 
 
 def _latency(t: np.ndarray, batch: int) -> dict[str, float]:
@@ -284,7 +324,7 @@ def measure_workload(
 
     _, _, val, test = load_prepared(work / "base" / "artifacts" / "validate")
     models: dict[str, dict] = {}
-    for variant in workload.variants:
+    for variant in (v for v in workload.variants if v.name in dirs):
         export = dirs[variant.name] / "artifacts" / "export"
         manifest = read_json(export / "manifest.json")["models"]
         nonzero = count_nonzero_params(
@@ -380,52 +420,61 @@ def markdown_rows(rows: list[dict], big: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pareto_front(rows: list[dict]) -> list[dict]:
+    """The rows no other row beats on both batch-1 latency and test accuracy, fastest first."""
+    front, best = [], -1.0
+    for r in sorted(rows, key=lambda r: (r["latency"]["1"]["p50_ms"], -r["test_accuracy"])):
+        if r["test_accuracy"] > best:
+            front.append(r)
+            best = r["test_accuracy"]
+    return front
+
+
 def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
-    """Test accuracy vs batch-1 latency, one panel per workload; our recipe's points joined."""
+    """Test accuracy vs batch-1 latency, one panel per workload; our recipe's Pareto front joined."""
     from pruneops.plots import _pyplot
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.8), squeeze=False)
-    styles = {"dense": ("black", "s"), "naive": ("tab:red", "x"), "torch_pruning": ("tab:orange", "^")}
+    colors = {"dense": "black", "naive": "tab:red", "torch_pruning": "tab:orange", "ours": "tab:blue"}
+    names = {"dense": "dense", "naive": "naive 90% unstructured", "torch_pruning": "Torch-Pruning", "ours": "PruneOps"}
     for ax, (workload, items) in zip(axes[0], rows.items(), strict=True):
-        for precision, fill in (("fp32", "none"), ("int8", None)):
-            ours = sorted(
-                (r for r in items if r["family"] == "ours" and r["precision"] == precision),
-                key=lambda r: r["latency"]["1"]["p50_ms"],
-            )
-            if ours:
-                ax.plot(
-                    [r["latency"]["1"]["p50_ms"] for r in ours],
-                    [100 * r["test_accuracy"] for r in ours],
-                    "o-",
-                    color="tab:blue",
-                    mfc=fill or "tab:blue",
-                    label=f"PruneOps structured {precision}",
-                )
+        front = pareto_front([r for r in items if r["family"] == "ours"])
+        ax.plot(
+            [r["latency"]["1"]["p50_ms"] for r in front],
+            [100 * r["test_accuracy"] for r in front],
+            "-",
+            color="tab:blue",
+            alpha=0.5,
+            label="PruneOps front",
+        )
+        for family, color in colors.items():
+            for precision, marker in (("fp32", "o"), ("int8", "s")):
+                pts = [r for r in items if r["family"] == family and r["precision"] == precision]
+                if pts:
+                    ax.scatter(
+                        [r["latency"]["1"]["p50_ms"] for r in pts],
+                        [100 * r["test_accuracy"] for r in pts],
+                        color=color,
+                        marker=marker,
+                        s=45,
+                        facecolors="none" if precision == "fp32" else color,
+                        label=f"{names[family]} {precision}",
+                    )
         for r in items:
-            if r["family"] in styles:
-                color, marker = styles[r["family"]]
-                ax.scatter(
-                    r["latency"]["1"]["p50_ms"],
-                    100 * r["test_accuracy"],
-                    color=color,
-                    marker=marker,
-                    s=50,
-                    facecolors="none" if r["precision"] == "fp32" and marker != "x" else color,
-                )
             ax.annotate(
-                f"{r['label']} {r['precision']}",
+                r["label"],
                 (r["latency"]["1"]["p50_ms"], 100 * r["test_accuracy"]),
                 textcoords="offset points",
                 xytext=(4, 3),
                 fontsize=7,
             )
         ax.set_xscale("log")
-        ax.set_xlabel("batch-1 p50 latency (ms, ONNX Runtime CPU, log)")
+        ax.set_xlabel("batch-1 p50 latency (ms, ONNX Runtime CPU, log); hollow fp32, filled int8")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(workload)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -473,9 +522,10 @@ def run_benchmarks(
     timing = BenchmarkConfig(**config.timing)
     rows: dict[str, list[dict]] = {}
     selected: dict[str, dict] = {}
+    failed: dict[str, dict[str, str]] = {}
     for workload in config.workloads:
         work = root / config.work_dir / workload.name
-        dirs = prepare_workload(work, workload, base_params, log)
+        dirs, failed[workload.name] = prepare_workload(work, workload, base_params, log)
         log(f"[{workload.name}] timing {2 * len(dirs)} models, interleaved")
         rows[workload.name] = measure_workload(work, workload, dirs, timing)
         pick = select_point(rows[workload.name], workload.max_accuracy_drop_points)
@@ -486,16 +536,20 @@ def run_benchmarks(
     plot_frontiers(rows, plot)
     results = out / "benchmarks" / "results.json"
     machine = machine_info(timing.threads)
-    dump_json({"machine": machine, "timing": timing.model_dump(), "rows": rows, "selected": selected}, results)
+    dump_json(
+        {"machine": machine, "timing": timing.model_dump(), "rows": rows, "selected": selected, "failed": failed},
+        results,
+    )
     markdown = out / "benchmarks.md"
-    markdown.write_text(render_markdown(config, rows, selected, machine, timing, command))
-    return BenchReport(rows, selected, markdown, plot, results)
+    markdown.write_text(render_markdown(config, rows, selected, failed, machine, timing, command))
+    return BenchReport(rows, selected, failed, markdown, plot, results)
 
 
 def render_markdown(
     config: BenchConfig,
     rows: dict[str, list[dict]],
     selected: dict[str, dict],
+    failed: dict[str, dict[str, str]],
     machine: dict[str, Any],
     timing: BenchmarkConfig,
     command: str,
@@ -518,6 +572,8 @@ def render_markdown(
         items = rows[workload.name]
         parts.append(f"## {workload.name}\n")
         parts.append(markdown_rows(items, big))
+        for name, why in failed.get(workload.name, {}).items():
+            parts.append(f"- {name}: not measured — {why}")
         pick = selected.get(workload.name)
         if pick is None:
             parts.append(
@@ -542,8 +598,9 @@ def render_markdown(
             for key, goal in workload.targets.items():
                 verdict = "met" if achieved[key] >= goal else "**missed**"
                 parts.append(f"- target {key} ≥ {goal:g}×: {achieved[key]:.2f}× — {verdict}")
+        measured = {r["variant"] for r in items}
         for variant in workload.variants:
-            if variant.match_macs_of is None:
+            if variant.match_macs_of is None or not {variant.name, variant.match_macs_of} <= measured:
                 continue
             for precision in ("fp32", "int8"):
                 mine = next(r for r in items if r["variant"] == variant.name and r["precision"] == precision)

@@ -316,7 +316,7 @@ def _bench(args: argparse.Namespace) -> int:
         if args.only:
             config = config.model_copy(update={"workloads": [w for w in config.workloads if w.name in args.only]})
         params = read_params(root / args.params)
-        command = "pruneops bench " + " ".join(shlex.quote(a) for a in args.argv)
+        command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
         report = run_benchmarks(
             config, params, command, root, log=lambda line: print(f"pruneops bench: {line}", flush=True)
         )

@@ -62,6 +62,8 @@ BENCH = {
                     },
                 },
                 {"name": "ours50", "set": {"prune.target_ratio": 0.5}},
+                # Out of reach with units capped at half: reported, and the others still measured.
+                {"name": "unreachable", "set": {"prune.target_ratio": 0.95, "sensitivity.max_layer_ratio": 0.5}},
             ],
         }
     ],
@@ -98,6 +100,8 @@ def test_every_recipe_is_measured_together(bench_run):
     for r in rows.values():
         assert 0.0 < r["test_accuracy"] <= 1.0 and r["latency"]["1"]["p50_ms"] > 0
     assert any("base: train done" in line for line in lines)
+    assert "out of reach" in report.failed["digits-cnn"]["unreachable"]
+    assert "unreachable: not measured" in report.markdown.read_text()
 
 
 def test_report_files_and_selection_on_validation(bench_run):
@@ -130,3 +134,13 @@ def test_bad_bench_config_is_one_line_exit_2(tmp_path, capsys):
     (tmp_path / "bench.yaml").write_text(yaml.safe_dump({"workloads": [{"name": "x", "variants": [{"nam": 1}]}]}))
     assert main(["--root", str(tmp_path), "bench", "--config", str(tmp_path / "bench.yaml")]) == 2
     assert "bench" in capsys.readouterr().err
+
+
+def test_pareto_front_keeps_only_unbeaten_points():
+    from pruneops.bench import pareto_front
+
+    def row(name, ms, acc):
+        return {"name": name, "latency": {"1": {"p50_ms": ms}}, "test_accuracy": acc}
+
+    rows = [row("slow-best", 1.0, 0.99), row("fast-poor", 0.1, 0.90), row("beaten", 0.5, 0.89), row("mid", 0.3, 0.95)]
+    assert [r["name"] for r in pareto_front(rows)] == ["fast-poor", "mid", "slow-best"]
