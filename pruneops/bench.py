@@ -208,16 +208,39 @@ def predicted_macs(base: Layout, params: dict[str, Any], target: float) -> int:
 
 
 def target_for_macs(base: Layout, params: dict[str, Any], budget: int, iterations: int = 10) -> float:
-    """The smallest `prune.target_ratio` whose predicted MACs are within `budget` (bisection)."""
-    low, high = 0.0, 0.98
+    """The smallest `prune.target_ratio` whose predicted MACs are within `budget` (bisection).
+
+    Raises:
+        ConfigError: No target the sweep can reach (under the variant's allocation cap) fits.
+    """
+    low, high, found = 0.0, 0.98, None
     for _ in range(iterations):
         mid = (low + high) / 2
         try:
             fits = predicted_macs(base, params, mid) <= budget
         except ConfigError:
-            fits = False
-        low, high = (low, mid) if fits else (mid, high)
-    return round(high, 4)
+            # Out of the sweep's reach: the answer, if any, lies below.
+            high = mid
+            continue
+        if fits:
+            high, found = mid, mid
+        else:
+            low = mid
+    if found is None:
+        raise ConfigError(
+            f"no prune.target_ratio the sweep can reach gives {budget:,} MACs or fewer; "
+            "raise sensitivity.max_layer_ratio or add higher sensitivity.ratios"
+        )
+    return round(found, 4)
+
+
+def _variant_digest(vparams: dict[str, Any], kind: str, trained_digest: str, base_digest: str) -> str:
+    """What a variant's results depend on: the sweep only if it allocates from it."""
+    keyed = copy.deepcopy(vparams)
+    if not keyed.get("sensitivity", {}).get("bn_recalibration_samples", 1):
+        del keyed["sensitivity"]["bn_recalibration_samples"]  # off keys as absent, as in the base digest
+    uses_sweep = kind == "pruned" and keyed.get("prune", {}).get("use_sensitivity", True)
+    return _digest(base_digest if uses_sweep else trained_digest, keyed, kind)
 
 
 def _done(marker: Path, digest: str) -> bool:
@@ -239,15 +262,22 @@ def prepare_workload(
     base = Layout(work / "base")
     # The allocation cap (max_layer_ratio) is each variant's choice; the sweep does not depend on it.
     sweep = {k: v for k, v in params.get("sensitivity", {}).items() if k != "max_layer_ratio"}
+    if sweep.pop("bn_recalibration_samples", 0):  # off keys as absent: runs from before it stay valid
+        sweep["bn_recalibration"] = [params["sensitivity"]["bn_recalibration_samples"], params["prune"].get("seed", 0)]
+    # Each shared stage is keyed by what it depends on, so a changed sweep does not retrain.
+    trained_digest = _digest(params.get("validate"), params.get("train"))
     base_digest = _digest(params.get("validate"), params.get("train"), sweep, params["prune"]["method"])
     marker = base.root / "done.json"
     if not _done(marker, base_digest):
         base.root.mkdir(parents=True, exist_ok=True)
-        for stage in ("validate", "train", "sensitivity"):
+        stages = ("validate", "train", "sensitivity")
+        if marker.exists() and read_json(marker).get("trained") == trained_digest:
+            stages = ("sensitivity",)
+        for stage in stages:
             started = time.perf_counter()
             _run_stage(stage, params, base)
             log(f"[{workload.name}] base: {stage} done in {time.perf_counter() - started:.0f} s")
-        dump_json({"digest": base_digest}, marker)
+        dump_json({"digest": base_digest, "trained": trained_digest}, marker)
     dirs: dict[str, Path] = {}
     failed: dict[str, str] = {}
     macs_of: dict[str, int] = {}
@@ -267,7 +297,7 @@ def prepare_workload(
             log(f"[{workload.name}] {variant.name}: target_ratio {overrides['prune.target_ratio']} for the same MACs")
         vparams = _merged(params, {}, overrides)
         layout = Layout(work / variant.name)
-        digest = _digest(base_digest, vparams, variant.kind)
+        digest = _variant_digest(vparams, variant.kind, trained_digest, base_digest)
         vmarker = layout.root / "done.json"
         if not _done(vmarker, digest):
             if layout.root.exists():

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator
 
 from pruneops.errors import ConfigError
 
@@ -75,6 +75,10 @@ class SensitivityConfig(StageConfig):
     ratios: list[Ratio] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
     importance: str = "l2"
     max_layer_ratio: Ratio = 0.9
+    # Re-estimate BatchNorm statistics on this many training samples before scoring each trial:
+    # without it a pruned residual group collapses to chance, every ratio looks equally bad and
+    # the allocation learns nothing (adaptive BN, Li et al. 2020, "EagleEye"). 0 turns it off.
+    bn_recalibration_samples: NonNegativeInt = 0
     batch_size: PositiveInt = 256
     threads: PositiveInt = 2
 

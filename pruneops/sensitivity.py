@@ -6,6 +6,7 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -20,7 +21,7 @@ from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, allocate_ratios, 
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks
-from pruneops.training import evaluate
+from pruneops.training import evaluate, recalibrate_batchnorm_
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,12 @@ def sweep_units(
     input_shape: list[int],
     batch_size: int,
     baseline: tuple[float, float],
+    calibration: np.ndarray | None = None,
 ) -> tuple[dict[str, dict], dict[str, float]]:
     """Prunes each structured unit alone at each ratio: curves, and each unit's MAC weight.
 
-    `baseline` is the unpruned model's validation (accuracy, loss).
+    `baseline` is the unpruned model's validation (accuracy, loss); with `calibration` inputs,
+    each trial's BatchNorm statistics are re-estimated on them before it is scored.
     """
     base_acc, base_loss = baseline
     example = torch.from_numpy(val.x[:1])
@@ -73,6 +76,8 @@ def sweep_units(
             continue
         trial = copy.deepcopy(base)
         UnitPruner(trial, example, criterion).prune_to_({name: keep})
+        if calibration is not None:
+            recalibrate_batchnorm_(trial, calibration, batch_size)
         _record(curve, effective, trial, val, batch_size, base_acc, base_loss)
         curve["mac_saving"].append(base_macs - count_macs(trial, input_shape))
     # A unit's weight is the MACs one removed fraction of it saves, so the target tracks compute.
@@ -84,11 +89,17 @@ def sweep_units(
 
 
 def sweep_layers(
-    base: torch.nn.Module, val: Split, ratios: list[float], batch_size: int, baseline: tuple[float, float]
+    base: torch.nn.Module,
+    val: Split,
+    ratios: list[float],
+    batch_size: int,
+    baseline: tuple[float, float],
+    calibration: np.ndarray | None = None,
 ) -> tuple[dict[str, dict], dict[str, float]]:
     """Magnitude-prunes each layer's weights alone at each ratio: curves, and weight counts.
 
-    `baseline` is the unpruned model's validation (accuracy, loss).
+    `baseline` is the unpruned model's validation (accuracy, loss); `calibration` as in
+    `sweep_units`.
     """
     base_acc, base_loss = baseline
     curves = {n: _empty_curve("weights", w.numel()) for n, w in prunable_weights(base).items()}
@@ -98,6 +109,8 @@ def sweep_layers(
         w = prunable_weights(trial)[name]
         masks = topk_masks({name: w.detach().abs()}, {name: ratio}, "layer")
         apply_masks_(trial, masks)
+        if calibration is not None:
+            recalibrate_batchnorm_(trial, calibration, batch_size)
         _record(curves[name], ratio, trial, val, batch_size, base_acc, base_loss)
     return curves, {n: float(c["size"]) for n, c in curves.items()}
 
@@ -141,12 +154,16 @@ def analyze_sensitivity(
     if criterion.needs_grad:
         accumulate_grads_(base, train, 4, 64)
     base_acc, base_loss = evaluate(base, val, config.batch_size)
+    calibration = None
+    if config.bn_recalibration_samples > 0:
+        picks = np.random.default_rng(prune.seed).permutation(len(train.x))[: config.bn_recalibration_samples]
+        calibration = train.x[np.sort(picks)]
     if structured:
         curves, weights = sweep_units(
-            base, val, criterion, config.ratios, meta.input_shape, config.batch_size, (base_acc, base_loss)
+            base, val, criterion, config.ratios, meta.input_shape, config.batch_size, (base_acc, base_loss), calibration
         )
     else:
-        curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, (base_acc, base_loss))
+        curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, (base_acc, base_loss), calibration)
     granularity = "units" if structured else "layers"
     allocation = allocate_ratios(curves, weights, target_ratio, config.max_layer_ratio)
     achieved = sum(weights[n] * r for n, r in allocation.items()) / max(sum(weights.values()), 1)

@@ -88,6 +88,33 @@ def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> to
     return torch.cat([model(xs[i : i + batch_size]) for i in range(0, len(xs), batch_size)])
 
 
+@torch.no_grad()
+def recalibrate_batchnorm_(model: nn.Module, x: np.ndarray, batch_size: int = 256) -> bool:
+    """Re-estimates every BatchNorm's running statistics on `x` (forward passes, no training).
+
+    The statistics become the plain average over `x`, as in adaptive-BN evaluation of pruned
+    candidates; the model is left in eval mode.
+
+    Returns:
+        Whether the model had BatchNorm layers to recalibrate.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms or len(x) == 0:
+        return False
+    saved = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average over the batches below
+    model.train()
+    xs = torch.from_numpy(x)
+    for i in range(0, len(xs), batch_size):
+        model(xs[i : i + batch_size])
+    for m, momentum in zip(norms, saved, strict=True):
+        m.momentum = momentum
+    model.eval()
+    return True
+
+
 def evaluate(model: nn.Module, split: Split, batch_size: int = 512) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of `model` on `split`."""
     logits = predict_logits(model, split.x, batch_size)

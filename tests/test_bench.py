@@ -144,3 +144,19 @@ def test_pareto_front_keeps_only_unbeaten_points():
 
     rows = [row("slow-best", 1.0, 0.99), row("fast-poor", 0.1, 0.90), row("beaten", 0.5, 0.89), row("mid", 0.3, 0.95)]
     assert [r["name"] for r in pareto_front(rows)] == ["fast-poor", "mid", "slow-best"]
+
+
+def test_mac_budget_search_skips_targets_out_of_the_sweeps_reach(monkeypatch):
+    from pruneops import bench
+    from pruneops.errors import ConfigError
+
+    def fake_macs(base, params, target):
+        if target > 0.8:  # beyond the allocation cap: the allocation refuses
+            raise ConfigError("out of reach")
+        return int(1000 * (1 - target) ** 2)
+
+    monkeypatch.setattr(bench, "predicted_macs", fake_macs)
+    found = bench.target_for_macs(None, {}, budget=100, iterations=20)
+    assert 0.68 <= found <= 0.69  # 1000 * (1 - t)^2 <= 100  <=>  t >= 0.684
+    with pytest.raises(ConfigError, match="no prune.target_ratio"):
+        bench.target_for_macs(None, {}, budget=10)

@@ -48,3 +48,24 @@ def test_distillation_pulls_student_towards_teacher(tmp_path):
         agree_after = (student(xs).argmax(1) == t).float().mean()
         agree_before = (untrained(xs).argmax(1) == t).float().mean()
     assert agree_after > 0.85 > agree_before
+
+
+def test_recalibrate_batchnorm_sets_running_stats_to_the_data_statistics():
+    from pruneops.training import recalibrate_batchnorm_
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+    bn = torch.nn.BatchNorm2d(4)
+    model = torch.nn.Sequential(conv, bn, torch.nn.ReLU()).eval()
+    bn.running_mean.fill_(5.0)  # stale statistics, as after a channel was cut away upstream
+    bn.running_var.fill_(9.0)
+    x = (torch.randn(320, 1, 8, 8) * 2 + 1).numpy()  # whole batches: the average of batch means is the mean
+    assert recalibrate_batchnorm_(model, x, batch_size=64)
+    with torch.no_grad():
+        h = conv(torch.from_numpy(x))
+    expected_mean = h.mean(dim=(0, 2, 3))
+    # Cumulative average of per-batch statistics: the mean exactly, the (unbiased) variance closely.
+    torch.testing.assert_close(bn.running_mean, expected_mean, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(bn.running_var, h.var(dim=(0, 2, 3)), atol=0.05, rtol=0.02)
+    assert not model.training and bn.momentum == 0.1
+    assert not recalibrate_batchnorm_(torch.nn.Linear(3, 2), x)
