@@ -234,11 +234,22 @@ def target_for_macs(base: Layout, params: dict[str, Any], budget: int, iteration
     return round(found, 4)
 
 
+# Options added after runs were recorded, keyed only when on so that those runs stay valid.
+_KEYED_WHEN_ON = (("sensitivity", "bn_recalibration_samples"), ("prune", "bn_recalibration_samples"))
+
+
+def _keyed(params: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `params` without the `_KEYED_WHEN_ON` options that are off (0)."""
+    keyed = copy.deepcopy(params)
+    for section, key in _KEYED_WHEN_ON:
+        if key in keyed.get(section, {}) and not keyed[section][key]:
+            del keyed[section][key]
+    return keyed
+
+
 def _variant_digest(vparams: dict[str, Any], kind: str, trained_digest: str, base_digest: str) -> str:
     """What a variant's results depend on: the sweep only if it allocates from it."""
-    keyed = copy.deepcopy(vparams)
-    if not keyed.get("sensitivity", {}).get("bn_recalibration_samples", 1):
-        del keyed["sensitivity"]["bn_recalibration_samples"]  # off keys as absent, as in the base digest
+    keyed = _keyed(vparams)
     uses_sweep = kind == "pruned" and keyed.get("prune", {}).get("use_sensitivity", True)
     return _digest(base_digest if uses_sweep else trained_digest, keyed, kind)
 
@@ -261,9 +272,9 @@ def prepare_workload(
     params = _merged(base_params, workload.params, {})
     base = Layout(work / "base")
     # The allocation cap (max_layer_ratio) is each variant's choice; the sweep does not depend on it.
-    sweep = {k: v for k, v in params.get("sensitivity", {}).items() if k != "max_layer_ratio"}
-    if sweep.pop("bn_recalibration_samples", 0):  # off keys as absent: runs from before it stay valid
-        sweep["bn_recalibration"] = [params["sensitivity"]["bn_recalibration_samples"], params["prune"].get("seed", 0)]
+    sweep = {k: v for k, v in _keyed(params).get("sensitivity", {}).items() if k != "max_layer_ratio"}
+    if "bn_recalibration_samples" in sweep:  # its draw of samples follows prune.seed
+        sweep["bn_recalibration"] = [sweep.pop("bn_recalibration_samples"), params["prune"].get("seed", 0)]
     # Each shared stage is keyed by what it depends on, so a changed sweep does not retrain.
     trained_digest = _digest(params.get("validate"), params.get("train"))
     base_digest = _digest(params.get("validate"), params.get("train"), sweep, params["prune"]["method"])

@@ -102,6 +102,7 @@ class PruneConfig(StageConfig):
     use_sensitivity: bool = True
     round_to: PositiveInt | None = None
     epochs_per_step: Annotated[int, Field(ge=0)] = 2
+    bn_recalibration_samples: NonNegativeInt = 0
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-3
     batch_size: PositiveInt = 64
     seed: int = 0

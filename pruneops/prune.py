@@ -16,7 +16,7 @@ from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.plots import plot_history
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, layer_shapes, sparsity_report
 from pruneops.pruning.masks import save_masks
-from pruneops.training import FitSettings, evaluate, fit_
+from pruneops.training import FitSettings, calibration_subset, evaluate, fit_, recalibrate_batchnorm_
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,13 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         # Movement scores come from training: gather them before the first step prunes.
         tune(max(config.epochs_per_step, 1), config.seed, "prune warm-up")
     bar = tqdm(list(enumerate(schedule, 1)), desc="prune", unit="step", disable=None, leave=False)
+    # Removing channels changes every later layer's input statistics; re-estimating BatchNorm's
+    # running stats (adaptive BN) gives each step's fine-tuning a sound start at no training cost.
+    calibration = calibration_subset(train.x, config.bn_recalibration_samples, config.seed)
     for step, fraction in bar:
         method.apply_(model, fraction)
+        if calibration is not None:
+            recalibrate_batchnorm_(model, calibration, 256)
         if config.epochs_per_step:
             tune(config.epochs_per_step, config.seed + step, f"prune step {step}")
         history.append(record(step, fraction))

@@ -18,10 +18,11 @@ from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
 from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, allocate_ratios, round_keep
+from pruneops.pruning.allocation import interpolated_drop
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks
-from pruneops.training import evaluate, recalibrate_batchnorm_
+from pruneops.training import calibration_subset, evaluate, recalibrate_batchnorm_
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,7 @@ def analyze_sensitivity(
     if criterion.needs_grad:
         accumulate_grads_(base, train, 4, 64)
     base_acc, base_loss = evaluate(base, val, config.batch_size)
-    calibration = None
-    if config.bn_recalibration_samples > 0:
-        picks = np.random.default_rng(prune.seed).permutation(len(train.x))[: config.bn_recalibration_samples]
-        calibration = train.x[np.sort(picks)]
+    calibration = calibration_subset(train.x, config.bn_recalibration_samples, prune.seed)
     if structured:
         curves, weights = sweep_units(
             base, val, criterion, config.ratios, meta.input_shape, config.batch_size, (base_acc, base_loss), calibration
@@ -173,11 +171,7 @@ def analyze_sensitivity(
             f"sensitivity.ratios up to {max(config.ratios)} and sensitivity.max_layer_ratio "
             f"{config.max_layer_ratio}); add higher ratios, raise max_layer_ratio or lower the target"
         )
-    cost = 0.0
-    for name, r in allocation.items():
-        c = curves[name]
-        if r > 0:
-            cost += max(c["accuracy_drop"][: c["ratios"].index(r) + 1])
+    cost = sum(interpolated_drop(curves[name], r) for name, r in allocation.items())
     evaluations = sum(len(c["ratios"]) for c in curves.values())
     out_dir, metrics_path, plots_dir = (
         layout.stage_dir("sensitivity"),

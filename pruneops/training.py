@@ -88,6 +88,14 @@ def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> to
     return torch.cat([model(xs[i : i + batch_size]) for i in range(0, len(xs), batch_size)])
 
 
+def calibration_subset(x: np.ndarray, n: int, seed: int) -> np.ndarray | None:
+    """`n` rows of `x` drawn without replacement by `seed` (in their original order); None for 0."""
+    if n <= 0:
+        return None
+    picks = np.random.default_rng(seed).permutation(len(x))[:n]
+    return x[np.sort(picks)]
+
+
 @torch.no_grad()
 def recalibrate_batchnorm_(model: nn.Module, x: np.ndarray, batch_size: int = 256) -> bool:
     """Re-estimates every BatchNorm's running statistics on `x` (forward passes, no training).

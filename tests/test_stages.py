@@ -87,3 +87,33 @@ def test_benchmark_stage_reports_every_model(pipeline_dir):
     table = (pipeline_dir / "artifacts/benchmark/benchmark.md").read_text()
     assert "| pruned_int8 |" in table
     assert np.isfinite(json.loads((pipeline_dir / "plots/benchmark/frontier.json").read_text())[0]["latency_b1_ms"])
+
+
+def test_prune_stage_recalibrates_batchnorm_after_each_step(pipeline_dir, tmp_path):
+    import shutil
+
+    import torch
+
+    from pruneops.cli import run_stage
+    from pruneops.data import load_prepared
+    from pruneops.io import Layout
+    from pruneops.training import calibration_subset, recalibrate_batchnorm_
+    from tests.conftest import tiny_params, write_params
+
+    models = {}
+    for samples in (0, 256):
+        root = tmp_path / str(samples)
+        for stage in ("validate", "train", "sensitivity"):
+            shutil.copytree(pipeline_dir / "artifacts" / stage, root / "artifacts" / stage)
+        prune = {"schedule": "oneshot", "steps": 1, "epochs_per_step": 0, "bn_recalibration_samples": samples}
+        run_stage("prune", write_params(root, tiny_params(prune=prune)), root)
+        models[samples] = load_checkpoint(root / "artifacts/prune/model.safetensors").model
+    # Same channels cut either way; only the BatchNorm buffers differ, and they are the data's.
+    _, train, _, _ = load_prepared(Layout(tmp_path / "0").stage_dir("validate"))
+    stale, fresh = models[0].state_dict(), models[256].state_dict()
+    assert {k: v.shape for k, v in stale.items()} == {k: v.shape for k, v in fresh.items()}
+    means = [k for k in stale if k.endswith("running_mean")]
+    assert means and all(not torch.allclose(stale[k], fresh[k], atol=1e-3) for k in means)
+    recalibrate_batchnorm_(models[0], calibration_subset(train.x, 256, 0), 256)
+    for key, value in models[0].state_dict().items():
+        torch.testing.assert_close(value, fresh[key], atol=1e-5, rtol=1e-5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 
 def _monotone(values: list[float]) -> list[float]:
     """Running maximum, clamped at 0: removing more never helps (noise aside)."""
@@ -30,7 +32,8 @@ def allocate_ratios(
         max_ratio: No unit loses more than this fraction.
 
     Returns:
-        Ratio per unit (0.0 for units left alone).
+        Ratio per unit (0.0 for units left alone): measured ratios, except that the unit moved
+        last stops between two of them where the target is met exactly.
     """
     points: dict[str, list[tuple[float, float]]] = {}
     for name, c in curves.items():
@@ -48,6 +51,7 @@ def allocate_ratios(
     def removed() -> float:
         return sum(sizes[n] * points[n][position[n]][0] for n in points)
 
+    last = None
     while removed() + 1e-9 < need:
         best = None
         for name, pts in points.items():
@@ -62,5 +66,22 @@ def allocate_ratios(
                     best = (key, name, j)
         if best is None:
             break
+        last = (best[1], position[best[1]])
         position[best[1]] = best[2]
-    return {name: points[name][position[name]][0] for name in points}
+    ratios = {name: points[name][position[name]][0] for name in points}
+    if last is not None and removed() > need + 1e-9:
+        # The last move overshoots the target: that unit takes only what is still needed, between
+        # the two measured ratios, so the achieved ratio (and the MACs) follow the target smoothly.
+        name, before = last
+        short = need - (removed() - sizes[name] * ratios[name])
+        ratios[name] = max(points[name][before][0], short / sizes[name])
+    return ratios
+
+
+def interpolated_drop(curve: dict, ratio: float) -> float:
+    """The accuracy drop a unit showed alone at `ratio`, linear between measured ratios."""
+    pts = [(0.0, 0.0)] + list(zip(curve["ratios"], _monotone(curve["accuracy_drop"]), strict=True))
+    for (r0, d0), (r1, d1) in itertools.pairwise(pts):
+        if r0 <= ratio <= r1:
+            return d0 if r1 == r0 else d0 + (d1 - d0) * (ratio - r0) / (r1 - r0)
+    return pts[-1][1]

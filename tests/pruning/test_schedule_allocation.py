@@ -1,6 +1,7 @@
 import pytest
 
 from pruneops.pruning import SCHEDULES, allocate_ratios, round_keep
+from pruneops.pruning.allocation import interpolated_drop
 
 
 def test_cubic_schedule_follows_zhu_gupta():
@@ -30,16 +31,44 @@ def test_allocation_meets_target_and_spares_the_sensitive_unit():
         "fragile": {"ratios": grid, "accuracy_drop": [0.2, 0.5, 0.9]},
     }
     alloc = allocate_ratios(curves, {"robust": 100, "fragile": 100}, target=0.35, max_ratio=0.75)
-    assert alloc["robust"] == 0.75 and alloc["fragile"] == 0.0
+    # The robust unit's last step (0.5 -> 0.75) overshoots, so it stops where the target is met.
+    assert alloc["robust"] == pytest.approx(0.70) and alloc["fragile"] == 0.0
     achieved = (100 * alloc["robust"] + 100 * alloc["fragile"]) / 200
-    assert achieved >= 0.35
+    assert achieved == pytest.approx(0.35)
 
 
 def test_allocation_weights_by_cost():
     grid = [0.5]
     curves = {"cheap": {"ratios": grid, "accuracy_drop": [0.01]}, "costly": {"ratios": grid, "accuracy_drop": [0.01]}}
     alloc = allocate_ratios(curves, {"cheap": 1.0, "costly": 99.0}, target=0.4, max_ratio=0.9)
-    assert alloc == {"cheap": 0.0, "costly": 0.5}
+    assert alloc["cheap"] == 0.0 and alloc["costly"] == pytest.approx(40 / 99)
+
+
+def test_allocation_follows_the_target_smoothly_and_never_below_a_measured_step():
+    grid = [0.25, 0.5, 0.75]
+    curves = {
+        "a": {"ratios": grid, "accuracy_drop": [0.0, 0.01, 0.3]},
+        "b": {"ratios": grid, "accuracy_drop": [0.0, 0.02, 0.05]},
+    }
+    sizes = {"a": 30.0, "b": 70.0}
+    previous = None
+    for target in [i / 100 for i in range(5, 71, 5)]:
+        alloc = allocate_ratios(curves, sizes, target, max_ratio=0.75)
+        achieved = sum(sizes[n] * r for n, r in alloc.items()) / 100
+        assert achieved == pytest.approx(target, abs=1e-9)
+        if previous is not None:
+            # Raising the target never gives a unit back more than the step it was interpolating.
+            assert sum(alloc.values()) >= sum(previous.values()) - 1e-9
+        previous = alloc
+
+
+def test_interpolated_drop_is_linear_between_measured_ratios_and_monotone():
+    curve = {"ratios": [0.25, 0.5, 0.75], "accuracy_drop": [0.02, 0.01, 0.1]}  # noise: 0.01 < 0.02
+    assert interpolated_drop(curve, 0.0) == 0.0
+    assert interpolated_drop(curve, 0.125) == pytest.approx(0.01)
+    assert interpolated_drop(curve, 0.5) == pytest.approx(0.02)  # running maximum
+    assert interpolated_drop(curve, 0.625) == pytest.approx(0.06)
+    assert interpolated_drop(curve, 0.9) == pytest.approx(0.1)
 
 
 def test_unreachable_target_stops_at_max_ratio():
