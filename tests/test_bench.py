@@ -160,3 +160,27 @@ def test_mac_budget_search_skips_targets_out_of_the_sweeps_reach(monkeypatch):
     assert 0.68 <= found <= 0.69  # 1000 * (1 - t)^2 <= 100  <=>  t >= 0.684
     with pytest.raises(ConfigError, match="no prune.target_ratio"):
         bench.target_for_macs(None, {}, budget=10)
+
+
+def test_targets_are_missed_when_the_validation_pick_fails_on_test(bench_run):
+    from pruneops.bench import machine_info, render_markdown
+    from pruneops.config import BenchmarkConfig
+
+    _, _, report, _ = bench_run
+    config = BenchConfig(**BENCH)
+    rows, pick = report.rows, report.selected["digits-cnn"]
+    timing = BenchmarkConfig(**BENCH["timing"])
+
+    def verdicts(test_drop: float) -> list[str]:
+        changed = {"digits-cnn": {**pick, "test_drop_points": test_drop}}
+        text = render_markdown(config, rows, changed, {}, machine_info(1), timing, "cmd")
+        return [line for line in text.splitlines() if line.startswith("- target ")]
+
+    budget = BENCH["workloads"][0]["max_accuracy_drop_points"]
+    # Where the speed-ups themselves reach the goal, only the test drop decides.
+    inside, outside = verdicts(budget - 0.01), verdicts(budget + 0.01)
+    assert len(inside) == len(outside) == 2
+    assert all("**missed**" in line for line in outside)
+    assert [("met" in a and "missed" not in a) for a in inside] == [
+        pick[k] >= g for k, g in (("speedup_b1", 1.5), ("size_reduction", 2.0))
+    ]
