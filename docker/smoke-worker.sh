@@ -34,7 +34,9 @@ dense, pruned = models["dense_fp32"], models["pruned_int8"]
 mac_ratio = dense["macs"] / pruned["macs"]
 drop = dense["test_accuracy"] - pruned["test_accuracy"]
 print(json.dumps({"dense_acc": dense["test_accuracy"], "pruned_int8_acc": pruned["test_accuracy"], "mac_ratio": mac_ratio}))
-if not (mac_ratio > 4 and drop < 0.02):
+# prune.target_ratio 0.5 halves the channel counts (MAC-weighted): ideally 4x fewer MACs, less
+# the stem's input side and the classifier, which are not pruned.
+if not (mac_ratio > 3.5 and drop < 0.02):
     sys.exit(f"FAIL: pruned model off target (MACs {mac_ratio:.2f}x fewer, accuracy drop {drop:.4f})")
 PY
 port=${SMOKE_PREFECT_PORT:-14200}
