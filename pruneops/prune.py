@@ -129,7 +129,7 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
     for step, fraction in bar:
         method.apply_(model, fraction)
         if calibration is not None:
-            recalibrate_batchnorm_(model, calibration, 256)
+            recalibrate_batchnorm_(model, calibration)
         if config.epochs_per_step:
             tune(config.epochs_per_step, config.seed + step, f"prune step {step}")
         history.append(record(step, fraction))
