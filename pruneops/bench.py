@@ -156,13 +156,13 @@ def reallocate_(sensitivity_dir: Path, target: float, dst_dir: Path, max_ratio: 
         The weighted ratio the allocation reaches.
     """
     from pruneops.pruning import allocate_ratios
+    from pruneops.pruning.allocation import achieved_ratio
 
     sweep = read_json(sensitivity_dir / "sensitivity.json")
     alloc = read_json(sensitivity_dir / "allocation.json")
     max_ratio = alloc["max_layer_ratio"] if max_ratio is None else max_ratio
     ratios = allocate_ratios(sweep["units"], alloc["weights"], target, max_ratio)
-    weights = alloc["weights"]
-    achieved = sum(weights[n] * r for n, r in ratios.items()) / max(sum(weights.values()), 1)
+    achieved = achieved_ratio(ratios, alloc["weights"])
     if achieved + 1e-9 < target:
         raise ConfigError(
             f"prune.target_ratio: {target} is out of reach of the sweep (at most {achieved:.3f} with units capped "

@@ -18,7 +18,7 @@ from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
 from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, allocate_ratios, round_keep
-from pruneops.pruning.allocation import interpolated_drop
+from pruneops.pruning.allocation import achieved_ratio, interpolated_drop
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks
@@ -164,7 +164,7 @@ def analyze_sensitivity(
         curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, (base_acc, base_loss), calibration)
     granularity = "units" if structured else "layers"
     allocation = allocate_ratios(curves, weights, target_ratio, config.max_layer_ratio)
-    achieved = sum(weights[n] * r for n, r in allocation.items()) / max(sum(weights.values()), 1)
+    achieved = achieved_ratio(allocation, weights)
     if prune.use_sensitivity and achieved + 1e-9 < target_ratio:
         raise ConfigError(
             f"prune.target_ratio: {target_ratio} is out of reach of the sweep (at most {achieved:.3f} with "

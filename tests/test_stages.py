@@ -114,6 +114,6 @@ def test_prune_stage_recalibrates_batchnorm_after_each_step(pipeline_dir, tmp_pa
     assert {k: v.shape for k, v in stale.items()} == {k: v.shape for k, v in fresh.items()}
     means = [k for k in stale if k.endswith("running_mean")]
     assert means and all(not torch.allclose(stale[k], fresh[k], atol=1e-3) for k in means)
-    recalibrate_batchnorm_(models[0], calibration_subset(train.x, 256, 0), 256)
+    recalibrate_batchnorm_(models[0], calibration_subset(train.x, 256, 0))
     for key, value in models[0].state_dict().items():
         torch.testing.assert_close(value, fresh[key], atol=1e-5, rtol=1e-5)

@@ -78,6 +78,11 @@ def allocate_ratios(
     return ratios
 
 
+def achieved_ratio(ratios: dict[str, float], sizes: dict[str, float]) -> float:
+    """The weighted mean ratio an allocation removes (the quantity `target` constrains)."""
+    return sum(sizes[n] * r for n, r in ratios.items()) / max(sum(sizes.values()), 1)
+
+
 def interpolated_drop(curve: dict, ratio: float) -> float:
     """The accuracy drop a unit showed alone at `ratio`, linear between measured ratios."""
     pts = [(0.0, 0.0)] + list(zip(curve["ratios"], _monotone(curve["accuracy_drop"]), strict=True))
