@@ -16,7 +16,7 @@ from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 from flows.drift import DRIFT_EVENT, DRIFT_RESOURCE, drift_check
 from flows.pipeline import pruning_pipeline
 from flows.reprune import reprune
-from tasks.params import reprune_config
+from pruneops.stages import load_section
 
 # One re-prune at a time; a trigger arriving while one runs is cancelled, not queued.
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
@@ -24,7 +24,7 @@ ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLi
 
 def build_deployments(project_dir: str) -> list:
     """The three deployments of a project."""
-    cfg = reprune_config(project_dir)
+    cfg = load_section(project_dir, "reprune")
     return [
         pruning_pipeline.to_deployment(
             name="pipeline", parameters={"project_dir": project_dir}, concurrency_limit=ONE_AT_A_TIME

@@ -11,7 +11,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.events import emit_event
 
-from tasks.params import reprune_config
+from pruneops.stages import load_section
 
 DRIFT_EVENT = "pruneops.drift.detected"
 DRIFT_RESOURCE = {"prefect.resource.id": "pruneops.drift"}
@@ -39,7 +39,7 @@ def drift_check(project_dir: str = ".", periodic: bool = False) -> dict[str, Any
         periodic: Emit regardless of the score (a plain scheduled re-prune).
     """
     logger = get_run_logger()
-    cfg = reprune_config(project_dir)
+    cfg = load_section(project_dir, "reprune")
     score = read_drift_score(cfg.drift_source)
     crossed = score is not None and score > cfg.drift_threshold
     logger.info("drift score %s (threshold %s)%s", score, cfg.drift_threshold, " -> re-prune" if crossed else "")

@@ -1,23 +1,26 @@
-"""`pruning_pipeline`: the eight DVC stages in order, with an optional set of param overrides."""
+"""`pruning_pipeline`: the stages in order, in the workspace or, with overrides, as a DVC experiment."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from pruneops.benchmark import markdown_table
-from tasks.params import apply_overrides
-from tasks.stages import STAGES, run_stage
+from pruneops.config import read_params
+from pruneops.experiments import apply_overrides, project_lock
+from tasks.stages import STAGES, run_experiment_task, run_stage
 
 
-def summary_markdown(metrics: dict[str, dict]) -> str:
+def summary_markdown(metrics: dict[str, dict], where: str) -> str:
     """Baseline vs pruned vs int8: accuracy, params, MACs, latency, size (from `benchmark`)."""
     bench = metrics["benchmark"]
     batch_sizes = sorted(int(b) for b in next(iter(bench["models"].values()))["latency"])
     return (
-        "# PruneOps pipeline run\n\n"
+        f"# PruneOps pipeline run ({where})\n\n"
         + markdown_table(bench["models"], batch_sizes)
         + f"\nMAC reduction {bench['mac_reduction']:.2f}x; batch-1 speed-up of pruned int8 "
         f"{bench['speedup_b1_pruned_int8_vs_dense']:.2f}x on {bench['machine']['cpu']}.\n"
@@ -25,21 +28,34 @@ def summary_markdown(metrics: dict[str, dict]) -> str:
 
 
 @flow(name="pruning-pipeline", log_prints=True)
-def pruning_pipeline(overrides: dict[str, Any] | None = None, project_dir: str = ".") -> dict[str, dict]:
+def pruning_pipeline(overrides: dict[str, Any] | None = None, project_dir: str = ".") -> dict[str, Any]:
     """Runs validate -> ... -> benchmark through DVC and publishes a summary artifact.
 
     Args:
-        overrides: Dotted param keys and values written to params.yaml first
-            (e.g. `{"prune.target_ratio": 0.7}`); validated before anything runs.
+        overrides: Dotted param keys and values (e.g. `{"prune.target_value": 0.7}`), validated
+            before anything runs. With overrides the run is a DVC experiment in its own worktree
+            (`pruneops.experiments`); `params.yaml` is never written.
         project_dir: The PruneOps project (where dvc.yaml lives).
 
     Returns:
-        Each stage's metrics. A failing stage fails the flow with that stage's error.
+        Each stage's metrics; with overrides also `experiment`, its name (`dvc exp show -A`
+        lists it, `dvc exp apply` brings its outputs into the workspace).
     """
+    project = Path(project_dir).resolve()
     if overrides:
-        apply_overrides(project_dir, overrides)
-    metrics: dict[str, dict] = {}
-    for stage in STAGES:
-        metrics[stage] = run_stage(stage, project_dir)
-    create_markdown_artifact(summary_markdown(metrics), key="pruning-summary", description="baseline vs pruned vs int8")
+        apply_overrides(read_params(project / "params.yaml"), overrides)  # refuse bad ones before the lock
+    with project_lock(project, "pruning-pipeline"):
+        if overrides:
+            experiment = run_experiment_task(str(project), overrides, f"pipeline-{time.strftime('%Y%m%d-%H%M%S')}")
+            metrics: dict[str, Any] = experiment.metrics()
+            where = f"experiment {experiment.name}"
+            experiment.remove()  # its outputs stay in the DVC cache, its record in git refs
+        else:
+            metrics = {stage: run_stage(stage, str(project)) for stage in STAGES}
+            where = "workspace"
+    create_markdown_artifact(
+        summary_markdown(metrics, where), key="pruning-summary", description="baseline vs pruned vs int8"
+    )
+    if overrides:
+        metrics["experiment"] = experiment.name
     return metrics

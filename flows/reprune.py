@@ -1,49 +1,28 @@
-"""`reprune`: version new data, re-run the pipeline, promote the candidate only if it is as good."""
+"""`reprune`: version new data, re-run the pipeline on it as a DVC experiment, promote only if as good.
+
+The workspace is not touched beyond versioning the new data (`dvc add`): its params.yaml and data
+source stay as they are; the experiment runs in its own worktree (`pruneops.experiments`).
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from flows.pipeline import pruning_pipeline
 from pruneops.config import read_params
 from pruneops.data import Split, load_split
-from pruneops.io import dump_json
+from pruneops.experiments import Experiment, LockHeld, project_lock, run_logged
+from pruneops.io import Layout, dump_json
 from pruneops.model_registry import ModelRegistry, git_revision
 from pruneops.promotion import decide_promotion, evaluate_onnx
-from tasks.params import reprune_config
-from tasks.stages import run_streamed
-
-LOCK_NAME = ".reprune.lock"
-STALE_LOCK_S = 6 * 3600
-
-
-@contextmanager
-def reprune_lease(registry_dir: Path):
-    """Yields True for the one run that holds the lease, False for any run started meanwhile."""
-    registry_dir.mkdir(parents=True, exist_ok=True)
-    lock = registry_dir / LOCK_NAME
-    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-        lock.unlink(missing_ok=True)  # left by a run that died
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        yield False
-        return
-    try:
-        os.write(fd, f"{os.getpid()} {time.time()}\n".encode())
-        os.close(fd)
-        yield True
-    finally:
-        lock.unlink(missing_ok=True)
+from pruneops.stages import load_section
+from tasks.stages import run_experiment_task
 
 
 @task(task_run_name="version-data")
@@ -58,7 +37,7 @@ def version_data(project_dir: str, data_path: str) -> dict[str, str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
         source = target
-    code, tail = run_streamed(["dvc", "add", str(source.relative_to(project))], str(project), get_run_logger())
+    code, tail = run_logged(["dvc", "add", str(source.relative_to(project))], project, get_run_logger().info)
     if code != 0:
         raise RuntimeError(f"dvc add {source} failed: {tail[-1] if tail else ''}")
     meta = Path(f"{source}.dvc").read_text()
@@ -66,19 +45,61 @@ def version_data(project_dir: str, data_path: str) -> dict[str, str]:
     return {"path": str(source.relative_to(project)), "md5": md5}
 
 
-def dataset_overrides(path: str) -> dict[str, Any]:
-    """Params that point `validate` at a data file (NPZ, or CSV/Parquet tables)."""
+def dataset_overrides(project: Path, path: str) -> dict[str, Any]:
+    """Params that point the experiment's `validate` at a data file (NPZ, or CSV/Parquet tables)."""
     kind = "npz" if path.endswith(".npz") else "table"
-    return {"validate.dataset": kind, "validate.path": path}
+    # Absolute: the experiment's worktree has the data's .dvc file only once it is committed.
+    return {"validate.dataset": kind, "validate.path": str((project / path).resolve())}
 
 
-def holdout_split(registry_dir: Path, project: Path) -> Split:
-    """The frozen held-out test set: copied from the first run's test split, then never changed."""
+def holdout_split(registry_dir: Path, fallback: Layout) -> Split:
+    """The frozen held-out test set: copied once (from the workspace's own test split when it has one)."""
     holdout = registry_dir / "holdout"
     if not (holdout / "test.npz").exists():
         holdout.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(project / "artifacts" / "validate" / "test.npz", holdout / "test.npz")
+        shutil.copyfile(fallback.stage_dir("validate") / "test.npz", holdout / "test.npz")
     return load_split(holdout, "test")
+
+
+def gate(project: Path, experiment: Experiment, data: dict, reason: str) -> dict[str, Any]:
+    """Registers the experiment's model and promotes it only if it is at least as good as production."""
+    cfg = load_section(project, "reprune")
+    registry_dir = project / cfg.registry_dir
+    registry = ModelRegistry(registry_dir)
+    metrics = experiment.metrics()
+    candidate = registry.register_pipeline_model(
+        experiment.root,
+        {
+            "data": data,
+            "experiment": experiment.name,
+            "git_revision": git_revision(project),
+            "reason": reason,
+            "params": read_params(experiment.root / "params.yaml"),
+            "metrics": metrics.get("benchmark", {}),
+        },
+    )
+    workspace = Layout(project)
+    source = workspace if (workspace.stage_dir("validate") / "test.npz").exists() else experiment.layout
+    datasets = {
+        "recent": load_split(experiment.layout.stage_dir("validate"), "test"),
+        "holdout": holdout_split(registry_dir, source),
+    }
+    cand_eval = evaluate_onnx(candidate.model_file, datasets, cfg.latency_repeats)
+    production = registry.production()
+    prod_eval = evaluate_onnx(production.model_file, datasets, cfg.latency_repeats) if production else None
+    decision = decide_promotion(cand_eval, prod_eval, cfg.accuracy_tolerance, cfg.latency_slo_ms)
+    if decision.promote:
+        registry.promote(candidate.version, "; ".join(decision.reasons))
+    record = {
+        "candidate_version": candidate.version,
+        "experiment": experiment.name,
+        "production_version_before": production.version if production else None,
+        "promoted": decision.promote,
+        "reason": reason,
+        **decision.to_dict(),
+    }
+    dump_json(record, registry_dir / "decisions" / f"{candidate.version}.json")
+    return record
 
 
 @flow(name="reprune", log_prints=True)
@@ -92,57 +113,33 @@ def reprune(data_path: str | None = None, project_dir: str = ".", reason: str = 
 
     Returns:
         The decision (also in `<registry>/decisions/<version>.json` and a Prefect artifact);
-        `{"skipped": ...}` when another re-prune holds the lease.
+        `{"skipped": ...}` when another flow is running stages in the project.
     """
     logger = get_run_logger()
     project = Path(project_dir).resolve()
-    cfg = reprune_config(project)
-    registry_dir = project / cfg.registry_dir
-    with reprune_lease(registry_dir) as held:
-        if not held:
-            logger.warning("skipped: a re-prune is already running")
-            return {"skipped": "a re-prune is already running"}
-        if data_path is None:
-            feedback = project / cfg.feedback_dir / "feedback.npz"
-            if not feedback.exists():
-                raise FileNotFoundError(f"no data_path given and no feedback data at {feedback}")
-            data_path = str(feedback)
-        data = version_data(str(project), data_path)
-        metrics = pruning_pipeline(dataset_overrides(data["path"]), str(project))
-        registry = ModelRegistry(registry_dir)
-        candidate = registry.register_pipeline_model(
-            project,
-            {
-                "data": data,
-                "git_revision": git_revision(project),
-                "reason": reason,
-                "params": read_params(project / "params.yaml"),
-                "metrics": metrics["benchmark"],
-            },
-        )
-        datasets = {
-            "recent": load_split(project / "artifacts" / "validate", "test"),
-            "holdout": holdout_split(registry_dir, project),
-        }
-        cand_eval = evaluate_onnx(candidate.model_file, datasets, cfg.latency_repeats)
-        production = registry.production()
-        prod_eval = evaluate_onnx(production.model_file, datasets, cfg.latency_repeats) if production else None
-        decision = decide_promotion(cand_eval, prod_eval, cfg.accuracy_tolerance, cfg.latency_slo_ms)
-        if decision.promote:
-            registry.promote(candidate.version, "; ".join(decision.reasons))
-        record = {
-            "candidate_version": candidate.version,
-            "production_version_before": production.version if production else None,
-            "promoted": decision.promote,
-            "reason": reason,
-            **decision.to_dict(),
-        }
-        dump_json(record, registry_dir / "decisions" / f"{candidate.version}.json")
-        create_markdown_artifact(
-            f"# Re-prune decision: {'PROMOTED' if decision.promote else 'kept production'}\n\n"
-            + "\n".join(f"- {r}" for r in decision.reasons)
-            + f"\n\n```json\n{json.dumps(record, indent=2, default=str)[:4000]}\n```\n",
-            key="reprune-decision",
-        )
-        logger.info("decision: %s", "promote" if decision.promote else "keep production")
-        return record
+    cfg = load_section(project, "reprune")
+    try:
+        with project_lock(project, "reprune"):
+            if data_path is None:
+                feedback = project / cfg.feedback_dir / "feedback.npz"
+                if not feedback.exists():
+                    raise FileNotFoundError(f"no data_path given and no feedback data at {feedback}")
+                data_path = str(feedback)
+            data = version_data(str(project), data_path)
+            name = f"reprune-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}"
+            experiment = run_experiment_task(str(project), dataset_overrides(project, data["path"]), name)
+            try:
+                record = gate(project, experiment, data, reason)
+            finally:
+                experiment.remove()  # the model is in the registry; the outputs in the DVC cache
+    except LockHeld as exc:
+        logger.warning("skipped: %s", exc)
+        return {"skipped": str(exc)}
+    create_markdown_artifact(
+        f"# Re-prune decision: {'PROMOTED' if record['promoted'] else 'kept production'}\n\n"
+        + "\n".join(f"- {r}" for r in record["reasons"])
+        + f"\n\n```json\n{json.dumps(record, indent=2, default=str)[:4000]}\n```\n",
+        key="reprune-decision",
+    )
+    logger.info("decision: %s", "promote" if record["promoted"] else "keep production")
+    return record

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,10 +17,11 @@ from pruneops.data import load_prepared
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import file_size, make_session, ort_accuracy, time_session
 from pruneops.plots import plot_frontier
+from pruneops.stages import StageReport
 
 
 @dataclass(frozen=True)
-class BenchmarkReport:
+class BenchmarkReport(StageReport):
     """Per-model figures and the headline speed-ups."""
 
     models: dict
@@ -27,12 +32,16 @@ class BenchmarkReport:
     machine: dict
     table: Path
 
-    def metrics(self) -> dict:
-        """The figures tracked by `dvc metrics`."""
-        return {k: v for k, v in self.__dict__.items() if k != "table"}
+    def summary(self) -> str:
+        return (
+            f"batch-1 speed-up vs dense fp32: pruned int8 {self.speedup_b1_pruned_int8_vs_dense:.2f}x, "
+            f"pruned fp32 {self.speedup_b1_pruned_fp32_vs_dense:.2f}x; {self.mac_reduction:.2f}x fewer MACs "
+            f"-> {self.table}"
+        )
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model, from /proc/cpuinfo where there is one."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -62,28 +71,68 @@ def measure_latencies(sessions: dict, x: np.ndarray, config: BenchmarkConfig) ->
     return {n: {b: np.concatenate(v) for b, v in per.items()} for n, per in samples.items()}
 
 
-def markdown_table(models: dict, batch_sizes: list[int]) -> str:
-    """The benchmark as a markdown table."""
-    big = max(batch_sizes)
-    head = ["model", "test acc (%)", "params", "MACs", "size (KiB)"]
-    for b in batch_sizes:
-        head += [f"b{b} p50 (ms)", f"b{b} p99 (ms)"]
-    head += [f"throughput b{big} (samples/s)", "b1 speed-up"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, m in models.items():
-        row = [
-            name,
-            f"{100 * m['test_accuracy']:.2f}",
-            f"{m['params']:,}",
-            f"{m['macs']:,}",
-            f"{m['size_bytes'] / 1024:.1f}",
-        ]
-        for b in batch_sizes:
-            lat = m["latency"][str(b)]
-            row += [f"{lat['p50_ms']:.4f}", f"{lat['p99_ms']:.4f}"]
-        row += [f"{m['latency'][str(big)]['throughput']:,.0f}", f"{m['speedup_b1']:.2f}x"]
-        lines.append("| " + " | ".join(row) + " |")
+def latency_summary(samples_ms: np.ndarray, batch: int) -> dict[str, float]:
+    """Percentiles, mean and throughput of one model's latency samples at one batch size."""
+    t = np.asarray(samples_ms)
+    return {
+        "p50_ms": float(np.percentile(t, 50)),
+        "p95_ms": float(np.percentile(t, 95)),
+        "p99_ms": float(np.percentile(t, 99)),
+        "mean_ms": float(t.mean()),
+        "throughput": float(batch / (t.mean() / 1e3)),
+    }
+
+
+Column = tuple[str, Callable[[dict], str]]
+
+
+def render_table(rows: list[dict], columns: list[Column]) -> str:
+    """A markdown table: one row per item, each column a (header, formatter) pair."""
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r) for _, fmt in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def latency_columns(batch_sizes: list[int], digits: int = 4) -> list[Column]:
+    """p50/p99 per batch size, then the largest batch's throughput."""
+    cols: list[Column] = []
+    for b in batch_sizes:
+        cols.append((f"b{b} p50 / p99 (ms)", lambda r, b=b: _p50_p99(r["latency"][str(b)], digits)))
+    big = str(max(batch_sizes))
+    cols.append((f"b{big} throughput (/s)", lambda r: f"{r['latency'][big]['throughput']:,.0f}"))
+    return cols
+
+
+def _p50_p99(lat: dict, digits: int) -> str:
+    return f"{lat['p50_ms']:.{digits}f} / {lat['p99_ms']:.{digits}f}"
+
+
+def markdown_table(models: dict, batch_sizes: list[int]) -> str:
+    """The pipeline's benchmark as a markdown table."""
+    columns: list[Column] = [
+        ("model", lambda r: r["name"]),
+        ("test acc (%)", lambda r: f"{100 * r['test_accuracy']:.2f}"),
+        ("params", lambda r: f"{r['params']:,}"),
+        ("MACs", lambda r: f"{r['macs']:,}"),
+        ("size (KiB)", lambda r: f"{r['size_bytes'] / 1024:.1f}"),
+        *latency_columns(batch_sizes),
+        ("b1 speed-up", lambda r: f"{r['speedup_b1']:.2f}x"),
+    ]
+    return render_table([{"name": n, **m} for n, m in models.items()], columns)
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """What the figures were measured on."""
+    import onnxruntime
+
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> BenchmarkReport:
@@ -103,15 +152,7 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
     samples = measure_latencies(sessions, test.x, config)
     models: dict[str, dict] = {}
     for name, m in manifest["models"].items():
-        latency = {}
-        for b, t in samples[name].items():
-            latency[str(b)] = {
-                "p50_ms": float(np.percentile(t, 50)),
-                "p95_ms": float(np.percentile(t, 95)),
-                "p99_ms": float(np.percentile(t, 99)),
-                "mean_ms": float(t.mean()),
-                "throughput": float(b / (t.mean() / 1e3)),
-            }
+        latency = {str(b): latency_summary(t, b) for b, t in samples[name].items()}
         models[name] = {
             "precision": m["precision"],
             "params": m["params"],
@@ -125,10 +166,7 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         m["speedup_b1"] = dense_b1 / m["latency"]["1"]["p50_ms"]
     trt = manifest.get("tensorrt", {})
     machine = {
-        "cpu": _cpu_name(),
-        "threads": config.threads,
-        "python": platform.python_version(),
-        "onnxruntime": __import__("onnxruntime").__version__,
+        **machine_info(config.threads),
         "tensorrt": "; ".join(f"{k}: {v['status']} — {v.get('reason', '')}" for k, v in trt.items()) or "not requested",
     }
     out_dir, metrics_path, plots_dir = (

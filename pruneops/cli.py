@@ -1,6 +1,7 @@
-"""Command line: `pruneops <stage>` runs one stage with its section of `params.yaml`.
+"""Command line: `pruneops <stage>` runs one stage of the table with its section of `params.yaml`.
 
-This is the only module that reads `params.yaml` and the command line.
+This is the only module that reads the command line. Stage commands come from
+`pruneops.stages.STAGES`; the other commands (`TOOLS`) are thin calls into the library.
 """
 
 from __future__ import annotations
@@ -11,164 +12,41 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pruneops import __version__
-from pruneops.config import check_sections, load_stage_config, parse_section, read_params
 from pruneops.errors import DataValidationError, PruneOpsError
-from pruneops.io import Layout
+from pruneops.stages import STAGES, get_stage, run_stage
 
 
-@dataclass(frozen=True)
-class StageCommand:
-    """How the CLI runs one stage and summarises its report in one line."""
-
-    help: str
-    run: Callable[[Any, dict, Layout], Any]
-    summary: Callable[[Any], str]
-
-
-def _validate(cfg, params, layout):
-    from pruneops.validate import validate_dataset
-
-    return validate_dataset(cfg, layout)
-
-
-def _train(cfg, params, layout):
-    from pruneops.train import train_baseline
-
-    return train_baseline(cfg, layout)
-
-
-def _sensitivity(cfg, params, layout):
-    from pruneops.config import PruneConfig
-    from pruneops.sensitivity import analyze_sensitivity
-
-    return analyze_sensitivity(cfg, parse_section("prune", params.get("prune"), PruneConfig), layout)
-
-
-def _prune(cfg, params, layout):
-    from pruneops.prune import prune_iteratively
-
-    return prune_iteratively(cfg, layout)
-
-
-def _finetune(cfg, params, layout):
-    from pruneops.finetune import finetune
-
-    return finetune(cfg, layout)
-
-
-def _quantize(cfg, params, layout):
-    from pruneops.quantize import quantize_model
-
-    return quantize_model(cfg, layout)
-
-
-def _export(cfg, params, layout):
-    from pruneops.export import export_onnx
-
-    return export_onnx(cfg, layout)
-
-
-def _benchmark(cfg, params, layout):
-    from pruneops.benchmark import benchmark_model
-
-    return benchmark_model(cfg, layout)
-
-
-STAGES: dict[str, StageCommand] = {
-    "validate": StageCommand(
-        "load, split and check the data (Great Expectations)",
-        _validate,
-        lambda r: (
-            f"{r.dataset}: {r.n_train}/{r.n_val}/{r.n_test} train/val/test, "
-            f"{r.expectations_evaluated} expectations passed -> {r.data_dir}"
-        ),
-    ),
-    "train": StageCommand(
-        "train the baseline model",
-        _train,
-        lambda r: (
-            f"{r.model}: test accuracy {100 * r.test_accuracy:.2f}%, {r.params:,} params, "
-            f"{r.macs:,} MACs -> {r.checkpoint}"
-        ),
-    ),
-    "sensitivity": StageCommand(
-        "per-layer sensitivity sweep and ratio allocation",
-        _sensitivity,
-        lambda r: (
-            f"{r.units} units, {r.evaluations} evaluations; allocation for target {r.target_ratio} "
-            f"(achieved {r.achieved_ratio:.3f}, summed isolated drop {100 * r.summed_isolated_drop:.1f} pts) "
-            f"-> {r.allocation}"
-        ),
-    ),
-    "prune": StageCommand(
-        "iterative pruning to the target",
-        _prune,
-        lambda r: (
-            f"{r.method}: {r.mac_reduction:.2f}x fewer MACs, {r.param_reduction:.2f}x fewer params, "
-            f"{100 * r.weight_zero_fraction:.1f}% zero weights, val accuracy {100 * r.val_accuracy:.2f}%; "
-            f"speed-up: {r.speedup} -> {r.checkpoint}"
-        ),
-    ),
-    "finetune": StageCommand(
-        "recovery fine-tuning with distillation",
-        _finetune,
-        lambda r: (
-            f"test accuracy {100 * r.test_accuracy:.2f}% ({r.accuracy_delta_points:+.2f} pts vs baseline), "
-            f"{r.mac_reduction:.2f}x fewer MACs -> {r.checkpoint}"
-        ),
-    ),
-    "quantize": StageCommand(
-        "ONNX Runtime INT8 quantization",
-        _quantize,
-        lambda r: (
-            f"{r.method}: test accuracy {100 * r.test_accuracy:.2f}% (fp32 {100 * r.fp32_test_accuracy:.2f}%), "
-            f"batch-1 {r.latency_ms_b1:.4f} ms (fp32 {r.fp32_latency_ms_b1:.4f} ms) -> {r.model_path}"
-        ),
-    ),
-    "export": StageCommand(
-        "ONNX export with parity checks (and TensorRT where present)",
-        _export,
-        lambda r: (
-            f"parity dense {r.dense_max_abs_diff:.1e}, pruned {r.pruned_max_abs_diff:.1e}, "
-            f"int8 top-1 agreement {100 * r.int8_agreement:.1f}%; tensorrt: {r.tensorrt} -> {r.export_dir}"
-        ),
-    ),
-    "benchmark": StageCommand(
-        "latency/throughput/size/accuracy benchmark",
-        _benchmark,
-        lambda r: (
-            f"batch-1 speed-up vs dense fp32: pruned int8 {r.speedup_b1_pruned_int8_vs_dense:.2f}x, "
-            f"pruned fp32 {r.speedup_b1_pruned_fp32_vs_dense:.2f}x; {r.mac_reduction:.2f}x fewer MACs -> {r.table}"
-        ),
-    ),
-}
+def _print_error(command: str, exc: BaseException) -> int:
+    print(f"pruneops {command}: error: {exc}", file=sys.stderr)
+    if isinstance(exc, DataValidationError):
+        print("\n".join(exc.details), file=sys.stderr)
+    return getattr(exc, "exit_code", 1)
 
 
 def _list_registries() -> str:
-    import pruneops.models.architectures  # noqa: F401
     from pruneops.data.loaders import LOADERS
     from pruneops.export import ENGINE_BUILDERS
     from pruneops.models import MODELS
+    from pruneops.models.registry import resolve_factory
     from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES
     from pruneops.quantize import QUANTIZERS
 
+    resolve_factory("cnn")  # registers the built-in architectures
     lines = []
     for title, reg in [
         ("pruning methods (prune.method)", METHODS),
-        ("importance (prune.importance)", IMPORTANCES),
+        ("importance (prune.importance, sensitivity.importance)", IMPORTANCES),
         ("schedules (prune.schedule)", SCHEDULES),
-        ("models (train.model)", MODELS),
+        ("models (train.model; or package.module:factory)", MODELS),
         ("datasets (validate.dataset)", LOADERS),
         ("quantizers (quantize.method; or auto)", QUANTIZERS),
         ("engine builders", ENGINE_BUILDERS),
     ]:
         lines.append(f"{title}:")
-        lines += [f"  {e.name:<12} {e.summary}" for e in reg]
+        lines += [f"  {e.name:<16} {e.summary}" for e in reg]
     return "\n".join(lines)
 
 
@@ -176,38 +54,17 @@ def _launch_data_parallel(args: argparse.Namespace) -> int | None:
     """Re-runs `finetune` under torchrun when `finetune.world_size` > 1; None when not needed."""
     if args.command != "finetune" or "RANK" in os.environ:
         return None
-    from pruneops.config import FinetuneConfig
+    from pruneops.stages import load_stage_configs, project_importable
 
-    world = parse_section("finetune", read_params(args.params).get("finetune"), FinetuneConfig).world_size
+    with project_importable(args.root):
+        world = load_stage_configs(args.params, "finetune")["finetune"].world_size
     if world <= 1:
         return None
     import subprocess
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={world}",
-        "-m",
-        "pruneops.cli",
-        "--params",
-        str(args.params),
-        "--root",
-        str(args.root),
-        "finetune",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, env=env, check=False).returncode
-
-
-def _registry_dir(args: argparse.Namespace) -> Path:
-    from pruneops.config import RepruneConfig
-
-    if args.registry is not None:
-        return Path(args.root) / args.registry
-    params = read_params(Path(args.root) / args.params)
-    return Path(args.root) / parse_section("reprune", params.get("reprune"), RepruneConfig).registry_dir
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+    cmd += ["-m", "pruneops.cli", "--params", str(args.params), "--root", str(args.root), "finetune"]
+    return subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False).returncode
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -215,30 +72,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from pruneops.model_registry import PIPELINE_REFERENCE_STATS
-    from pruneops.serving.app import ServingConfig, create_app
+    from pruneops.serving.app import app_from_params
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        from pruneops.config import RepruneConfig, ServeConfig
-
-        params = read_params(Path(args.root) / args.params)
-        serve = parse_section("serve", params.get("serve"), ServeConfig)
-        reprune = parse_section("reprune", params.get("reprune"), RepruneConfig)
-        settings = serve.model_dump()
-        if args.reload_interval is not None:
-            settings["reload_interval_s"] = args.reload_interval
-        registry = Path(args.root) / (args.registry or reprune.registry_dir)
-        config = ServingConfig(
-            production=registry / "production",
-            reference_stats=Path(args.reference_stats or Path(args.root) / PIPELINE_REFERENCE_STATS),
-            feedback_path=Path(args.root) / reprune.feedback_dir / "feedback.npz",
-            **settings,
-        )
-        app = create_app(config)
-    except (PruneOpsError, FileNotFoundError) as exc:
-        print(f"pruneops serve: error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", 1)
+    app = app_from_params(
+        Path(args.root),
+        args.params,
+        args.registry,
+        reload_interval_s=args.reload_interval,
+        reference=args.reference_stats,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
@@ -247,10 +90,10 @@ def _loadtest(args: argparse.Namespace) -> int:
     import json
 
     from pruneops.data import load_split
-    from pruneops.io import read_json
+    from pruneops.io import Layout, read_json
     from pruneops.serving.loadtest import run_load, tracking_overhead_us
 
-    data_dir = Path(args.root) / "artifacts" / "validate"
+    data_dir = Layout(Path(args.root)).stage_dir("validate")
     test = load_split(data_dir, "test")
     result = run_load(args.url, test.x, args.requests, args.concurrency)
     summary = result.summary()
@@ -262,41 +105,17 @@ def _loadtest(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import json
 
-    from pruneops.io import read_json
-    from pruneops.model_registry import ModelRegistry, git_revision
+    from pruneops.model_registry import publish_pipeline_model
 
-    root = Path(args.root)
-    bench = root / "metrics" / "benchmark.json"
-    try:
-        registry = ModelRegistry(_registry_dir(args))
-        had_production = registry.production() is not None
-        version = registry.register_pipeline_model(
-            root,
-            {
-                "git_revision": git_revision(root),
-                "reason": "publish",
-                "params": read_params(root / args.params),
-                "metrics": read_json(bench) if bench.exists() else {},
-            },
-        )
-        promoted = args.promote or not had_production
-        if promoted:
-            registry.promote(version.version, "published" + (" (forced)" if had_production else " (first model)"))
-    except PruneOpsError as exc:
-        print(f"pruneops publish: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    print(json.dumps({"version": version.version, "promoted": promoted, "path": str(version.path)}))
+    published = publish_pipeline_model(Path(args.root), args.params, args.registry, force_promote=args.promote)
+    print(json.dumps(published))
     return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from pruneops.model_registry import ModelRegistry
+    from pruneops.model_registry import registry_from_params
 
-    try:
-        restored = ModelRegistry(_registry_dir(args)).rollback()
-    except PruneOpsError as exc:
-        print(f"pruneops rollback: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    restored = registry_from_params(Path(args.root), args.params, args.registry).rollback()
     print(f"pruneops rollback: production is now {restored.version}")
     return 0
 
@@ -304,31 +123,30 @@ def _rollback(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import shlex
 
-    import yaml
+    from pruneops.bench import run_bench_file
 
-    from pruneops.bench import BenchConfig, run_benchmarks
-    from pruneops.config import parse_section
-
-    root = Path(args.root)
-    try:
-        raw = yaml.safe_load(Path(args.config).read_text())
-        config = parse_section("bench", raw, BenchConfig)
-        if args.only:
-            config = config.model_copy(update={"workloads": [w for w in config.workloads if w.name in args.only]})
-        params = read_params(root / args.params)
-        command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
-        report = run_benchmarks(
-            config, params, command, root, log=lambda line: print(f"pruneops bench: {line}", flush=True)
-        )
-    except (PruneOpsError, FileNotFoundError) as exc:
-        print(f"pruneops bench: error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", 1)
+    command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
+    report = run_bench_file(Path(args.config), Path(args.root), args.params, command, args.only)
     for name, pick in report.selected.items():
         print(
             f"pruneops bench: {name}: selected {pick['name']}: test {100 * pick['test_accuracy']:.2f}% "
             f"({-pick['test_drop_points']:+.2f} pts), batch-1 {pick['speedup_b1']:.2f}x faster"
         )
     print(f"pruneops bench: wrote {report.markdown}, {report.plot}, {report.results}")
+    return 0
+
+
+def _dvc_yaml(args: argparse.Namespace) -> int:
+    from pruneops.dvcfile import check_dvc_yaml, write_dvc_yaml
+
+    root = Path(args.root)
+    if args.check:
+        problems = check_dvc_yaml(root, args.params)
+        for line in problems:
+            print(f"pruneops dvc-yaml: {line}", file=sys.stderr)
+        return 1 if problems else 0
+    path = write_dvc_yaml(root, args.params)
+    print(f"pruneops dvc-yaml: wrote {path}")
     return 0
 
 
@@ -345,40 +163,27 @@ TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
     "loadtest": _loadtest,
     "publish": _publish,
     "rollback": _rollback,
+    "dvc-yaml": _dvc_yaml,
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (one sub-command per stage, plus `methods`)."""
-    parser = argparse.ArgumentParser(
-        prog="pruneops", description="Prune PyTorch models so they serve faster: one command per DVC stage."
-    )
-    parser.add_argument("--version", action="version", version=f"pruneops {__version__}")
-    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    parser.add_argument("--root", default=".", help="project directory the stages read and write (default: .)")
-    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
-    for name, cmd in STAGES.items():
-        sub.add_parser(name, help=cmd.help, description=f"{cmd.help}; reads section `{name}` of params.")
+def _add_tools(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("methods", help="list pruning methods, importance criteria, models, quantizers...")
     serve = sub.add_parser("serve", help="serve the production model (FastAPI + ONNX Runtime, /metrics)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     serve.add_argument("--reload-interval", type=float, default=None, help="override serve.reload_interval_s")
-    serve.add_argument(
-        "--reference-stats",
-        default=None,
-        help="drift reference used until a model brings its own (default: the pipeline's validate output)",
-    )
+    serve.add_argument("--reference-stats", default=None, help="drift reference until a model brings its own")
     publish = sub.add_parser(
         "publish",
-        help="register the pipeline's pruned INT8 model; promote it if nothing is in production",
-        description="Registers artifacts/export/pruned_int8.onnx with its drift reference statistics. "
-        "It becomes production only when there is none (first deployment) or with --promote; "
-        "later models go through the re-prune flow's promotion gate.",
+        help="register the pipeline's deployed model; promote it if nothing is in production",
+        description="Registers the pipeline's exported model with its drift reference statistics. It becomes "
+        "production only when there is none (first deployment) or with --promote.",
     )
-    publish.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     publish.add_argument("--promote", action="store_true", help="promote even over an existing production model")
+    rollback = sub.add_parser("rollback", help="restore the production model that preceded the current one")
+    for p in (serve, publish, rollback):
+        p.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     load = sub.add_parser("loadtest", help="bounded load test of a running `pruneops serve` on loopback")
     load.add_argument("--url", default="http://127.0.0.1:8000")
     load.add_argument("--requests", type=int, default=5000)
@@ -386,32 +191,38 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="benchmark recipes side by side (frontier table and plot in docs/)",
-        description="Runs each workload's variants through the pipeline's stages (sharing one baseline), "
-        "times every model interleaved in one process, and writes docs/benchmarks.md.",
+        description="Runs each workload's variants as DVC experiments (sharing the baseline through the "
+        "run-cache), times every model interleaved in one process, and writes docs/benchmarks.md.",
     )
     bench.add_argument("--config", default="benchmarks/mnist.yaml", help="benchmark definition (YAML)")
     bench.add_argument("--only", nargs="*", default=None, help="run only these workloads")
-    rollback = sub.add_parser("rollback", help="restore the production model that preceded the current one")
-    rollback.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
+    dvc = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage table (deps = what each stage imports)")
+    dvc.add_argument("--check", action="store_true", help="only check dvc.yaml; exit 1 naming what is stale")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (one sub-command per stage, plus the tools)."""
+    parser = argparse.ArgumentParser(
+        prog="pruneops", description="Prune PyTorch models so they serve faster: one command per DVC stage."
+    )
+    parser.add_argument("--version", action="version", version=f"pruneops {__version__}")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--root", default=".", help="project directory the stages read and write (default: .)")
+    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
+    for stage in STAGES:
+        sub.add_parser(stage.name, help=stage.help, description=f"{stage.help}; reads section `{stage.name}`.")
+    _add_tools(sub)
     return parser
 
 
-def run_stage(stage: str, params_path: str | Path, root: str | Path = ".") -> Any:
-    """Validates the stage's params, then runs it (raises `PruneOpsError` on failure)."""
-    params = read_params(params_path)
-    check_sections(params)
-    config = load_stage_config(params, stage)
-    return STAGES[stage].run(config, params, Layout(Path(root)))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `pruneops` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    if args.command in TOOLS:
+def _run_tool(args: argparse.Namespace) -> int:
+    try:
         return TOOLS[args.command](args)
+    except (PruneOpsError, FileNotFoundError) as exc:
+        return _print_error(args.command, exc)
+
+
+def _run_stage_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         launched = _launch_data_parallel(args)
@@ -419,10 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             return launched
         report = run_stage(args.command, args.params, args.root)
     except PruneOpsError as exc:
-        print(f"pruneops {args.command}: error: {exc}", file=sys.stderr)
-        if isinstance(exc, DataValidationError):
-            print("\n".join(exc.details), file=sys.stderr)
-        return exc.exit_code
+        return _print_error(args.command, exc)
     except KeyboardInterrupt:
         print(f"pruneops {args.command}: interrupted; no output written", file=sys.stderr)
         return 130
@@ -436,8 +244,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     if os.environ.get("RANK", "0") == "0":
-        print(f"pruneops {args.command} ({time.perf_counter() - started:.1f}s): {STAGES[args.command].summary(report)}")
+        print(f"pruneops {args.command} ({time.perf_counter() - started:.1f}s): {report.summary()}")
+        for line in report.warning_lines:
+            print(f"pruneops {args.command}: warning: {line}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `pruneops` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if args.command in TOOLS:
+        return _run_tool(args)
+    get_stage(args.command)
+    return _run_stage_command(args)
 
 
 if __name__ == "__main__":

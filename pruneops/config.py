@@ -6,11 +6,13 @@ whose message is one line naming the key and what is allowed.
 
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator, model_validator
 
 from pruneops.errors import ConfigError
 
@@ -23,6 +25,30 @@ class StageConfig(BaseModel):
     """Base of every stage config: strict types, no unknown keys, immutable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def lookup(target: str, name: str) -> Any:
+    """Resolves `name` through a registry (or resolver function) given as `module:attribute`.
+
+    The module is named by a string and imported on first use: a name check passes or fails a
+    config and cannot change a stage's outputs, so `pruneops.dvcfile` does not count the registry
+    module among the stage's code dependencies.
+
+    Raises:
+        ValueError: Unknown name; the message lists the known ones.
+    """
+    module, _, attr = target.partition(":")
+    found = getattr(importlib.import_module(module), attr)
+    try:
+        return found(name) if callable(found) and not hasattr(found, "get") else found.get(name)
+    except ConfigError as exc:
+        raise ValueError(str(exc).removeprefix("train.model: ")) from None
+
+
+def registered(registry: str, name: str) -> str:
+    """`name`, after checking it against `registry` (see `lookup`)."""
+    lookup(registry, name)
+    return name
 
 
 class FitParams(StageConfig):
@@ -61,6 +87,11 @@ class ValidateConfig(StageConfig):
             raise ValueError("must be [low, high] with low < high")
         return v
 
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, v: str) -> str:
+        return registered("pruneops.data.loaders:LOADERS", v)
+
 
 class TrainConfig(FitParams):
     """`train`: the baseline model."""
@@ -68,18 +99,23 @@ class TrainConfig(FitParams):
     model: str = "cnn"
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        return registered("pruneops.models.registry:resolve_factory", v)
+
 
 class SensitivityConfig(StageConfig):
-    """`sensitivity`: prune each group alone at a sweep of ratios."""
+    """`sensitivity`: prune each unit alone at a sweep of ratios."""
 
     ratios: list[Ratio] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
     importance: str = "l2"
-    max_layer_ratio: Ratio = 0.9
     # Re-estimate BatchNorm statistics on this many training samples before scoring each trial:
     # without it a pruned residual group collapses to chance, every ratio looks equally bad and
     # the allocation learns nothing (adaptive BN, Li et al. 2020, "EagleEye"). 0 turns it off.
     bn_recalibration_samples: NonNegativeInt = 0
     batch_size: PositiveInt = 256
+    seed: int = 0
     threads: PositiveInt = 2
 
     @field_validator("ratios")
@@ -89,16 +125,30 @@ class SensitivityConfig(StageConfig):
             raise ValueError("must list at least one ratio")
         return sorted(set(v))
 
+    @field_validator("importance")
+    @classmethod
+    def _known_importance(cls, v: str) -> str:
+        return registered("pruneops.pruning.importance:IMPORTANCES", v)
+
 
 class PruneConfig(StageConfig):
-    """`prune`: iterative pruning to `target_ratio` over `steps` with fine-tuning between."""
+    """`prune`: allocate per-unit ratios, then prune iteratively with fine-tuning between steps.
+
+    `target` says what to reach and `target_value` how much: `ratio` (fraction of channels/heads,
+    MAC-weighted, or of weights to remove), `macs` or `params` (the most one sample's forward pass
+    may cost, or the model may hold; structured methods). `target`, `scope`, `importance` and
+    `round_to` apply to some methods only (each method declares which); a key set for a method it
+    does not apply to is refused, not ignored.
+    """
 
     method: str = "channel"
-    target_ratio: Ratio = 0.5
-    scope: Literal["global", "layer"] = "global"
+    target: Literal["ratio", "macs", "params"] | None = "ratio"
+    target_value: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = 0.5
+    max_unit_ratio: Ratio = 0.8
+    scope: Literal["global", "layer"] | None = None
     steps: PositiveInt = 4
-    schedule: Literal["cubic", "linear", "oneshot"] = "cubic"
-    importance: str = "l2"
+    schedule: str = "cubic"
+    importance: str | None = "l2"
     use_sensitivity: bool = True
     round_to: PositiveInt | None = None
     epochs_per_step: Annotated[int, Field(ge=0)] = 2
@@ -108,11 +158,58 @@ class PruneConfig(StageConfig):
     seed: int = 0
     threads: PositiveInt = 2
 
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        return registered("pruneops.pruning.methods:METHODS", v)
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, v: str) -> str:
+        return registered("pruneops.pruning.schedule:SCHEDULES", v)
+
+    @field_validator("importance")
+    @classmethod
+    def _known_importance(cls, v: str | None) -> str | None:
+        return v if v is None else registered("pruneops.pruning.importance:IMPORTANCES", v)
+
+    @model_validator(mode="after")
+    def _keys_apply_to_method(self) -> PruneConfig:
+        method = lookup("pruneops.pruning.methods:METHODS", self.method)
+        every = lookup("pruneops.pruning.methods:registered_methods", "all")
+        if (self.target is None) != (self.target_value is None):
+            raise ValueError("target_value: set together with prune.target (both, or both null)")
+        if self.target == "ratio" and self.target_value is not None and not self.target_value < 1.0:
+            raise ValueError(f"target_value: a ratio must be less than 1 (got {self.target_value})")
+        if self.target in ("macs", "params") and not method.structured:
+            raise ValueError(f"target: {self.target} targets need a structured method, not {self.method!r}")
+        for key in ("target", "scope", "importance", "round_to"):
+            value = getattr(self, key)
+            users = ", ".join(name for name, cls in every.items() if key in cls.options)
+            if value is not None and key not in method.options:
+                raise ValueError(
+                    f"{key}: does not apply to method {self.method!r} (it applies to: {users}); "
+                    "remove it or set it to null"
+                )
+            if value is None and key in method.required:
+                raise ValueError(f"{key}: required by method {self.method!r}")
+        if self.importance is not None and method.importances and self.importance not in method.importances:
+            raise ValueError(
+                f"importance: method {self.method!r} ranks weights by {' or '.join(sorted(method.importances))}, "
+                f"not {self.importance!r}"
+            )
+        return self
+
+    @property
+    def criterion(self) -> str:
+        """The importance criterion in effect (`l2` where the method takes one but none is set)."""
+        return self.importance or "l2"
+
 
 class FinetuneConfig(FitParams):
-    """`finetune`: recovery fine-tuning with knowledge distillation from the baseline."""
+    """`finetune`: recovery fine-tuning with knowledge distillation from the baseline (0 epochs: none)."""
 
-    epochs: PositiveInt = 20
+    epochs: NonNegativeInt = 20
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-3
     distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
     distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
@@ -120,7 +217,7 @@ class FinetuneConfig(FitParams):
 
 
 class QuantizeConfig(StageConfig):
-    """`quantize`: ONNX Runtime INT8 (static QDQ, dynamic, or the faster of the two)."""
+    """`quantize`: ONNX Runtime INT8 (static QDQ, dynamic, or the fastest of those and fp32)."""
 
     method: str = "auto"
     calibration_samples: PositiveInt = 256
@@ -130,6 +227,11 @@ class QuantizeConfig(StageConfig):
     latency_repeats: PositiveInt = 200
     threads: PositiveInt = 1
     opset: Annotated[int, Field(ge=13, le=23)] = 18
+
+    @field_validator("method")
+    @classmethod
+    def _known_quantizer(cls, v: str) -> str:
+        return v if v == "auto" else registered("pruneops.quantize:QUANTIZERS", v)
 
 
 class ExportConfig(StageConfig):
@@ -164,18 +266,6 @@ class RepruneConfig(StageConfig):
     latency_repeats: PositiveInt = 200
 
 
-STAGE_CONFIGS: dict[str, type[StageConfig]] = {
-    "validate": ValidateConfig,
-    "train": TrainConfig,
-    "sensitivity": SensitivityConfig,
-    "prune": PruneConfig,
-    "finetune": FinetuneConfig,
-    "quantize": QuantizeConfig,
-    "export": ExportConfig,
-    "benchmark": BenchmarkConfig,
-}
-
-
 class ServeConfig(StageConfig):
     """`serve` (not a DVC stage): the serving app's drift window, thresholds and feedback store."""
 
@@ -185,6 +275,7 @@ class ServeConfig(StageConfig):
     ks_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3
     accuracy_window: PositiveInt = 500
     max_batch: PositiveInt = 256
+    max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 8 * 1024 * 1024
     reload_interval_s: Annotated[float, Field(gt=0.0)] = 2.0
     feedback_flush_every: PositiveInt = 100
 
@@ -195,8 +286,38 @@ EXTRA_SECTIONS: dict[str, type[StageConfig]] = {"reprune": RepruneConfig, "serve
 C = TypeVar("C", bound=StageConfig)
 
 
+def environment_overrides(text: str) -> dict[str, Any]:
+    """`"reprune.drift_source=http://x serve.max_batch=64"` -> dotted keys and YAML-parsed values.
+
+    Only the orchestration sections (`EXTRA_SECTIONS`) may be set this way: stage params change
+    results, so they change through DVC experiments, where they are recorded.
+
+    Raises:
+        ConfigError: Not `section.key=value`, or a stage section.
+    """
+    overrides = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        section, _, leaf = key.partition(".")
+        if not sep or not leaf:
+            raise ConfigError(f"PRUNEOPS_SET: expected section.key=value, got {item!r}")
+        if section not in EXTRA_SECTIONS:
+            raise ConfigError(
+                f"PRUNEOPS_SET: {key}: only {', '.join(EXTRA_SECTIONS)} keys can be set here; "
+                "stage params change through a DVC experiment (the pipeline flow's overrides)"
+            )
+        try:
+            overrides[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"PRUNEOPS_SET: {key}: value {value!r} is not valid YAML") from None
+    return overrides
+
+
 def read_params(path: str | Path) -> dict[str, Any]:
     """Reads a params file as a mapping of sections.
+
+    `PRUNEOPS_SET` in the environment (a container's deployment settings) overlays keys of the
+    orchestration sections in memory; the file is never written.
 
     Raises:
         ConfigError: The file is missing, not YAML, or not a mapping.
@@ -206,12 +327,17 @@ def read_params(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: params file not found") from None
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if data is None:
-        return {}
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping of stage sections")
+    for key, value in environment_overrides(os.environ.get("PRUNEOPS_SET", "")).items():
+        section, _, leaf = key.partition(".")
+        if not isinstance(data.setdefault(section, {}), dict):
+            raise ConfigError(f"{path}: section {section!r} must be a mapping")
+        data[section][leaf] = value
     return data
 
 
@@ -221,6 +347,8 @@ def _describe(section: str, error: dict[str, Any], cls: type[StageConfig]) -> st
     if error["type"] == "extra_forbidden":
         return f"{key}: unknown key; allowed keys: {', '.join(cls.model_fields)}"
     msg = error["msg"].replace("Input should be", "must be").replace("Value error, ", "")
+    if not loc:  # a check across keys: its message starts with the key it is about
+        return f"{section}.{msg}"
     return f"{key}: {msg} (got {error.get('input')!r})"
 
 
@@ -240,20 +368,3 @@ def parse_section(section: str, raw: Any, cls: type[C]) -> C:
         errors = exc.errors()
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(_describe(section, errors[0], cls) + more) from None
-
-
-def load_stage_config(params: dict[str, Any], stage: str) -> StageConfig:
-    """Returns the validated config of `stage` from a params mapping."""
-    try:
-        cls = STAGE_CONFIGS[stage]
-    except KeyError:
-        raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(STAGE_CONFIGS)}") from None
-    return parse_section(stage, params.get(stage), cls)
-
-
-def check_sections(params: dict[str, Any]) -> None:
-    """Rejects top-level sections that name no stage (a typo would otherwise be ignored)."""
-    known = {**STAGE_CONFIGS, **EXTRA_SECTIONS}
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section; sections are: {', '.join(known)}")

@@ -58,6 +58,45 @@ def ks_against_quantiles(x: np.ndarray, levels: np.ndarray, quantiles: np.ndarra
     return out
 
 
+def _finite(reference: dict, key: str, ndim: int) -> np.ndarray:
+    value = np.asarray(reference[key], dtype=np.float64)
+    if value.ndim != ndim or not np.isfinite(value).all():
+        raise ValueError(f"reference statistics: {key!r} must be a finite {ndim}-d array, got shape {value.shape}")
+    return value
+
+
+def parse_reference(reference: dict) -> tuple:
+    """Checks reference statistics for consistency and returns them as arrays.
+
+    Returns:
+        (bin edges, histograms, quantile levels, quantiles, classes, class frequencies, groups).
+
+    Raises:
+        ValueError: A key is missing, or a shape, value or index does not fit the others.
+    """
+    try:
+        edges = _finite(reference, "bin_edges", 1)
+        hist = _finite(reference, "histograms", 2)
+        levels = _finite(reference, "quantile_levels", 1)
+        quantiles = _finite(reference, "quantiles", 2)
+        freq = _finite(reference, "class_frequencies", 1)
+        classes = [int(c) for c in reference["classes"]]
+        groups = {str(n): np.asarray(idx, dtype=np.int64) for n, idx in dict(reference["feature_groups"]).items()}
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"reference statistics: malformed ({type(exc).__name__}: {exc})") from None
+    n_features = hist.shape[0]
+    problems = [
+        (len(edges) < 2 or hist.shape[1] != len(edges) - 1, "histograms do not match bin_edges"),
+        (quantiles.shape != (n_features, len(levels)), "quantiles do not match quantile_levels and features"),
+        (len(freq) != len(classes), "class_frequencies do not match classes"),
+        (any(i.size == 0 or i.min() < 0 or i.max() >= n_features for i in groups.values()), "bad feature index"),
+    ]
+    for bad, what in problems:
+        if bad:
+            raise ValueError(f"reference statistics: {what}")
+    return edges, hist, levels, quantiles, classes, freq, groups
+
+
 @dataclass(frozen=True)
 class DriftScores:
     """PSI and KS per feature group, overall scores, and prediction drift."""
@@ -95,16 +134,14 @@ class DriftMonitor:
 
         A model re-pruned on new data brings that data's statistics: measuring it against the
         old reference would keep the drift alert firing after the re-prune that answered it.
+
+        Raises:
+            ValueError: The statistics are malformed (the current reference is kept).
         """
+        parsed = parse_reference(reference)
         with self._lock:
             self.reference = reference
-            self.edges = np.asarray(reference["bin_edges"], dtype=np.float64)
-            self.ref_hist = np.asarray(reference["histograms"], dtype=np.float64)
-            self.levels = np.asarray(reference["quantile_levels"], dtype=np.float64)
-            self.quantiles = np.asarray(reference["quantiles"], dtype=np.float64)
-            self.classes = list(reference["classes"])
-            self.class_freq = np.asarray(reference["class_frequencies"], dtype=np.float64)
-            self.groups = {name: np.asarray(idx) for name, idx in reference["feature_groups"].items()}
+            self.edges, self.ref_hist, self.levels, self.quantiles, self.classes, self.class_freq, self.groups = parsed
             self._inputs.clear()
             self._preds.clear()
 
@@ -112,6 +149,8 @@ class DriftMonitor:
         """Adds a batch of model inputs (any shape per sample) and their predicted classes."""
         flat = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
         with self._lock:
+            if self.reference is not None and flat.shape[1] != self.ref_hist.shape[0]:
+                return  # another input shape than the reference describes: nothing to compare with
             self._inputs.extend(flat)
             self._preds.extend(int(p) for p in predictions)
 
@@ -122,16 +161,24 @@ class DriftMonitor:
                 return None
             x = np.stack(self._inputs)
             preds = np.asarray(self._preds)
-        feature_psi = psi(self.ref_hist, histograms(x, self.edges))
-        feature_ks = ks_against_quantiles(x, self.levels, self.quantiles)
-        psi_by_group = {g: float(feature_psi[idx].mean()) for g, idx in self.groups.items()}
-        ks_by_group = {g: float(feature_ks[idx].mean()) for g, idx in self.groups.items()}
-        live_freq = np.array([(preds == c).mean() for c in self.classes])
+            # One consistent reference even if `set_reference` runs while this scores.
+            edges, ref_hist, levels, quantiles, classes, class_freq, groups = (
+                self.edges,
+                self.ref_hist,
+                self.levels,
+                self.quantiles,
+                self.classes,
+                self.class_freq,
+                self.groups,
+            )
+        feature_psi = psi(ref_hist, histograms(x, edges))
+        feature_ks = ks_against_quantiles(x, levels, quantiles)
+        live_freq = np.array([(preds == c).mean() for c in classes])
         return DriftScores(
-            psi_by_group=psi_by_group,
-            ks_by_group=ks_by_group,
+            psi_by_group={g: float(feature_psi[idx].mean()) for g, idx in groups.items()},
+            ks_by_group={g: float(feature_ks[idx].mean()) for g, idx in groups.items()},
             psi_overall=float(feature_psi.mean()),
             ks_overall=float(feature_ks.mean()),
-            prediction_psi=float(psi(self.class_freq, live_freq)),
+            prediction_psi=float(psi(class_freq, live_freq)),
             window=len(x),
         )

@@ -18,6 +18,7 @@ from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
 from pruneops.profiling import count_macs, count_params
 from pruneops.registry import Registry
+from pruneops.stages import StageReport
 
 EngineBuilder = Callable[[Path, Path, list[int]], dict]
 ENGINE_BUILDERS: Registry[EngineBuilder] = Registry("engine builder")
@@ -64,7 +65,7 @@ def build_tensorrt_engine(onnx_path: Path, engine_path: Path, input_shape: list[
 
 
 @dataclass(frozen=True)
-class ExportReport:
+class ExportReport(StageReport):
     """Parity of each exported model and the TensorRT outcome."""
 
     dense_max_abs_diff: float
@@ -73,9 +74,11 @@ class ExportReport:
     tensorrt: str
     export_dir: Path
 
-    def metrics(self) -> dict:
-        """The figures tracked by `dvc metrics`."""
-        return {k: v for k, v in self.__dict__.items() if k != "export_dir"}
+    def summary(self) -> str:
+        return (
+            f"parity dense {self.dense_max_abs_diff:.1e}, pruned {self.pruned_max_abs_diff:.1e}, "
+            f"int8 top-1 agreement {100 * self.int8_agreement:.1f}%; tensorrt: {self.tensorrt} -> {self.export_dir}"
+        )
 
 
 def check_parity(model: torch.nn.Module, onnx_path: Path, x: np.ndarray, atol: float, label: str) -> float:

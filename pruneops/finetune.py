@@ -15,12 +15,13 @@ from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
 from pruneops.pruning import sparsity_report
 from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_
+from pruneops.stages import StageReport
 from pruneops.train import fit_settings
-from pruneops.training import Distillation, evaluate, fit_, torchrun_group
+from pruneops.training import Distillation, FitResult, evaluate, fit_, torchrun_group
 
 
 @dataclass(frozen=True)
-class FinetuneReport:
+class FinetuneReport(StageReport):
     """The recovered model against the baseline."""
 
     params: int
@@ -35,9 +36,11 @@ class FinetuneReport:
     world_size: int
     checkpoint: Path
 
-    def metrics(self) -> dict:
-        """The figures tracked by `dvc metrics`."""
-        return {k: v for k, v in self.__dict__.items() if k != "checkpoint"}
+    def summary(self) -> str:
+        return (
+            f"test accuracy {100 * self.test_accuracy:.2f}% ({self.accuracy_delta_points:+.2f} pts vs baseline), "
+            f"{self.mac_reduction:.2f}x fewer MACs -> {self.checkpoint}"
+        )
 
 
 def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport:
@@ -62,15 +65,19 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
         model = pruned.model
         kd = Distillation(teacher, config.distill_temperature, config.distill_weight)
-        fit = fit_(
-            model,
-            train,
-            val,
-            fit_settings(config),
-            distillation=kd,
-            after_step=(lambda m: apply_masks_(m, masks)) if masks else None,
-            desc="finetune",
-        )
+        fit = FitResult()
+        if config.epochs:
+            fit = fit_(
+                model,
+                train,
+                val,
+                fit_settings(config),
+                distillation=kd,
+                after_step=(lambda m: apply_masks_(m, masks)) if masks else None,
+                desc="finetune",
+            )
+        else:  # no fine-tuning: the pruned model as it is
+            fit.best_val_accuracy = evaluate(model, val)[0]
         make_permanent_(model, masks)
         test_acc, _ = evaluate(model, test)
         base_test, _ = evaluate(teacher, test)

@@ -35,6 +35,10 @@ class Layout:
         """Directory of the stage's plots (JSON for `dvc plots`, PNG for people)."""
         return self.root / "plots" / stage
 
+    def state_dir(self) -> Path:
+        """Local state that is neither code nor a stage output (locks, experiment worktrees, Prefect)."""
+        return self.root / "state"
+
 
 def _to_jsonable(obj: Any) -> Any:
     if hasattr(obj, "tolist"):

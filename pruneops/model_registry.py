@@ -18,13 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from pruneops.errors import PruneOpsError
-from pruneops.io import dump_json, read_json
+from pruneops.io import Layout, dump_json, read_json
 
 REFERENCE_STATS = "reference_stats.json"
-# What the pipeline deploys, relative to the project: the pruned INT8 model and the statistics
-# of the data it was trained on (the serving app's drift reference).
-PIPELINE_MODEL = Path("artifacts/export/pruned_int8.onnx")
-PIPELINE_REFERENCE_STATS = Path("artifacts/validate/reference_stats.json")
+
+
+def pipeline_model(layout: Layout) -> Path:
+    """What the pipeline deploys: the exported pruned INT8 model."""
+    return layout.stage_dir("export") / "pruned_int8.onnx"
+
+
+def pipeline_reference_stats(layout: Layout) -> Path:
+    """The statistics of the data the pipeline's model was trained on (the drift reference)."""
+    return layout.stage_dir("validate") / REFERENCE_STATS
 
 
 class RegistryError(PruneOpsError):
@@ -103,10 +109,11 @@ class ModelRegistry:
         Raises:
             RegistryError: The pipeline has not produced its model yet.
         """
-        model = Path(project) / PIPELINE_MODEL
+        layout = Layout(Path(project))
+        model = pipeline_model(layout)
         if not model.is_file():
             raise RegistryError(f"{model}: no pipeline output to register; run `dvc repro` first")
-        reference = Path(project) / PIPELINE_REFERENCE_STATS
+        reference = pipeline_reference_stats(layout)
         return self.register(model, metadata, reference_stats=reference if reference.is_file() else None)
 
     def get(self, version: str) -> ModelVersion:
@@ -188,3 +195,55 @@ class ModelRegistry:
         self._point_production_at(version)
         self._record({"action": "rollback", "version": version, "previous": stack[-1]})
         return self.get(version)
+
+
+def registry_from_params(
+    root: Path, params_file: str | Path = "params.yaml", override: str | None = None
+) -> ModelRegistry:
+    """The project's registry: `override` or `reprune.registry_dir`, relative to `root`."""
+    if override is not None:
+        return ModelRegistry(Path(root) / override)
+    from pruneops.config import read_params
+    from pruneops.stages import load_configs
+
+    reprune = load_configs(read_params(Path(root) / params_file), ("reprune",))["reprune"]
+    return ModelRegistry(Path(root) / reprune.registry_dir)
+
+
+def publish_pipeline_model(
+    root: Path,
+    params_file: str | Path = "params.yaml",
+    registry_dir: str | None = None,
+    *,
+    force_promote: bool = False,
+    reason: str = "publish",
+) -> dict[str, Any]:
+    """Registers the pipeline's model of `root` and promotes it if nothing is in production.
+
+    The metadata keeps the params, the benchmark metrics and the git revision.
+
+    Returns:
+        `{"version", "promoted", "path"}`.
+
+    Raises:
+        PruneOpsError: No pipeline output yet, or the params are invalid.
+    """
+    from pruneops.config import read_params
+
+    root = Path(root)
+    registry = registry_from_params(root, params_file, registry_dir)
+    bench = Layout(root).metrics("benchmark")
+    had_production = registry.production() is not None
+    version = registry.register_pipeline_model(
+        root,
+        {
+            "git_revision": git_revision(root),
+            "reason": reason,
+            "params": read_params(root / params_file),
+            "metrics": read_json(bench) if bench.exists() else {},
+        },
+    )
+    promoted = force_promote or not had_production
+    if promoted:
+        registry.promote(version.version, reason + (" (forced)" if had_production else " (first model)"))
+    return {"version": version.version, "promoted": promoted, "path": str(version.path)}

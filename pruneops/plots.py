@@ -43,18 +43,21 @@ def save_fit_history(history: list[dict], plots_dir: Path, title: str) -> None:
 
 
 def plot_sensitivity(curves: dict[str, dict], allocation: dict[str, float], path: Path) -> None:
-    """Accuracy drop vs ratio per group, with each group's allocated ratio marked."""
+    """Accuracy drop vs ratio per unit, with each unit's allocated ratio marked (when given)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    if not curves:
+        ax.text(0.5, 0.5, "no sensitivity allocation (uniform ratios)", ha="center", va="center")
     for name, curve in curves.items():
         line = ax.plot(curve["ratios"], [100 * d for d in curve["accuracy_drop"]], marker="o", ms=3, label=name)[0]
         if name in allocation and allocation[name] > 0:
             ax.axvline(allocation[name], color=line.get_color(), ls=":", lw=1)
     ax.set_xlabel("fraction of the group's channels/heads removed (alone)")
     ax.set_ylabel("validation accuracy drop (points)")
-    ax.set_title("Layer sensitivity (dotted: allocated ratio)")
+    ax.set_title("Sensitivity per unit" + (" (dotted: allocated ratio)" if allocation else ""))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    if curves:
+        ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -75,5 +78,64 @@ def plot_frontier(points: list[dict], path: Path, latency_key: str) -> None:
     ax.set_title("Accuracy vs latency")
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def pareto_front(rows: list[dict]) -> list[dict]:
+    """The rows no other row beats on both batch-1 latency and test accuracy, fastest first."""
+    front, best = [], -1.0
+    for r in sorted(rows, key=lambda r: (r["latency"]["1"]["p50_ms"], -r["test_accuracy"])):
+        if r["test_accuracy"] > best:
+            front.append(r)
+            best = r["test_accuracy"]
+    return front
+
+
+def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
+    """Test accuracy vs batch-1 latency, one panel per workload; our recipe's Pareto front joined."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.8), squeeze=False)
+    colors = {"dense": "black", "naive": "tab:red", "torch_pruning": "tab:orange", "ours": "tab:blue"}
+    names = {"dense": "dense", "naive": "naive 90% unstructured", "torch_pruning": "Torch-Pruning", "ours": "PruneOps"}
+    for ax, (workload, items) in zip(axes[0], rows.items(), strict=True):
+        front = pareto_front([r for r in items if r["family"] == "ours"])
+        ax.plot(
+            [r["latency"]["1"]["p50_ms"] for r in front],
+            [100 * r["test_accuracy"] for r in front],
+            "-",
+            color="tab:blue",
+            alpha=0.5,
+            label="PruneOps front",
+        )
+        for family, color in colors.items():
+            for precision, marker in (("fp32", "o"), ("int8", "s")):
+                pts = [r for r in items if r["family"] == family and r["precision"] == precision]
+                if pts:
+                    ax.scatter(
+                        [r["latency"]["1"]["p50_ms"] for r in pts],
+                        [100 * r["test_accuracy"] for r in pts],
+                        color=color,
+                        marker=marker,
+                        s=45,
+                        facecolors="none" if precision == "fp32" else color,
+                        label=f"{names[family]} {precision}",
+                    )
+        for r in items:
+            ax.annotate(
+                r["label"],
+                (r["latency"]["1"]["p50_ms"], 100 * r["test_accuracy"]),
+                textcoords="offset points",
+                xytext=(4, 3),
+                fontsize=7,
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("batch-1 p50 latency (ms, ONNX Runtime CPU, log); hollow fp32, filled int8")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(workload)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -10,21 +11,33 @@ from tqdm.auto import tqdm
 
 from pruneops.checkpoint import load_checkpoint, save_checkpoint
 from pruneops.config import PruneConfig
-from pruneops.data import load_prepared
+from pruneops.data import Split, load_prepared
 from pruneops.errors import DataError
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.plots import plot_history
+from pruneops.plots import plot_history, plot_sensitivity
+from pruneops.profiling import count_macs, count_params
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, layer_shapes, sparsity_report
+from pruneops.pruning.allocation import Allocation, allocate_for_target, ratio_for_budget
 from pruneops.pruning.masks import save_masks
+from pruneops.stages import StageReport
 from pruneops.training import FitSettings, calibration_subset, evaluate, fit_, recalibrate_batchnorm_
 
 
 @dataclass(frozen=True)
-class PruneReport:
-    """Where pruning ended."""
+class PruneReport(StageReport):
+    """Where pruning ended.
+
+    `summed_isolated_drop` is what the allocation minimised: the sum over units of the validation
+    accuracy drop each chosen ratio caused alone in the sweep, before any fine-tuning. It ranks
+    allocations; it is not a forecast of the final accuracy (it can exceed 1). None without one.
+    """
 
     method: str
+    target: str | None
+    target_value: float | None
     target_ratio: float
+    achieved_ratio: float | None
+    summed_isolated_drop: float | None
     steps: int
     params: int
     macs: int
@@ -35,38 +48,81 @@ class PruneReport:
     weight_zero_fraction: float
     val_accuracy: float
     speedup: str
+    warnings: tuple[str, ...]
     checkpoint: Path
 
-    def metrics(self) -> dict:
-        """The figures tracked by `dvc metrics`."""
-        return {k: v for k, v in self.__dict__.items() if k != "checkpoint"}
+    def summary(self) -> str:
+        return (
+            f"{self.method}: {self.mac_reduction:.2f}x fewer MACs, {self.param_reduction:.2f}x fewer params, "
+            f"{100 * self.weight_zero_fraction:.1f}% zero weights, val accuracy {100 * self.val_accuracy:.2f}%; "
+            f"speed-up: {self.speedup} -> {self.checkpoint}"
+        )
 
 
-def load_allocation(layout: Layout, config: PruneConfig) -> dict[str, float] | None:
-    """The sensitivity stage's ratios (per unit or per layer), when `use_sensitivity` is on.
+def load_sweep(layout: Layout, config: PruneConfig) -> dict | None:
+    """The sensitivity sweep, when `use_sensitivity` is on.
 
     Raises:
-        DataError: Missing, or computed for another target or granularity.
+        DataError: Missing, or swept at another granularity than the method prunes.
     """
     if not config.use_sensitivity:
         return None
-    path = layout.stage_dir("sensitivity") / "allocation.json"
+    path = layout.stage_dir("sensitivity") / "sensitivity.json"
     try:
-        alloc = read_json(path)
+        sweep = read_json(path)
     except FileNotFoundError:
         raise DataError(f"{path}: not found; run `pruneops sensitivity` or set prune.use_sensitivity: false") from None
     wanted = "units" if METHODS.get(config.method).structured else "layers"
-    if abs(alloc["target_ratio"] - config.target_ratio) > 1e-9 or alloc.get("granularity", "units") != wanted:
+    if sweep.get("granularity") != wanted:
         raise DataError(
-            f"{path}: allocated per {alloc.get('granularity', 'units')} for target {alloc['target_ratio']}, "
-            f"but prune.method {config.method!r} at target {config.target_ratio} needs per-{wanted[:-1]} "
-            "ratios; rerun `pruneops sensitivity`"
+            f"{path}: swept per {str(sweep.get('granularity'))[:-1]}, but prune.method {config.method!r} needs "
+            f"per-{wanted[:-1]} curves; rerun `pruneops sensitivity`"
         )
-    return alloc["ratios"]
+    return sweep
+
+
+def make_context(config: PruneConfig, train: Split, example: torch.Tensor, ratio: float, ratios: dict | None):
+    """The method's context for a resolved ratio and (optional) per-unit allocation."""
+    structured = METHODS.get(config.method).structured
+    return PruneContext(
+        target_ratio=ratio,
+        criterion=IMPORTANCES.get(config.criterion),
+        example_input=example,
+        train=train,
+        allocation=ratios if structured else None,
+        layer_allocation=None if structured else ratios,
+        scope=config.scope or "global",
+        round_to=config.round_to,
+        batch_size=config.batch_size,
+    )
+
+
+def plan_target(
+    config: PruneConfig, sweep: dict | None, model: torch.nn.Module, train: Split, example: torch.Tensor, shape: list
+) -> tuple[float, Allocation | None]:
+    """The ratio to prune to and its allocation, for a ratio target or a MAC/parameter budget.
+
+    A budget is met by bisection on the ratio, each candidate pruned on a copy of the baseline
+    (no training) and counted.
+    """
+    if sweep is None and config.target in (None, "ratio"):
+        return config.target_value or 0.0, None
+    if config.target in (None, "ratio"):
+        ratio = 0.5 if config.target is None else config.target_value  # 2:4 is half of every group
+        return ratio, allocate_for_target(sweep, ratio, config.max_unit_ratio)
+
+    def size_at(ratio: float) -> float:
+        alloc = allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
+        twin = copy.deepcopy(model)
+        METHODS.get(config.method)(make_context(config, train, example, ratio, alloc and alloc.ratios)).apply_(twin, 1)
+        return count_macs(twin, shape) if config.target == "macs" else count_params(twin)
+
+    ratio = ratio_for_budget(size_at, config.target_value)
+    return ratio, allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
 
 
 def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> PruneReport:
-    """Prunes the baseline step by step to `target_ratio`, fine-tuning after each step.
+    """Prunes the baseline step by step to the target, fine-tuning after each step.
 
     Args:
         config: The `prune` section of params.
@@ -81,20 +137,12 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
     ckpt = load_checkpoint(layout.stage_dir("train") / "model.safetensors")
     model = ckpt.model
-    method_cls = METHODS.get(config.method)
-    allocation = load_allocation(layout, config)
-    ctx = PruneContext(
-        target_ratio=config.target_ratio,
-        criterion=IMPORTANCES.get(config.importance),
-        example_input=torch.from_numpy(val.x[:1]),
-        train=train,
-        allocation=allocation if method_cls.structured else None,
-        layer_allocation=None if method_cls.structured else allocation,
-        scope=config.scope,
-        round_to=config.round_to,
-        batch_size=config.batch_size,
-    )
-    method = method_cls(ctx)
+    sweep = load_sweep(layout, config)
+    example = torch.from_numpy(val.x[:1])
+    target_ratio, allocation = plan_target(config, sweep, model, train, example, meta.input_shape)
+    ratios = allocation.ratios if allocation is not None else None
+    ctx = make_context(config, train, example, target_ratio, ratios)
+    method = METHODS.get(config.method)(ctx)
     schedule = SCHEDULES.get(config.schedule)(config.steps)
     reference = layer_shapes(model)
 
@@ -104,7 +152,7 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         return {
             "step": step,
             "fraction_of_target": fraction,
-            "ratio": config.target_ratio * fraction,
+            "ratio": target_ratio * fraction,
             "weight_zero_fraction": g["weight_zero_fraction"],
             "params": g["params"],
             "nonzero_params": g["nonzero_params"],
@@ -140,7 +188,11 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
     out_dir, metrics_path, plots_dir = layout.stage_dir("prune"), layout.metrics("prune"), layout.plots("prune")
     report = PruneReport(
         method=config.method,
-        target_ratio=config.target_ratio,
+        target=config.target,
+        target_value=config.target_value,
+        target_ratio=target_ratio,
+        achieved_ratio=allocation.achieved_ratio if allocation else None,
+        summed_isolated_drop=allocation.summed_isolated_drop if allocation else None,
         steps=config.steps,
         params=final["params"],
         macs=final["macs"],
@@ -151,6 +203,7 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         weight_zero_fraction=final["weight_zero_fraction"],
         val_accuracy=final["val_accuracy"],
         speedup=method.speedup,
+        warnings=tuple(ctx.warnings),
         checkpoint=out_dir / "model.safetensors",
     )
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
@@ -160,6 +213,8 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         if masks:
             save_masks(masks, tmp / "masks.safetensors")
         dump_json(sparsity_report(model, meta.input_shape, reference), tmp / "sparsity.json")
+        if allocation is not None:
+            dump_json({"granularity": sweep["granularity"], **asdict(allocation)}, tmp / "allocation.json")
         dump_json(report.metrics(), staged.path(metrics_path))
         plots = staged.dir(plots_dir)
         dump_json(history, plots / "history.json")
@@ -172,7 +227,8 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
                 ("params", ["params", "nonzero_params"]),
                 ("zero fraction", ["weight_zero_fraction"]),
             ],
-            f"Pruning ({config.method}, {config.schedule}, target {config.target_ratio})",
+            f"Pruning ({config.method}, {config.schedule}, target {config.target} {config.target_value})",
             plots / "history.png",
         )
+        plot_sensitivity(sweep["units"] if sweep else {}, ratios or {}, plots / "allocation.png")
     return report

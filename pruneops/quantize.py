@@ -19,6 +19,7 @@ from pruneops.errors import QualityGateError
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.onnx_utils import INPUT_NAME, export_onnx_file, file_size, make_session, median_latency_ms, ort_accuracy
 from pruneops.registry import Registry
+from pruneops.stages import StageReport
 
 Quantizer = Callable[[Path, Path, np.ndarray, QuantizeConfig], None]
 QUANTIZERS: Registry[Quantizer] = Registry("quantizer")
@@ -61,7 +62,7 @@ def quantize_dynamic_int8(src: Path, dst: Path, calib: np.ndarray, config: Quant
 
 
 @dataclass(frozen=True)
-class QuantizeReport:
+class QuantizeReport(StageReport):
     """The chosen INT8 model and every candidate's figures."""
 
     method: str
@@ -75,9 +76,12 @@ class QuantizeReport:
     candidates: dict
     model_path: Path
 
-    def metrics(self) -> dict:
-        """The figures tracked by `dvc metrics`."""
-        return {k: v for k, v in self.__dict__.items() if k != "model_path"}
+    def summary(self) -> str:
+        return (
+            f"{self.method}: test accuracy {100 * self.test_accuracy:.2f}% "
+            f"(fp32 {100 * self.fp32_test_accuracy:.2f}%), batch-1 {self.latency_ms_b1:.4f} ms "
+            f"(fp32 {self.fp32_latency_ms_b1:.4f} ms) -> {self.model_path}"
+        )
 
 
 def _preprocess(src: Path, dst: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,38 +12,30 @@ from tqdm.auto import tqdm
 from pruneops.checkpoint import load_checkpoint
 from pruneops.config import PruneConfig, SensitivityConfig
 from pruneops.data import Split, load_prepared
-from pruneops.errors import ConfigError
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
-from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, allocate_ratios, round_keep
-from pruneops.pruning.allocation import achieved_ratio, interpolated_drop
+from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, round_keep
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks
-from pruneops.training import calibration_subset, evaluate, recalibrate_batchnorm_
+from pruneops.stages import StageReport
+from pruneops.training import calibration_subset, clone_with_grads, evaluate, recalibrate_batchnorm_
 
 
 @dataclass(frozen=True)
-class SensitivityReport:
-    """Sweep size and the allocation's cost.
-
-    `summed_isolated_drop` is the objective the allocation minimises: the sum over units of the
-    validation accuracy drop each chosen ratio caused alone, before any fine-tuning. It ranks
-    allocations; it is not a forecast of the final accuracy (it can exceed 1).
-    """
+class SensitivityReport(StageReport):
+    """What the sweep measured: how many units, how many evaluations, the baseline it compared to."""
 
     units: int
     evaluations: int
+    granularity: str
     baseline_val_accuracy: float
-    target_ratio: float
-    achieved_ratio: float
-    summed_isolated_drop: float
-    allocation: Path
+    warnings: tuple[str, ...]
+    sweep: Path
 
-    def metrics(self) -> dict:
-        """The figures tracked by `dvc metrics`."""
-        return {k: v for k, v in self.__dict__.items() if k != "allocation"}
+    def summary(self) -> str:
+        return f"{self.units} {self.granularity}, {self.evaluations} evaluations -> {self.sweep}"
 
 
 def sweep_units(
@@ -56,17 +47,21 @@ def sweep_units(
     batch_size: int,
     baseline: tuple[float, float],
     calibration: np.ndarray | None = None,
-) -> tuple[dict[str, dict], dict[str, float]]:
-    """Prunes each structured unit alone at each ratio: curves, and each unit's MAC weight.
+) -> tuple[dict[str, dict], dict[str, float], list[str]]:
+    """Prunes each structured unit alone at each ratio.
 
     `baseline` is the unpruned model's validation (accuracy, loss); with `calibration` inputs,
     each trial's BatchNorm statistics are re-estimated on them before it is scored.
+
+    Returns:
+        Curves per unit, each unit's MAC weight, and what the criterion could not do.
     """
     base_acc, base_loss = baseline
     example = torch.from_numpy(val.x[:1])
     units = UnitPruner(base, example, criterion).units()
     base_macs = count_macs(base, input_shape)
     curves: dict[str, dict] = {}
+    warnings: list[str] = []
     jobs = [(name, r) for name in units for r in ratios]
     for name, ratio in tqdm(jobs, desc="sensitivity", unit="eval", disable=None, leave=False):
         size = units[name].size
@@ -75,8 +70,11 @@ def sweep_units(
         curve = curves.setdefault(name, _empty_curve(units[name].kind, size))
         if effective == 0.0 or effective in curve["ratios"]:
             continue
-        trial = copy.deepcopy(base)
-        UnitPruner(trial, example, criterion).prune_to_({name: keep})
+        # The trial keeps the base model's gradients: a gradient criterion ranks with them.
+        trial = clone_with_grads(base)
+        pruner = UnitPruner(trial, example, criterion)
+        pruner.prune_to_({name: keep})
+        warnings += [w for w in pruner.warnings if w not in warnings]
         if calibration is not None:
             recalibrate_batchnorm_(trial, calibration, batch_size)
         _record(curve, effective, trial, val, batch_size, base_acc, base_loss)
@@ -86,7 +84,7 @@ def sweep_units(
         n: sum(s / r for s, r in zip(c["mac_saving"], c["ratios"], strict=True)) / max(len(c["ratios"]), 1)
         for n, c in curves.items()
     }
-    return curves, weights
+    return curves, weights, warnings
 
 
 def sweep_layers(
@@ -106,7 +104,7 @@ def sweep_layers(
     curves = {n: _empty_curve("weights", w.numel()) for n, w in prunable_weights(base).items()}
     jobs = [(name, r) for name in curves for r in ratios]
     for name, ratio in tqdm(jobs, desc="sensitivity", unit="eval", disable=None, leave=False):
-        trial = copy.deepcopy(base)
+        trial = clone_with_grads(base)
         w = prunable_weights(trial)[name]
         masks = topk_masks({name: w.detach().abs()}, {name: ratio}, "layer")
         apply_masks_(trial, masks)
@@ -132,18 +130,19 @@ def _record(
 def analyze_sensitivity(
     config: SensitivityConfig, prune: PruneConfig, layout: Layout | None = None
 ) -> SensitivityReport:
-    """Measures each unit's validation accuracy drop when pruned alone, then allocates ratios.
+    """Measures each unit's validation accuracy drop when pruned alone.
 
     Structured methods sweep units (channel groups, attention heads) and weight them by MACs;
-    unstructured methods sweep each layer's weights by magnitude and weight them by count.
+    unstructured methods sweep each layer's weights by magnitude and weight them by count. The
+    `prune` stage allocates per-unit ratios for its target from this sweep.
 
     Args:
         config: The `sensitivity` section of params.
-        prune: The `prune` section: its method decides the granularity, its target the goal.
+        prune: The `prune` section: only its method is read (it decides the granularity).
         layout: Where to read and write; defaults to the current directory.
 
     Returns:
-        The report; `artifacts/sensitivity/{sensitivity,allocation}.json` and a PNG of the curves.
+        The report; `artifacts/sensitivity/sensitivity.json` and a PNG of the curves.
     """
     layout = layout or Layout()
     torch.set_num_threads(config.threads)
@@ -151,27 +150,18 @@ def analyze_sensitivity(
     base = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
     criterion = IMPORTANCES.get(config.importance)
     structured = METHODS.get(prune.method).structured
-    target_ratio = prune.target_ratio
     if criterion.needs_grad:
         accumulate_grads_(base, train, 4, 64)
     base_acc, base_loss = evaluate(base, val, config.batch_size)
-    calibration = calibration_subset(train.x, config.bn_recalibration_samples, prune.seed)
+    calibration = calibration_subset(train.x, config.bn_recalibration_samples, config.seed)
+    warnings: list[str] = []
     if structured:
-        curves, weights = sweep_units(
+        curves, weights, warnings = sweep_units(
             base, val, criterion, config.ratios, meta.input_shape, config.batch_size, (base_acc, base_loss), calibration
         )
     else:
         curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, (base_acc, base_loss), calibration)
     granularity = "units" if structured else "layers"
-    allocation = allocate_ratios(curves, weights, target_ratio, config.max_layer_ratio)
-    achieved = achieved_ratio(allocation, weights)
-    if prune.use_sensitivity and achieved + 1e-9 < target_ratio:
-        raise ConfigError(
-            f"prune.target_ratio: {target_ratio} is out of reach of the sweep (at most {achieved:.3f} with "
-            f"sensitivity.ratios up to {max(config.ratios)} and sensitivity.max_layer_ratio "
-            f"{config.max_layer_ratio}); add higher ratios, raise max_layer_ratio or lower the target"
-        )
-    cost = sum(interpolated_drop(curves[name], r) for name, r in allocation.items())
     evaluations = sum(len(c["ratios"]) for c in curves.values())
     out_dir, metrics_path, plots_dir = (
         layout.stage_dir("sensitivity"),
@@ -179,7 +169,7 @@ def analyze_sensitivity(
         layout.plots("sensitivity"),
     )
     report = SensitivityReport(
-        len(curves), evaluations, base_acc, target_ratio, achieved, cost, out_dir / "allocation.json"
+        len(curves), evaluations, granularity, base_acc, tuple(warnings), out_dir / "sensitivity.json"
     )
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         tmp = staged.dir(out_dir)
@@ -188,23 +178,11 @@ def analyze_sensitivity(
                 "baseline_val_accuracy": base_acc,
                 "baseline_val_loss": base_loss,
                 "importance": config.importance,
+                "granularity": granularity,
                 "units": curves,
+                "weights": weights,
             },
             tmp / "sensitivity.json",
-        )
-        dump_json(
-            {
-                "method": prune.method,
-                "used": prune.use_sensitivity,
-                "granularity": granularity,
-                "target_ratio": target_ratio,
-                "achieved_ratio": achieved,
-                "max_layer_ratio": config.max_layer_ratio,
-                "ratios": allocation,
-                "weights": weights,
-                "sizes": {n: c["size"] for n, c in curves.items()},
-            },
-            tmp / "allocation.json",
         )
         dump_json(report.metrics(), staged.path(metrics_path))
         plots = staged.dir(plots_dir)
@@ -214,5 +192,5 @@ def analyze_sensitivity(
             for r, d in zip(c["ratios"], c["accuracy_drop"], strict=True)
         ]
         dump_json(rows, plots / "curves.json")
-        plot_sensitivity(curves, allocation, plots / "sensitivity.png")
+        plot_sensitivity(curves, {}, plots / "sensitivity.png")
     return report

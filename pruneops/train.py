@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,11 +14,12 @@ from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.models import ModelSpec, create_model
 from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
+from pruneops.stages import StageReport
 from pruneops.training import FitSettings, evaluate, fit_, seed_everything
 
 
 @dataclass(frozen=True)
-class TrainReport:
+class TrainReport(StageReport):
     """The baseline's figures."""
 
     model: str
@@ -31,11 +32,11 @@ class TrainReport:
     epochs_run: int
     checkpoint: Path
 
-    def metrics(self) -> dict:
-        """The figures tracked by `dvc metrics`."""
-        m = asdict(self)
-        m.pop("checkpoint")
-        return m
+    def summary(self) -> str:
+        return (
+            f"{self.model}: test accuracy {100 * self.test_accuracy:.2f}%, {self.params:,} params, "
+            f"{self.macs:,} MACs -> {self.checkpoint}"
+        )
 
 
 def fit_settings(config: TrainConfig) -> FitSettings:

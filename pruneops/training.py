@@ -88,6 +88,15 @@ def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> to
     return torch.cat([model(xs[i : i + batch_size]) for i in range(0, len(xs), batch_size)])
 
 
+def clone_with_grads(model: nn.Module) -> nn.Module:
+    """A deep copy of `model` that keeps each parameter's `.grad` (`copy.deepcopy` drops them)."""
+    twin = copy.deepcopy(model)
+    for source, copied in zip(model.parameters(), twin.parameters(), strict=True):
+        if source.grad is not None:
+            copied.grad = source.grad.detach().clone()
+    return twin
+
+
 def calibration_subset(x: np.ndarray, n: int, seed: int) -> np.ndarray | None:
     """`n` rows of `x` drawn without replacement by `seed` (in their original order); None for 0."""
     if n <= 0:

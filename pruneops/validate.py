@@ -14,12 +14,13 @@ from pruneops.data.loaders import load_raw
 from pruneops.data.splits import DataMeta, Split, save_split
 from pruneops.errors import DataValidationError
 from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.stages import StageReport
 
 QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 
 
 @dataclass(frozen=True)
-class ValidationReport:
+class ValidationReport(StageReport):
     """What `validate` found and wrote."""
 
     dataset: str
@@ -33,11 +34,11 @@ class ValidationReport:
     expectations_failed: int
     data_dir: Path
 
-    def metrics(self) -> dict:
-        """The figures tracked by `dvc metrics`."""
-        m = asdict(self)
-        m.pop("data_dir")
-        return m
+    def summary(self) -> str:
+        return (
+            f"{self.dataset}: {self.n_train}/{self.n_val}/{self.n_test} train/val/test, "
+            f"{self.expectations_evaluated} expectations passed -> {self.data_dir}"
+        )
 
 
 def _split(

@@ -24,6 +24,18 @@ TINY_OVERRIDES = {
 }
 
 
+def prune_section(method: str, target: float | None = None, **extra) -> dict:
+    """The `prune` keys that method takes (a key a method does not take is refused at load)."""
+    section: dict = {"method": method, "target": "ratio", "target_value": target, "importance": "l2", "scope": None}
+    if method == "semi_structured":
+        section.update(target=None, target_value=None, importance=None)
+    elif method == "movement":
+        section.update(importance=None)
+    if section["target_value"] is None and section["target"] is not None:
+        section["target_value"] = 0.5
+    return {**section, **extra}
+
+
 def tiny_params(**sections: dict) -> dict:
     """The project's params.yaml with tiny epochs, updated per section by `sections`."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -44,11 +56,11 @@ def write_params(directory: Path, params: dict) -> Path:
 @pytest.fixture(scope="session")
 def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory where all eight stages ran once on digits with tiny settings."""
-    from pruneops.cli import run_stage
+    from pruneops.stages import STAGE_NAMES, run_stage
 
     root = tmp_path_factory.mktemp("pipeline")
     params = write_params(root, tiny_params())
-    for stage in ("validate", "train", "sensitivity", "prune", "finetune", "quantize", "export", "benchmark"):
+    for stage in STAGE_NAMES:
         run_stage(stage, params, root)
     return root
 

@@ -5,7 +5,8 @@ import json
 import pytest
 import yaml
 
-from pruneops.bench import BenchConfig, run_benchmarks, select_point
+from pruneops.bench import BenchConfig, run_benchmarks
+from pruneops.bench_report import select_point
 from pruneops.cli import main
 from tests.conftest import tiny_params
 
@@ -29,7 +30,7 @@ BENCH = {
                     "set": {
                         "prune.method": "magnitude",
                         "prune.scope": "global",
-                        "prune.target_ratio": 0.9,
+                        "prune.target_value": 0.9,
                         "prune.use_sensitivity": False,
                         "prune.schedule": "oneshot",
                         "prune.steps": 1,
@@ -42,7 +43,7 @@ BENCH = {
                     "name": "tp75",
                     "family": "torch_pruning",
                     "set": {
-                        "prune.target_ratio": 0.75,
+                        "prune.target_value": 0.75,
                         "prune.use_sensitivity": False,
                         "prune.schedule": "oneshot",
                         "prune.steps": 1,
@@ -61,9 +62,9 @@ BENCH = {
                         "finetune.epochs": 2,
                     },
                 },
-                {"name": "ours50", "set": {"prune.target_ratio": 0.5}},
+                {"name": "ours50", "set": {"prune.target_value": 0.5}},
                 # Out of reach with units capped at half: reported, and the others still measured.
-                {"name": "unreachable", "set": {"prune.target_ratio": 0.95, "sensitivity.max_layer_ratio": 0.5}},
+                {"name": "unreachable", "set": {"prune.target_value": 0.95, "prune.max_unit_ratio": 0.5}},
             ],
         }
     ],
@@ -73,7 +74,7 @@ BENCH = {
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
-    params = tiny_params(sensitivity={"ratios": [0.25, 0.5, 0.75, 0.9], "max_layer_ratio": 0.9})
+    params = tiny_params(sensitivity={"ratios": [0.25, 0.5, 0.75, 0.9]}, prune={"max_unit_ratio": 0.9})
     lines = []
     report = run_benchmarks(BenchConfig(**BENCH), params, "pruneops bench --config t.yaml", root, lines.append)
     return root, params, report, lines
@@ -99,7 +100,9 @@ def test_every_recipe_is_measured_together(bench_run):
     assert rows["ours-tp-budget fp32"]["macs"] <= 1.05 * tp["macs"]
     for r in rows.values():
         assert 0.0 < r["test_accuracy"] <= 1.0 and r["latency"]["1"]["p50_ms"] > 0
-    assert any("base: train done" in line for line in lines)
+    # DVC's run-cache shares the baseline: trained by the first variant, restored for the others.
+    assert sum("Running stage 'train'" in line for line in lines) == 1
+    assert sum("Running stage 'sensitivity'" in line for line in lines) <= 2  # channel and magnitude sweeps
     assert "out of reach" in report.failed["digits-cnn"]["unreachable"]
     assert "unreachable: not measured" in report.markdown.read_text()
 
@@ -126,7 +129,7 @@ def test_rerun_reuses_finished_variants_and_cli_writes_the_report(bench_run, cap
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["--root", str(root), "bench", "--config", str(root / "bench.yaml")]) == 0
     out = capsys.readouterr().out
-    assert "done in" not in out  # every stage was reused
+    assert "Running stage" not in out  # every stage of every variant restored from the run-cache
     assert "selected" in out and "benchmarks.md" in out
 
 
@@ -137,7 +140,7 @@ def test_bad_bench_config_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_pareto_front_keeps_only_unbeaten_points():
-    from pruneops.bench import pareto_front
+    from pruneops.plots import pareto_front
 
     def row(name, ms, acc):
         return {"name": name, "latency": {"1": {"p50_ms": ms}}, "test_accuracy": acc}
@@ -146,24 +149,25 @@ def test_pareto_front_keeps_only_unbeaten_points():
     assert [r["name"] for r in pareto_front(rows)] == ["fast-poor", "mid", "slow-best"]
 
 
-def test_mac_budget_search_skips_targets_out_of_the_sweeps_reach(monkeypatch):
-    from pruneops import bench
+def test_budget_search_skips_ratios_out_of_the_sweeps_reach():
     from pruneops.errors import ConfigError
+    from pruneops.pruning.allocation import ratio_for_budget
 
-    def fake_macs(base, params, target):
-        if target > 0.8:  # beyond the allocation cap: the allocation refuses
+    def size_at(ratio):
+        if ratio > 0.8:  # beyond the allocation cap: the allocation refuses
             raise ConfigError("out of reach")
-        return int(1000 * (1 - target) ** 2)
+        return 1000 * (1 - ratio) ** 2
 
-    monkeypatch.setattr(bench, "predicted_macs", fake_macs)
-    found = bench.target_for_macs(None, {}, budget=100, iterations=20)
+    found = ratio_for_budget(size_at, budget=100, iterations=20)
     assert 0.68 <= found <= 0.69  # 1000 * (1 - t)^2 <= 100  <=>  t >= 0.684
-    with pytest.raises(ConfigError, match="no prune.target_ratio"):
-        bench.target_for_macs(None, {}, budget=10)
+    assert ratio_for_budget(size_at, budget=1000) == 0.0
+    with pytest.raises(ConfigError, match="prune.target_value: 10 is out of reach"):
+        ratio_for_budget(size_at, budget=10)
 
 
 def test_targets_are_missed_when_the_validation_pick_fails_on_test(bench_run):
-    from pruneops.bench import machine_info, render_markdown
+    from pruneops.bench_report import render_markdown
+    from pruneops.benchmark import machine_info
     from pruneops.config import BenchmarkConfig
 
     _, _, report, _ = bench_run

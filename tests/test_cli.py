@@ -59,10 +59,12 @@ def test_methods_lists_registries(capsys):
 
 
 def test_bad_param_exits_2_with_one_line_and_writes_nothing(tmp_path):
-    write_params(tmp_path, tiny_params(prune={"target_ratio": 1.5}))
+    write_params(tmp_path, tiny_params(prune={"target_value": 1.5}))
     result = _run(tmp_path, "prune")
     assert result.returncode == 2
-    assert _error_lines(result.stderr) == ["pruneops prune: error: prune.target_ratio: must be less than 1 (got 1.5)"]
+    assert _error_lines(result.stderr) == [
+        "pruneops prune: error: prune.target_value: a ratio must be less than 1 (got 1.5)"
+    ]
     assert not (tmp_path / "artifacts").exists() and not (tmp_path / "metrics").exists()
 
 
@@ -130,8 +132,8 @@ def test_failure_mid_stage_keeps_previous_outputs(pipeline_dir, tmp_path, monkey
     import shutil
 
     from pruneops import export as export_module
-    from pruneops.cli import run_stage
     from pruneops.errors import ParityError
+    from pruneops.stages import run_stage
 
     for part in ("artifacts", "metrics"):
         shutil.copytree(pipeline_dir / part, tmp_path / part)

@@ -1,44 +1,38 @@
 import pytest
 import yaml
 
-from pruneops.config import (
-    STAGE_CONFIGS,
-    ConfigError,
-    PruneConfig,
-    check_sections,
-    load_stage_config,
-    parse_section,
-    read_params,
-)
+from pruneops.config import ConfigError, PruneConfig, QuantizeConfig, TrainConfig, parse_section, read_params
+from pruneops.stages import SECTIONS, STAGES, check_sections, load_configs
 from tests.conftest import ROOT
 
 
-def test_project_params_are_valid_for_every_stage():
-    params = read_params(ROOT / "params.yaml")
-    check_sections(params)
-    for stage in STAGE_CONFIGS:
-        load_stage_config(params, stage)
+def test_project_params_are_valid_for_every_section():
+    configs = load_configs(read_params(ROOT / "params.yaml"))
+    assert set(configs) == set(SECTIONS)
 
 
-def test_params_yaml_and_dvc_yaml_list_every_key_of_each_stage():
+def test_params_yaml_lists_every_key_of_each_stage():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    for stage, cls in STAGE_CONFIGS.items():
-        assert set(params[stage]) == set(cls.model_fields), stage
-        listed = {p for p in dvc["stages"][stage]["params"]}
-        assert {f"{stage}.{k}" for k in cls.model_fields} <= listed, stage
-        assert any(d.startswith(f"pruneops/{stage}") for d in dvc["stages"][stage]["deps"]), stage
+    for stage in STAGES:
+        assert set(params[stage.name]) == set(stage.config.model_fields), stage.name
 
 
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
-        ({"target_ratio": 1.0}, "prune.target_ratio: must be less than 1 (got 1.0)"),
-        ({"target_ratio": -0.1}, "prune.target_ratio: must be greater than or equal to 0"),
-        ({"target_ratio": "half"}, "prune.target_ratio: must be a valid number"),
+        ({"target_value": 1.0}, "prune.target_value: a ratio must be less than 1 (got 1.0)"),
+        ({"target_value": -0.1}, "prune.target_value: must be greater than or equal to 0"),
+        ({"target_value": "half"}, "prune.target_value: must be a valid number"),
         ({"steps": 0}, "prune.steps: must be greater than or equal to 1"),
-        ({"trget_ratio": 0.5}, "prune.trget_ratio: unknown key; allowed keys: method, target_ratio"),
-        ({"schedule": "exp"}, "prune.schedule: must be 'cubic', 'linear' or 'oneshot'"),
+        ({"trget_value": 0.5}, "prune.trget_value: unknown key; allowed keys: method, target, target_value"),
+        ({"schedule": "exp"}, "prune.schedule: unknown pruning schedule 'exp'; choose from: cubic, linear, oneshot"),
+        ({"method": "chanel"}, "prune.method: unknown pruning method 'chanel'; choose from: channel, head"),
+        ({"importance": "l3"}, "prune.importance: unknown importance criterion 'l3'"),
+        ({"target_value": None}, "prune.target_value: set together with prune.target"),
+        (
+            {"target": "macs", "target_value": 1e6, "method": "magnitude"},
+            "prune.target: macs targets need a structured",
+        ),
     ],
 )
 def test_bad_values_give_one_line_naming_key_and_allowed(raw, fragment):
@@ -50,9 +44,70 @@ def test_bad_values_give_one_line_naming_key_and_allowed(raw, fragment):
     assert exc.value.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (
+            {"method": "channel", "scope": "layer"},
+            "prune.scope: does not apply to method 'channel' (it applies to: magnitude, movement)",
+        ),
+        (
+            {"method": "magnitude", "round_to": 8},
+            "prune.round_to: does not apply to method 'magnitude' (it applies to: channel, head)",
+        ),
+        ({"method": "semi_structured", "importance": None}, "prune.target: does not apply to method 'semi_structured'"),
+        ({"method": "semi_structured", "target": None, "target_value": None}, "prune.importance: does not apply"),
+        (
+            {"method": "movement", "target": "ratio", "target_value": 0.8},
+            "prune.importance: does not apply to method 'movement'",
+        ),
+        (
+            {"method": "magnitude", "importance": "taylor"},
+            "prune.importance: method 'magnitude' ranks weights by l1 or l2",
+        ),
+        ({"method": "channel", "importance": None}, "prune.importance: required by method 'channel'"),
+    ],
+)
+def test_keys_that_do_not_apply_to_the_method_are_refused_at_load(raw, fragment):
+    with pytest.raises(ConfigError) as exc:
+        parse_section("prune", raw, PruneConfig)
+    assert fragment in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_every_method_accepts_exactly_its_own_keys():
+    for raw in (
+        {"method": "semi_structured", "target": None, "target_value": None, "importance": None},
+        {"method": "movement", "importance": None, "scope": "layer"},
+        {"method": "magnitude", "importance": "l1", "scope": "global"},
+        {"method": "head", "round_to": 8, "importance": "taylor"},
+        {"method": "channel", "target": "macs", "target_value": 1e6},
+    ):
+        parse_section("prune", raw, PruneConfig)
+
+
+def test_unknown_registry_names_are_refused_at_load_in_every_section():
+    with pytest.raises(ConfigError, match="train.model: unknown model 'resnet'"):
+        parse_section("train", {"model": "resnet"}, TrainConfig)
+    with pytest.raises(ConfigError, match=r"train.model: cannot import factory 'nopkg.models:build'"):
+        parse_section("train", {"model": "nopkg.models:build"}, TrainConfig)
+    with pytest.raises(ConfigError, match="quantize.method: unknown quantizer 'fast'"):
+        parse_section("quantize", {"method": "fast"}, QuantizeConfig)
+    params = read_params(ROOT / "params.yaml")
+    params["validate"]["dataset"] = "imagenet"
+    with pytest.raises(ConfigError, match="validate.dataset: unknown dataset 'imagenet'"):
+        load_configs(params)
+
+
 def test_unknown_section_is_rejected():
     with pytest.raises(ConfigError, match="prunee: unknown section"):
         check_sections({"prunee": {}})
+
+
+def test_a_stage_section_missing_from_the_file_is_refused(tmp_path):
+    params = read_params(ROOT / "params.yaml")
+    del params["train"]
+    with pytest.raises(ConfigError, match="train: section missing from the params file"):
+        load_configs(params, ("train",))
 
 
 def test_read_params_rejects_non_mapping(tmp_path):

@@ -11,8 +11,8 @@ pytestmark = [
 
 
 def test_mnist_cnn_pipeline_by_params_only(tmp_path):
-    from pruneops.cli import run_stage
     from pruneops.io import read_json
+    from pruneops.stages import STAGE_NAMES, run_stage
 
     params = tiny_params(
         validate={"dataset": "npz", "path": str(MNIST), "max_train_samples": 6000, "val_fraction": 0.05},
@@ -20,7 +20,7 @@ def test_mnist_cnn_pipeline_by_params_only(tmp_path):
         finetune={"epochs": 4, "patience": 4},
     )
     path = write_params(tmp_path, params)
-    for stage in ("validate", "train", "sensitivity", "prune", "finetune", "quantize", "export", "benchmark"):
+    for stage in STAGE_NAMES:
         run_stage(stage, path, tmp_path)
     validate = read_json(tmp_path / "metrics/validate.json")
     assert validate["n_test"] == 10_000 and validate["n_features"] == 784

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -10,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, tiny_params, write_params
-
-STAGES = ["validate", "train", "sensitivity", "prune", "finetune", "quantize", "export", "benchmark"]
+from pruneops.dvcfile import write_dvc_yaml
+from pruneops.stages import STAGE_NAMES as STAGES
+from tests.conftest import tiny_params, write_params
 
 
 def _sh(cwd: Path, *cmd: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -33,9 +32,8 @@ def _sh(cwd: Path, *cmd: str, timeout: int = 600) -> subprocess.CompletedProcess
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_dvc_repro_then_noop_then_experiment(tmp_path):
-    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
-    shutil.copytree(ROOT / "pruneops", tmp_path / "pruneops", ignore=shutil.ignore_patterns("__pycache__"))
     write_params(tmp_path, tiny_params())
+    write_dvc_yaml(tmp_path)  # code deps point at this checkout's pruneops (outside the project)
     dvc = str(Path(sys.executable).parent / "dvc")
     _sh(tmp_path, "git", "init", "-q")
     _sh(tmp_path, dvc, "init", "-q")
@@ -53,12 +51,12 @@ def test_dvc_repro_then_noop_then_experiment(tmp_path):
 
     _sh(tmp_path, "git", "add", "-A")
     _sh(tmp_path, "git", "commit", "-qm", "baseline run")
-    exp = _sh(tmp_path, dvc, "exp", "run", "-S", "prune.target_ratio=0.7").stdout
-    assert "Running stage 'sensitivity'" in exp and "Running stage 'prune'" in exp
-    assert "Running stage 'train'" not in exp
+    exp = _sh(tmp_path, dvc, "exp", "run", "-S", "prune.target_value=0.7").stdout
+    assert "Running stage 'prune'" in exp
+    assert "Running stage 'train'" not in exp and "Running stage 'sensitivity'" not in exp  # the sweep is reused
     prune = json.loads((tmp_path / "metrics/prune.json").read_text())
-    assert prune["target_ratio"] == 0.7
-    alloc = json.loads((tmp_path / "artifacts/sensitivity/allocation.json").read_text())
+    assert prune["target_value"] == 0.7 and prune["target_ratio"] == 0.7
+    alloc = json.loads((tmp_path / "artifacts/prune/allocation.json").read_text())
     assert alloc["target_ratio"] == 0.7
     diff = _sh(tmp_path, dvc, "metrics", "diff", "--json").stdout
     assert "metrics/prune.json" in json.loads(diff)

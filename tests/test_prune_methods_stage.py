@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from pruneops.cli import run_stage
 from pruneops.io import read_json
-from tests.conftest import tiny_params, write_params
+from pruneops.stages import run_stage
+from tests.conftest import prune_section, tiny_params, write_params
 
 
 @pytest.mark.parametrize(
@@ -28,13 +28,16 @@ def test_method_through_stages(pipeline_dir, tmp_path, method, model, target):
         tmp_path,
         tiny_params(
             train={"model": model, "model_kwargs": kwargs},
-            prune={"method": method, "target_ratio": target},
-            sensitivity={"ratios": [0.25, 0.5, 0.75, 0.9], "max_layer_ratio": 0.9},
+            prune=prune_section(method, None if method == "semi_structured" else target, max_unit_ratio=0.9),
+            sensitivity={"ratios": [0.25, 0.5, 0.75, 0.9]},
         ),
     )
     for stage in ("train", "sensitivity", "prune", "finetune"):
         run_stage(stage, params, tmp_path)
-    alloc = read_json(tmp_path / "artifacts/sensitivity/allocation.json")
+    alloc = {
+        **read_json(tmp_path / "artifacts/sensitivity/sensitivity.json"),
+        **read_json(tmp_path / "artifacts/prune/allocation.json"),
+    }
     prune = read_json(tmp_path / "metrics/prune.json")
     finetune = read_json(tmp_path / "metrics/finetune.json")
     if method in ("channel", "head"):

@@ -24,11 +24,12 @@ def test_train_stage_writes_safetensors_and_metrics(pipeline_dir):
     assert not list((pipeline_dir / "artifacts/train").glob("*.pt"))
 
 
-def test_sensitivity_stage_curves_and_allocation(pipeline_dir):
+def test_sensitivity_curves_and_the_prune_stages_allocation(pipeline_dir):
     sens = read_json(pipeline_dir / "artifacts/sensitivity/sensitivity.json")
-    alloc = read_json(pipeline_dir / "artifacts/sensitivity/allocation.json")
-    assert set(alloc["ratios"]) == set(sens["units"])
+    alloc = read_json(pipeline_dir / "artifacts/prune/allocation.json")
+    assert set(alloc["ratios"]) == set(sens["units"]) == set(sens["weights"])
     assert alloc["achieved_ratio"] >= alloc["target_ratio"] - 1e-9
+    assert (pipeline_dir / "plots/prune/allocation.png").stat().st_size > 10_000
     for curve in sens["units"].values():
         assert curve["ratios"] == sorted(curve["ratios"]) and len(curve["ratios"]) == len(curve["accuracy_drop"])
     png = Image.open(pipeline_dir / "plots/sensitivity/sensitivity.png")
@@ -94,9 +95,9 @@ def test_prune_stage_recalibrates_batchnorm_after_each_step(pipeline_dir, tmp_pa
 
     import torch
 
-    from pruneops.cli import run_stage
     from pruneops.data import load_prepared
     from pruneops.io import Layout
+    from pruneops.stages import run_stage
     from pruneops.training import calibration_subset, recalibrate_batchnorm_
     from tests.conftest import tiny_params, write_params
 

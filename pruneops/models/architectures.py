@@ -113,12 +113,6 @@ class MultiHeadSelfAttention(nn.Module):
         ctx = attn @ v
         return self.out(ctx.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
-    def prune_heads_(self, heads: list[int]) -> None:
-        """Physically removes `heads` (Q/K/V rows, output columns) and updates `num_heads`."""
-        from pruneops.pruning.heads import own_attention, remove_heads_
-
-        remove_heads_(own_attention(self), heads)
-
     def extra_macs(self, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> int:
         """MACs of the two attention matmuls (the projections are counted as Linears)."""
         b, t, _ = inputs[0].shape

@@ -35,8 +35,15 @@ class ModelSpec:
         return asdict(self)
 
 
-def _resolve_factory(name: str):
+def resolve_factory(name: str):
+    """The factory of a registered model name or of `package.module:factory`.
+
+    Raises:
+        ConfigError: Unknown name, or the import path does not import.
+    """
     if ":" not in name:
+        import pruneops.models.architectures  # noqa: F401 - registers the built-in models
+
         return MODELS.get(name)
     module_name, _, attr = name.partition(":")
     try:
@@ -51,10 +58,7 @@ def create_model(spec: ModelSpec) -> nn.Module:
     User factories (`package.module:factory`) are called as
     `factory(input_shape=..., num_classes=..., **kwargs)`.
     """
-    # Registry builders are imported lazily so that importing the package stays cheap.
-    import pruneops.models.architectures  # noqa: F401
-
-    factory = _resolve_factory(spec.name)
+    factory = resolve_factory(spec.name)
     try:
         model = factory(input_shape=tuple(spec.input_shape), num_classes=spec.num_classes, **spec.kwargs)
     except TypeError as exc:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pruneops.errors import ConfigError
 
 
 def _monotone(values: list[float]) -> list[float]:
@@ -90,3 +94,72 @@ def interpolated_drop(curve: dict, ratio: float) -> float:
         if r0 <= ratio <= r1:
             return d0 if r1 == r0 else d0 + (d1 - d0) * (ratio - r0) / (r1 - r0)
     return pts[-1][1]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Per-unit ratios for a target, what they reach and what they cost on the sweep."""
+
+    ratios: dict[str, float]
+    target_ratio: float
+    achieved_ratio: float
+    summed_isolated_drop: float
+    max_unit_ratio: float
+
+
+def allocate_for_target(sweep: dict, target: float, max_ratio: float) -> Allocation:
+    """Allocates per-unit ratios from a sensitivity sweep (`sensitivity.json`) for `target`.
+
+    Raises:
+        ConfigError: The sweep cannot reach the target under the per-unit cap.
+    """
+    curves, weights = sweep["units"], sweep["weights"]
+    ratios = allocate_ratios(curves, weights, target, max_ratio)
+    achieved = achieved_ratio(ratios, weights)
+    if achieved + 1e-9 < target:
+        top = max((max(c["ratios"], default=0.0) for c in curves.values()), default=0.0)
+        raise ConfigError(
+            f"prune.target_value: ratio {target} is out of reach of the sweep (at most {achieved:.3f} with "
+            f"sensitivity.ratios up to {top} and prune.max_unit_ratio {max_ratio}); add higher "
+            "sensitivity.ratios, raise prune.max_unit_ratio or lower the target"
+        )
+    cost = sum(interpolated_drop(curves[name], r) for name, r in ratios.items())
+    return Allocation(ratios, target, achieved, cost, max_ratio)
+
+
+def ratio_for_budget(
+    size_at: Callable[[float], float], budget: float, high: float = 0.98, iterations: int = 14
+) -> float:
+    """The smallest ratio in [0, `high`] whose pruned size is within `budget` (bisection).
+
+    Args:
+        size_at: Pruned size (MACs, params...) at a ratio; raises `ConfigError` for a ratio out of
+            reach (the answer, if any, then lies below it).
+        budget: The largest size allowed.
+        high: The largest ratio tried.
+        iterations: Bisection steps (14 resolve the ratio to about 1e-4).
+
+    Raises:
+        ConfigError: No reachable ratio meets the budget.
+    """
+    if size_at(0.0) <= budget:
+        return 0.0
+    low, found = 0.0, None
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        try:
+            fits = size_at(mid) <= budget
+        except ConfigError:
+            high = mid
+            continue
+        if fits:
+            high, found = mid, mid
+        else:
+            low = mid
+    if found is None:
+        raise ConfigError(
+            f"prune.target_value: {budget:,.0f} is out of reach (no ratio up to {high:.3f} the sweep and "
+            "prune.max_unit_ratio allow gets there); raise max_unit_ratio, add higher sensitivity.ratios "
+            "or ask for less"
+        )
+    return round(found, 5)

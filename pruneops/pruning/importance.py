@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch_pruning as tp
 
+from pruneops.errors import PruneOpsError
 from pruneops.registry import Registry
 
 
@@ -19,6 +20,9 @@ class Criterion:
     make_group_importance: Callable[[], Callable]
     head_scores: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
     needs_grad: bool = False
+    # False when the criterion has no meaning for attention heads (they are then ranked by L2,
+    # and the stage records that it did so).
+    scores_heads: bool = True
 
 
 IMPORTANCES: Registry[Criterion] = Registry("importance criterion")
@@ -33,7 +37,9 @@ def _l2(w: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
 
 
 def _taylor(w: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-    return _l2(w, None) if g is None else (w * g).sum(1).abs()
+    if g is None:
+        raise PruneOpsError("importance 'taylor' needs gradients, and the attention heads have none")
+    return (w * g).abs().sum(1)
 
 
 def _random(w: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
@@ -49,8 +55,8 @@ IMPORTANCES.register("l2", "L2 norm of each group's weights")(
 IMPORTANCES.register("taylor", "first-order Taylor |w * dL/dw| (needs a gradient pass)")(
     Criterion("taylor", lambda: tp.importance.GroupTaylorImportance(), _taylor, needs_grad=True)
 )
-IMPORTANCES.register("bn_scale", "|gamma| of the BatchNorm that follows (heads: L2)")(
-    Criterion("bn_scale", lambda: tp.importance.BNScaleImportance(), _l2)
+IMPORTANCES.register("bn_scale", "|gamma| of the BatchNorm that follows (units without one: L2, with a warning)")(
+    Criterion("bn_scale", lambda: tp.importance.BNScaleImportance(), _l2, scores_heads=False)
 )
 IMPORTANCES.register("random", "random scores (a baseline to beat)")(
     Criterion("random", lambda: tp.importance.RandomImportance(), _random)

@@ -3,13 +3,15 @@
 A method is a class with `apply_(model, fraction)` (prune to `fraction` of the target, the
 schedule's point), `after_backward(model)` / `after_step(model)` (called while fine-tuning),
 `masks()` (what to save beside the weights) and `speedup` (what hardware can gain from it).
-Structured methods shrink layers; unstructured ones keep masks beside dense weights.
+Structured methods shrink layers; unstructured ones keep masks beside dense weights. Each class
+declares which `prune` keys apply to it (`options`), which it needs (`required`) and which
+importance criteria it understands (`importances`, empty for any); config loading enforces them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +53,7 @@ class PruneContext:
     round_to: int | None = None
     grad_batches: int = 4
     batch_size: int = 64
+    warnings: list[str] = field(default_factory=list)
 
 
 def accumulate_grads_(model: nn.Module, data: Split, batches: int, batch_size: int) -> None:
@@ -70,6 +73,9 @@ class PruningMethod:
 
     structured = False
     needs_warmup = False
+    options: frozenset[str] = frozenset()
+    required: frozenset[str] = frozenset()
+    importances: frozenset[str] = frozenset()
 
     def __init__(self, ctx: PruneContext):
         self.ctx = ctx
@@ -97,11 +103,18 @@ class PruningMethod:
 METHODS: Registry[Callable[[PruneContext], PruningMethod]] = Registry("pruning method")
 
 
+def registered_methods(_: str = "all") -> dict[str, type[PruningMethod]]:
+    """Every registered method class by name (config checks list which methods take a key)."""
+    return {entry.name: entry.obj for entry in METHODS}
+
+
 @METHODS.register("channel", "structured channel/head removal: smaller dense layers (real speed-up)")
 class ChannelPruning(PruningMethod):
     """Dependency-aware channel (and attention-head) removal via Torch-Pruning's DepGraph."""
 
     structured = True
+    options = frozenset({"target", "importance", "round_to"})
+    required = frozenset({"target", "importance"})
 
     def __init__(self, ctx: PruneContext):
         super().__init__(ctx)
@@ -127,6 +140,7 @@ class ChannelPruning(PruningMethod):
         if self.ctx.criterion.needs_grad:
             accumulate_grads_(model, self.ctx.train, self.ctx.grad_batches, self.ctx.batch_size)
         pruner.prune_to_(keep, head_scores=self.head_scores(model))
+        self.ctx.warnings.extend(w for w in pruner.warnings if w not in self.ctx.warnings)
         model.zero_grad(set_to_none=True)
 
 
@@ -189,6 +203,9 @@ def topk_masks(scores: dict[str, torch.Tensor], ratios: dict[str, float], scope:
 class UnstructuredPruning(PruningMethod):
     """Masks over dense weights from per-weight scores, globally or per layer."""
 
+    options = frozenset({"target", "scope"})
+    required = frozenset({"target"})
+
     @property
     def speedup(self) -> str:
         return "none through dense kernels: zeros are multiplied like any other weight"
@@ -226,6 +243,10 @@ class UnstructuredPruning(PruningMethod):
 @METHODS.register("magnitude", "unstructured magnitude, global or per layer: zeros in dense layers (no CPU speed-up)")
 class MagnitudePruning(UnstructuredPruning):
     """Unstructured magnitude pruning (|w| for l1, w^2 for l2: the same ranking per weight)."""
+
+    options = frozenset({"target", "scope", "importance"})
+    required = frozenset({"target", "importance"})
+    importances = frozenset({"l1", "l2"})
 
     def scores(self, model: nn.Module) -> dict[str, torch.Tensor]:
         power = 2 if self.ctx.criterion.name == "l2" else 1
@@ -284,11 +305,14 @@ def semi_structured_mask(w: torch.Tensor) -> torch.Tensor:
 class SemiStructuredPruning(UnstructuredPruning):
     """2:4 semi-structured sparsity on every eligible Linear (not the classifier).
 
-    The pattern is fixed at 50%: `target_ratio` does not apply. With a sensitivity allocation,
+    The pattern is fixed at 50%: `target` does not apply. With a sensitivity allocation,
     only layers allocated at least 0.5 get the pattern. On CUDA (capability >= 8.0)
     `to_semi_structured_` converts them for cuSPARSELt kernels; on CPU the masked weights stay
     dense and give no speed-up.
     """
+
+    options = frozenset()
+    required = frozenset()
 
     @property
     def speedup(self) -> str:

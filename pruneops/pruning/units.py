@@ -15,6 +15,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from pruneops.errors import PruneOpsError
 from pruneops.models import classifier_of
 from pruneops.pruning.heads import head_sites, remove_heads_
 from pruneops.pruning.importance import Criterion
@@ -61,6 +62,8 @@ class UnitPruner:
         self.model = model
         self.example_input = example_input
         self.criterion = criterion
+        # What could not be done as configured (e.g. a criterion that cannot score a unit).
+        self.warnings: list[str] = []
 
     def _graph(self) -> tp.DependencyGraph:
         with warnings.catch_warnings():
@@ -104,6 +107,8 @@ class UnitPruner:
             if head_scores and name in head_scores:
                 scores = head_scores[name]
             else:
+                if not self.criterion.scores_heads:
+                    self._warn(f"importance {self.criterion.name!r} cannot score the heads of {name}: ranked by L2")
                 scores = self.criterion.head_scores(site.head_matrix(), site.head_matrix(grad=True))
             remove_heads_(site, torch.argsort(scores)[: site.num_heads - k].tolist())
         wanted = {n: k for n, k in keep.items() if not n.endswith(".heads")}
@@ -116,10 +121,42 @@ class UnitPruner:
             k = wanted.get(name)
             if k is None or k >= size:
                 continue
-            with torch.no_grad():
-                scores = importance(group)
-                if scores is None:  # e.g. BN-scale on a group without BatchNorm
-                    scores = tp.importance.GroupMagnitudeImportance(p=2)(group)
-            drop = torch.argsort(scores)[: size - k].tolist()
+            drop = torch.argsort(self._group_scores(name, group, importance))[: size - k].tolist()
             dep = group[0].dep
             graph.get_pruning_group(dep.target.module, dep.handler, idxs=drop).prune()
+
+    def scores(self, unit: str) -> torch.Tensor:
+        """The criterion's score of each channel of a channel unit (higher = more important)."""
+        graph = self._graph()
+        for name, group in self._groups(graph):
+            if name == unit:
+                return self._group_scores(name, group, self.criterion.make_group_importance())
+        raise KeyError(f"no channel unit {unit!r}")
+
+    @torch.no_grad()
+    def _group_scores(self, name: str, group, importance) -> torch.Tensor:
+        """Scores of one channel group; a criterion that cannot score it is said, not swapped quietly.
+
+        Raises:
+            PruneOpsError: A gradient criterion found a layer of the group without gradients.
+        """
+        try:
+            scores = importance(group)
+        except AttributeError:  # Torch-Pruning reads `.grad.data` of every layer in the group
+            if self.criterion.needs_grad:
+                raise PruneOpsError(
+                    f"importance {self.criterion.name!r} cannot score unit {name}: a layer of it has no "
+                    "gradient (compute gradients on this model before pruning)"
+                ) from None
+            raise
+        if scores is None:  # e.g. BN-scale on a group without BatchNorm
+            self._warn(
+                f"importance {self.criterion.name!r} cannot score unit {name} "
+                "(no layer it understands): ranked by L2 norm instead"
+            )
+            scores = tp.importance.GroupMagnitudeImportance(p=2)(group)
+        return scores
+
+    def _warn(self, warning: str) -> None:
+        if warning not in self.warnings:
+            self.warnings.append(warning)

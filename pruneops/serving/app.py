@@ -1,4 +1,8 @@
-"""FastAPI app: /predict, /feedback, /healthz, /readyz, /metrics over the production model."""
+"""FastAPI app: /predict, /feedback, /healthz, /readyz, /metrics over the production model.
+
+All mutable state lives in one `ServingState` behind a lock; HTTP metrics come from one
+middleware, so every response (an unhandled 500 included) is counted by endpoint and status.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -20,13 +25,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Field
 
 from pruneops.drift import DriftMonitor
+from pruneops.errors import ConfigError
 from pruneops.io import read_json
-from pruneops.serving.model import ModelHolder
+from pruneops.serving.model import LoadedModel, ModelHolder
 
 log = logging.getLogger("pruneops.serving")
 
 # Millisecond-scale inference: buckets from 50 us to 1 s.
 LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
+KNOWN_ENDPOINTS = ("predict", "feedback", "healthz", "readyz", "metrics")
 
 
 class ServingConfig(BaseModel):
@@ -45,6 +52,7 @@ class ServingConfig(BaseModel):
     feedback_flush_every: Annotated[int, Field(ge=1)] = 100
     accuracy_window: Annotated[int, Field(ge=1)] = 500
     max_batch: Annotated[int, Field(ge=1)] = 256
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     reload_interval_s: Annotated[float, Field(gt=0)] = 2.0
     threads: Annotated[int, Field(ge=1)] = 1
 
@@ -55,11 +63,43 @@ class PredictRequest(BaseModel):
     inputs: list
 
 
+class PredictResponse(BaseModel):
+    """Predicted classes and probabilities, with ids to send feedback for."""
+
+    prediction_ids: list[str]
+    classes: list[int]
+    probabilities: list[list[float]]
+    model_version: str
+
+
 class FeedbackRequest(BaseModel):
     """The true label of an earlier prediction."""
 
-    prediction_id: str
+    prediction_id: Annotated[str, Field(max_length=64)]
     label: int
+
+
+class FeedbackResponse(BaseModel):
+    """Rolling accuracy over the labelled window."""
+
+    rolling_accuracy: float
+    window: int
+
+
+class StatusResponse(BaseModel):
+    """Liveness or readiness."""
+
+    status: str
+    model_version: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx body."""
+
+    error: str
+
+
+ERRORS = {status: {"model": ErrorResponse} for status in (404, 413, 422, 500, 503)}
 
 
 class Metrics:
@@ -96,166 +136,279 @@ class Metrics:
         self.last_promotion = Gauge("pruneops_last_promotion_timestamp_seconds", "Last promotion", registry=r)
 
 
-def create_app(config: ServingConfig | None = None) -> FastAPI:
-    """Builds the serving app (the model loads at start-up and on promotion)."""
-    config = config or ServingConfig()
-    metrics = Metrics()
-    holder = ModelHolder(config.production, config.threads)
-    fallback = config.reference_stats
-    reference = read_json(fallback) if fallback is not None and fallback.exists() else None
-    monitor = DriftMonitor(reference, config.drift_window, config.drift_min_samples)
-    recent: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
-    correct: deque[int] = deque(maxlen=config.accuracy_window)
-    labelled: deque[tuple[np.ndarray, int]] = deque(maxlen=50_000)
+class ServingState:
+    """The model, the drift window, recent predictions and labelled feedback, behind one lock.
 
-    def publish_model() -> None:
-        model = holder.current
-        if model is None:
-            return
-        if model.reference_stats is not None and model.reference_stats != monitor.reference:
-            monitor.set_reference(model.reference_stats)
-        metrics.model_info.clear()
+    Request handlers run in a thread pool and the watcher in another thread: every read and
+    write of the shared collections goes through `self.lock`.
+    """
+
+    def __init__(self, config: ServingConfig):
+        self.config = config
+        self.metrics = Metrics()
+        self.holder = ModelHolder(config.production, config.threads)
+        fallback = config.reference_stats
+        reference = read_json(fallback) if fallback is not None and fallback.exists() else None
+        self.monitor = DriftMonitor(reference, config.drift_window, config.drift_min_samples)
+        self.lock = threading.Lock()
+        self.recent: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
+        self.correct: deque[int] = deque(maxlen=config.accuracy_window)
+        self.labelled: deque[tuple[np.ndarray, int]] = deque(maxlen=50_000)
+        self.since_flush = 0
+        self.metrics.drift_threshold.labels("psi").set(config.psi_threshold)
+        self.metrics.drift_threshold.labels("ks").set(config.ks_threshold)
+
+    def refresh(self) -> None:
+        """Swaps in a newly promoted model (a refused one is counted; the old one keeps serving)."""
+        errors = self.holder.reload_errors
+        if self.holder.refresh():
+            self.publish_model(self.holder.current)
+        if self.holder.reload_errors > errors:
+            self.metrics.reload_errors.inc(self.holder.reload_errors - errors)
+
+    def publish_model(self, model: LoadedModel) -> None:
+        """Exports what is served, and measures drift against the data this model was trained on."""
+        if model.reference_stats is not None and model.reference_stats != self.monitor.reference:
+            self.monitor.set_reference(model.reference_stats)
         m = model.metadata.get("metrics", {}).get("models", {}).get("pruned_int8", {})
-        metrics.model_info.labels(
+        self.metrics.model_info.clear()
+        self.metrics.model_info.labels(
             model.version, str(model.metadata.get("sparsity", "")), str(m.get("params", "")), str(m.get("macs", ""))
         ).set(1)
-        metrics.last_reprune.set(model.metadata.get("registered_at", 0))
-        history = config.production.parent / "history.json"
+        self.metrics.last_reprune.set(model.metadata.get("registered_at", 0))
+        history = self.config.production.parent / "history.json"
         if history.exists():
             promotions = [e["at"] for e in read_json(history) if e["action"] in ("promote", "rollback")]
             if promotions:
-                metrics.last_promotion.set(promotions[-1])
+                self.metrics.last_promotion.set(promotions[-1])
 
-    def refresh() -> None:
-        errors = holder.reload_errors
-        if holder.refresh():
-            publish_model()
-        if holder.reload_errors > errors:
-            metrics.reload_errors.inc(holder.reload_errors - errors)
+    def predict(self, model: LoadedModel, x: np.ndarray) -> PredictResponse:
+        """Runs the model, tracks latency and drift, and remembers each input for feedback."""
+        started = time.perf_counter()
+        probs = model.predict_proba(x)
+        self.metrics.latency.labels(model.version).observe(time.perf_counter() - started)
+        classes = probs.argmax(axis=1)
+        self.monitor.observe(x, classes)
+        ids = [uuid.uuid4().hex for _ in range(len(x))]
+        with self.lock:
+            for pid, xi, ci in zip(ids, x, classes, strict=True):
+                self.recent[pid] = (xi, int(ci))
+            while len(self.recent) > 10 * self.config.drift_window:
+                self.recent.popitem(last=False)
+        return PredictResponse(
+            prediction_ids=ids,
+            classes=classes.tolist(),
+            probabilities=probs.round(6).tolist(),
+            model_version=model.version,
+        )
 
-    async def watch() -> None:
-        while True:
-            await asyncio.sleep(config.reload_interval_s)
-            await asyncio.to_thread(refresh)
+    def feedback(self, prediction_id: str, label: int) -> FeedbackResponse:
+        """Records a true label; every `feedback_flush_every` labels the store is written.
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
-        refresh()
-        task = asyncio.create_task(watch())
-        yield
-        task.cancel()
-        flush_feedback()
+        Raises:
+            HTTPException: 404 for an unknown id.
+        """
+        with self.lock:
+            item = self.recent.get(prediction_id)
+            if item is None:
+                raise HTTPException(404, f"unknown or expired prediction_id {prediction_id!r}")
+            x, predicted = item
+            self.correct.append(int(predicted == label))
+            self.labelled.append((x, label))
+            self.since_flush += 1
+            due = self.since_flush >= self.config.feedback_flush_every
+            accuracy, window = sum(self.correct) / len(self.correct), len(self.correct)
+        if due:
+            self.flush_feedback()
+        self.metrics.accuracy.set(accuracy)
+        self.metrics.feedback.inc()
+        return FeedbackResponse(rolling_accuracy=accuracy, window=window)
 
-    metrics.drift_threshold.labels("psi").set(config.psi_threshold)
-    metrics.drift_threshold.labels("ks").set(config.ks_threshold)
-    since_flush = [0]
-
-    def flush_feedback() -> None:
+    def flush_feedback(self) -> None:
         """Writes the labelled samples where `reprune` looks for them (NPZ, 80/20 split)."""
-        if config.feedback_path is None or not labelled:
-            return
-        x = np.stack([item[0] for item in labelled])
-        y = np.array([item[1] for item in labelled], dtype=np.int64)
+        path = self.config.feedback_path
+        with self.lock:
+            if path is None or not self.labelled:
+                return
+            x = np.stack([item[0] for item in self.labelled])
+            y = np.array([item[1] for item in self.labelled], dtype=np.int64)
+            self.since_flush = 0
         cut = max(1, int(0.8 * len(y)))
-        config.feedback_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = config.feedback_path.with_suffix(".tmp.npz")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.npz")
         np.savez(tmp, x_train=x[:cut], y_train=y[:cut], x_test=x[cut:], y_test=y[cut:])
-        os.replace(tmp, config.feedback_path)
-        since_flush[0] = 0
+        os.replace(tmp, path)
 
-    app = FastAPI(title="PruneOps serving", lifespan=lifespan)
-    app.state.holder, app.state.metrics, app.state.monitor, app.state.labelled = holder, metrics, monitor, labelled
-    app.state.refresh = refresh
+    def export_drift(self) -> None:
+        """Sets the drift gauges from the current window (nothing below `drift_min_samples`)."""
+        scores = self.monitor.scores()
+        if scores is None:
+            return
+        for group, value in scores.psi_by_group.items():
+            self.metrics.drift.labels(group).set(value)
+        for group, value in scores.ks_by_group.items():
+            self.metrics.drift_ks.labels(group).set(value)
+        self.metrics.drift.labels("overall").set(scores.psi_overall)
+        self.metrics.drift_ks.labels("overall").set(scores.ks_overall)
+        self.metrics.prediction_drift.set(scores.prediction_psi)
 
-    def fail(endpoint: str, status: int, message: str):
-        metrics.requests.labels(endpoint, str(status)).inc()
-        raise HTTPException(status_code=status, detail=message)
+
+def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np.ndarray:
+    """The request's inputs as a float32 batch of the model's input shape.
+
+    Raises:
+        HTTPException: 422 naming what is wrong (shape, batch size, non-finite values).
+    """
+    if len(body.inputs) > max_batch:
+        raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(body.inputs)}")
+    try:
+        x = np.asarray(body.inputs, dtype=np.float32)
+    except (ValueError, TypeError, OverflowError):
+        raise HTTPException(422, "inputs must be a (nested) list of numbers with a regular shape") from None
+    if x.ndim == len(model.input_shape):
+        x = x[None]
+    if x.shape[1:] != model.input_shape:
+        raise HTTPException(422, f"each input must have shape {list(model.input_shape)}, got {list(x.shape[1:])}")
+    if not 1 <= len(x) <= max_batch:
+        raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(x)}")
+    if not np.isfinite(x).all():
+        raise HTTPException(422, "inputs must be finite (no NaN or infinity)")
+    return x
+
+
+def _endpoint(request: Request) -> str:
+    name = request.url.path.strip("/")
+    return name if name in KNOWN_ENDPOINTS else "other"
+
+
+def _install_handlers(app: FastAPI, state: ServingState) -> None:
+    """Error bodies, the body-size cap and the one place HTTP responses are counted."""
+
+    @app.middleware("http")
+    async def count_and_cap(request: Request, call_next):
+        response = await _capped_response(request, call_next, state.config.max_body_bytes)
+        state.metrics.requests.labels(_endpoint(request), str(response.status_code)).inc()
+        return response
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        metrics.requests.labels(request.url.path.strip("/"), "422").inc()
         return JSONResponse(
             {"error": f"invalid request: {where or 'body'}: {first.get('msg', 'malformed')}"}, status_code=422
         )
 
-    @app.post("/predict")
-    def predict(body: PredictRequest) -> dict:
-        model = holder.current
-        if model is None:
-            fail("predict", 503, "no model is being served yet")
-        try:
-            x = np.asarray(body.inputs, dtype=np.float32)
-        except (ValueError, TypeError):
-            fail("predict", 422, "inputs must be a (nested) list of numbers with a regular shape")
-        if x.ndim == len(model.input_shape):
-            x = x[None]
-        if x.shape[1:] != model.input_shape:
-            fail("predict", 422, f"each input must have shape {list(model.input_shape)}, got {list(x.shape[1:])}")
-        if not 1 <= len(x) <= config.max_batch:
-            fail("predict", 422, f"batch size must be 1..{config.max_batch}, got {len(x)}")
-        if not np.isfinite(x).all():
-            fail("predict", 422, "inputs must be finite (no NaN or infinity)")
-        started = time.perf_counter()
-        probs = model.predict_proba(x)
-        metrics.latency.labels(model.version).observe(time.perf_counter() - started)
-        classes = probs.argmax(axis=1)
-        monitor.observe(x, classes)
-        ids = [uuid.uuid4().hex for _ in range(len(x))]
-        for pid, xi, ci in zip(ids, x, classes, strict=True):
-            recent[pid] = (xi, int(ci))
-            if len(recent) > 10 * config.drift_window:
-                recent.popitem(last=False)
-        metrics.requests.labels("predict", "200").inc()
-        return {
-            "prediction_ids": ids,
-            "classes": classes.tolist(),
-            "probabilities": probs.round(6).tolist(),
-            "model_version": model.version,
-        }
 
-    @app.post("/feedback")
-    def feedback(body: FeedbackRequest) -> dict:
-        item = recent.get(body.prediction_id)
-        if item is None:
-            fail("feedback", 404, f"unknown or expired prediction_id {body.prediction_id!r}")
-        x, predicted = item
-        correct.append(int(predicted == body.label))
-        labelled.append((x, body.label))
-        since_flush[0] += 1
-        if since_flush[0] >= config.feedback_flush_every:
-            flush_feedback()
-        metrics.accuracy.set(sum(correct) / len(correct))
-        metrics.feedback.inc()
-        metrics.requests.labels("feedback", "200").inc()
-        return {"rolling_accuracy": sum(correct) / len(correct), "window": len(correct)}
+async def _capped_response(request: Request, call_next, limit: int) -> Response:
+    """The endpoint's response; 413 for a body over `limit` bytes, 500 for an unhandled error."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
+    try:
+        return await call_next(request)
+    except Exception as exc:  # noqa: BLE001 - counted and answered; the log keeps the traceback
+        log.exception("unhandled error on %s: %s", request.url.path, exc)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+
+def _install_routes(app: FastAPI, state: ServingState) -> None:
+    @app.post("/predict", responses=ERRORS)
+    def predict(body: PredictRequest) -> PredictResponse:
+        model = state.holder.current
+        if model is None:
+            raise HTTPException(503, "no model is being served yet")
+        return state.predict(model, parse_inputs(body, model, state.config.max_batch))
+
+    @app.post("/feedback", responses=ERRORS)
+    def feedback(body: FeedbackRequest) -> FeedbackResponse:
+        model = state.holder.current
+        classes = model.num_classes if model is not None else None
+        if classes is not None and not 0 <= body.label < classes:
+            raise HTTPException(422, f"label must be a class of the served model: 0..{classes - 1}, got {body.label}")
+        return state.feedback(body.prediction_id, body.label)
 
     @app.get("/healthz")
-    def healthz() -> dict:
-        return {"status": "ok"}
+    def healthz() -> StatusResponse:
+        return StatusResponse(status="ok")
 
-    @app.get("/readyz")
-    def readyz():
-        if holder.current is None:
-            return JSONResponse({"status": "no model"}, status_code=503)
-        return {"status": "ready", "model_version": holder.current.version}
+    @app.get("/readyz", responses=ERRORS)
+    def readyz() -> StatusResponse:
+        if state.holder.current is None:
+            raise HTTPException(503, "no model")
+        return StatusResponse(status="ready", model_version=state.holder.current.version)
 
     @app.get("/metrics")
     def prometheus_metrics() -> Response:
-        scores = monitor.scores()
-        if scores is not None:
-            for group, value in scores.psi_by_group.items():
-                metrics.drift.labels(group).set(value)
-            for group, value in scores.ks_by_group.items():
-                metrics.drift_ks.labels(group).set(value)
-            metrics.drift.labels("overall").set(scores.psi_overall)
-            metrics.drift_ks.labels("overall").set(scores.ks_overall)
-            metrics.prediction_drift.set(scores.prediction_psi)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        state.export_drift()
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+
+async def watch_production(state: ServingState) -> None:
+    """Checks for a promotion every `reload_interval_s`; no error ends the loop."""
+    while True:
+        await asyncio.sleep(state.config.reload_interval_s)
+        try:
+            await asyncio.to_thread(state.refresh)
+        except Exception:  # noqa: BLE001 - the watcher must outlive any bad model
+            state.metrics.reload_errors.inc()
+            log.exception("model reload failed; still serving %s", getattr(state.holder.current, "version", None))
+
+
+def create_app(config: ServingConfig | None = None) -> FastAPI:
+    """Builds the serving app (the model loads at start-up and on promotion)."""
+    state = ServingState(config or ServingConfig())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        state.refresh()
+        task = asyncio.create_task(watch_production(state))
+        yield
+        task.cancel()
+        state.flush_feedback()
+
+    app = FastAPI(title="PruneOps serving", lifespan=lifespan)
+    app.state.serving = state
+    app.state.monitor, app.state.refresh = state.monitor, state.refresh
+    _install_handlers(app, state)
+    _install_routes(app, state)
     return app
+
+
+def app_from_params(
+    root: Path,
+    params_file: str | Path = "params.yaml",
+    registry_dir: str | None = None,
+    *,
+    reload_interval_s: float | None = None,
+    reference: str | None = None,
+) -> FastAPI:
+    """The serving app of a project, configured by its `serve` and `reprune` params sections.
+
+    Raises:
+        ConfigError: Invalid params.
+    """
+    from pruneops.config import read_params
+    from pruneops.io import Layout
+    from pruneops.model_registry import pipeline_reference_stats
+    from pruneops.stages import load_configs
+
+    configs = load_configs(read_params(Path(root) / params_file), ("serve", "reprune"))
+    serve, reprune = configs["serve"], configs["reprune"]
+    settings = serve.model_dump()
+    if reload_interval_s is not None:
+        if not reload_interval_s > 0:
+            raise ConfigError(f"--reload-interval: must be greater than 0 (got {reload_interval_s})")
+        settings["reload_interval_s"] = reload_interval_s
+    registry = Path(root) / (registry_dir or reprune.registry_dir)
+    return create_app(
+        ServingConfig(
+            production=registry / "production",
+            reference_stats=Path(reference) if reference else pipeline_reference_stats(Layout(Path(root))),
+            feedback_path=Path(root) / reprune.feedback_dir / "feedback.npz",
+            **settings,
+        )
+    )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pruneops.drift import DriftMonitor
 from pruneops.io import read_json
 from pruneops.model_registry import REFERENCE_STATS
 from pruneops.onnx_utils import INPUT_NAME, make_session
@@ -26,6 +27,7 @@ class LoadedModel:
     input_shape: tuple[int, ...]
     metadata: dict
     reference_stats: dict | None = None
+    num_classes: int | None = None
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         """Class probabilities for a batch."""
@@ -45,15 +47,17 @@ def load_version(path: Path, threads: int = 1) -> LoadedModel:
     try:
         metadata = read_json(path / "metadata.json")
         reference = read_json(path / REFERENCE_STATS) if (path / REFERENCE_STATS).exists() else None
+        if reference is not None:
+            DriftMonitor(reference)  # malformed statistics refuse the version, before any swap
         session = make_session(path / "model.onnx", threads)
         dims = session.get_inputs()[0].shape[1:]
         input_shape = tuple(int(d) for d in dims)
         out = session.run(None, {INPUT_NAME: np.zeros((1, *input_shape), dtype=np.float32)})[0]
-    except Exception as exc:  # onnxruntime raises many types for a bad model
+    except Exception as exc:  # onnxruntime and a malformed JSON raise many types
         raise ValueError(f"{path}: cannot serve this model ({type(exc).__name__}: {exc})") from None
-    if out.ndim != 2:
-        raise ValueError(f"{path}: model output has shape {out.shape}, expected (batch, classes)")
-    return LoadedModel(path.name, session, input_shape, metadata, reference)
+    if out.ndim != 2 or not np.isfinite(out).all():
+        raise ValueError(f"{path}: model output has shape {out.shape} or non-finite values, expected finite logits")
+    return LoadedModel(path.name, session, input_shape, metadata, reference, int(out.shape[1]))
 
 
 class ModelHolder:

@@ -48,6 +48,67 @@ def prom_query(base: str, expr: str) -> list:
         return json.load(r)["data"]["result"]
 
 
+def start_monitoring(work, ports) -> list[subprocess.Popen]:
+    """Alertmanager routed to the receiver and Prometheus scraping the serving app, test intervals."""
+    procs = []
+    (work / "token").write_text(TOKEN)
+    am = yaml.safe_load((ROOT / "monitoring/alertmanager.yml").read_text())
+    am["route"].update(group_wait="1s", group_interval="1s")
+    hook = am["receivers"][1]["webhook_configs"][0]
+    hook["url"] = f"http://127.0.0.1:{ports['receiver']}/alerts"
+    hook["http_config"]["authorization"]["credentials_file"] = str(work / "token")
+    (work / "alertmanager.yml").write_text(yaml.safe_dump(am))
+    procs.append(
+        subprocess.Popen(
+            [
+                "prometheus-alertmanager",
+                f"--config.file={work / 'alertmanager.yml'}",
+                f"--storage.path={work / 'am'}",
+                f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
+                "--cluster.listen-address=",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    rules = yaml.safe_load((ROOT / "monitoring/rules/alerts.yml").read_text())
+    for rule in rules["groups"][0]["rules"]:
+        rule["for"] = "0s"  # test intervals; production waits minutes
+    (work / "alerts.yml").write_text(yaml.safe_dump(rules))
+    shutil.copy(ROOT / "monitoring/rules/recording.yml", work / "recording.yml")
+    prom = yaml.safe_load((ROOT / "monitoring/prometheus.yml").read_text())
+    prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    prom["rule_files"] = [str(work / "recording.yml"), str(work / "alerts.yml")]
+    prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{ports['alertmanager']}"]
+    prom["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{ports['serving']}"]
+    (work / "prometheus.yml").write_text(yaml.safe_dump(prom))
+    procs.append(
+        subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+                "--rules.alert.resend-delay=1s",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    return procs
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Terminates the servers, by PID."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def test_drift_alert_reaches_receiver_and_starts_one_reprune(served_project, tmp_path_factory):
     import uvicorn
     from prefect.client.orchestration import get_client
@@ -71,52 +132,7 @@ def test_drift_alert_reaches_receiver_and_starts_one_reprune(served_project, tmp
         thread.start()
         try:
             procs.append(start_serving(project, ports["serving"]))
-            (work / "token").write_text(TOKEN)
-            am = yaml.safe_load((ROOT / "monitoring/alertmanager.yml").read_text())
-            am["route"].update(group_wait="1s", group_interval="1s")
-            hook = am["receivers"][1]["webhook_configs"][0]
-            hook["url"] = f"http://127.0.0.1:{ports['receiver']}/alerts"
-            hook["http_config"]["authorization"]["credentials_file"] = str(work / "token")
-            (work / "alertmanager.yml").write_text(yaml.safe_dump(am))
-            procs.append(
-                subprocess.Popen(
-                    [
-                        "prometheus-alertmanager",
-                        f"--config.file={work / 'alertmanager.yml'}",
-                        f"--storage.path={work / 'am'}",
-                        f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
-                        "--cluster.listen-address=",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-            rules = yaml.safe_load((ROOT / "monitoring/rules/alerts.yml").read_text())
-            for rule in rules["groups"][0]["rules"]:
-                rule["for"] = "0s"  # test intervals; production waits minutes
-            (work / "alerts.yml").write_text(yaml.safe_dump(rules))
-            shutil.copy(ROOT / "monitoring/rules/recording.yml", work / "recording.yml")
-            prom = yaml.safe_load((ROOT / "monitoring/prometheus.yml").read_text())
-            prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-            prom["rule_files"] = [str(work / "recording.yml"), str(work / "alerts.yml")]
-            prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [
-                f"127.0.0.1:{ports['alertmanager']}"
-            ]
-            prom["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{ports['serving']}"]
-            (work / "prometheus.yml").write_text(yaml.safe_dump(prom))
-            procs.append(
-                subprocess.Popen(
-                    [
-                        "prometheus",
-                        f"--config.file={work / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={work / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
-                        "--rules.alert.resend-delay=1s",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+            procs += start_monitoring(work, ports)
             serving = f"http://127.0.0.1:{ports['serving']}"
             prometheus = f"http://127.0.0.1:{ports['prometheus']}"
             for url in (
@@ -169,11 +185,5 @@ def test_drift_alert_reaches_receiver_and_starts_one_reprune(served_project, tmp
             assert not empty, f"panels without data: {empty}"
         finally:
             server.should_exit = True
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(procs)
             thread.join(timeout=10)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, tiny_params, write_params
+from tests.conftest import tiny_params, write_params
 
 pytest.importorskip("prefect", reason="prefect (the `orchestration` extra) is not installed")
 
@@ -34,12 +32,20 @@ def prefect_server(tmp_path_factory):
 
 
 def make_project(root: Path, **sections) -> Path:
-    """A git + DVC project with this repo's dvc.yaml and tiny params."""
+    """A committed git + DVC project with tiny params and its generated dvc.yaml."""
+    from pruneops.dvcfile import write_dvc_yaml
+    from pruneops.experiments import tool_env
+
     root.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
-    shutil.copytree(ROOT / "pruneops", root / "pruneops", ignore=shutil.ignore_patterns("__pycache__"))
     write_params(root, tiny_params(**sections))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
-    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"]):
-        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+    write_dvc_yaml(root)
+    (root / ".gitignore").write_text("/state/\n/models/\n/data/feedback/\n")
+    for cmd in (
+        ["git", "init", "-q"],
+        ["dvc", "init", "-q"],
+        ["dvc", "config", "core.analytics", "false"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-qm", "project"],
+    ):
+        subprocess.run(cmd, cwd=root, env=tool_env(), check=True, capture_output=True)
     return root

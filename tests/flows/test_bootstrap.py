@@ -1,34 +1,38 @@
-"""Container start-up: params overrides from the environment, and the first published model."""
+"""Container start-up: deployment settings from the environment (in memory), and the first published model."""
 
 import shutil
 
 import pytest
 
 import flows.bootstrap as bootstrap_module
-from flows.bootstrap import bootstrap, parse_overrides
+from flows.bootstrap import bootstrap
+from pruneops.config import environment_overrides
 from pruneops.errors import ConfigError
 from pruneops.model_registry import REFERENCE_STATS, ModelRegistry
-from tasks.params import apply_overrides, reprune_config
+from pruneops.stages import load_section
 from tests.conftest import ROOT
 
 
-def test_parse_overrides_reads_values_as_yaml():
-    assert parse_overrides("reprune.drift_source=http://prometheus:9090 prune.target_ratio=0.7") == {
+def test_environment_overrides_read_values_as_yaml_and_refuse_stage_params():
+    assert environment_overrides("reprune.drift_source=http://prometheus:9090 serve.max_batch=64") == {
         "reprune.drift_source": "http://prometheus:9090",
-        "prune.target_ratio": 0.7,
+        "serve.max_batch": 64,
     }
-    assert parse_overrides("  ") == {}
-    with pytest.raises(ValueError, match="section.key=value"):
-        parse_overrides("prune.target_ratio")
+    assert environment_overrides("  ") == {}
+    with pytest.raises(ConfigError, match="section.key=value"):
+        environment_overrides("reprune.drift_source")
+    with pytest.raises(ConfigError, match="stage params change through a DVC experiment"):
+        environment_overrides("prune.target_value=0.7")
 
 
-def test_overrides_land_in_params_and_a_bad_one_changes_nothing(tmp_path):
+def test_settings_apply_in_memory_and_params_yaml_is_never_written(tmp_path, monkeypatch):
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    apply_overrides.fn(str(tmp_path), parse_overrides("reprune.drift_source=http://prometheus:9090"))
-    assert reprune_config(tmp_path).drift_source == "http://prometheus:9090"
     before = (tmp_path / "params.yaml").read_text()
-    with pytest.raises(ConfigError):
-        apply_overrides.fn(str(tmp_path), parse_overrides("prune.target_ratio=1.5"))
+    monkeypatch.setenv("PRUNEOPS_SET", "reprune.drift_source=http://prometheus:9090")
+    assert load_section(tmp_path, "reprune").drift_source == "http://prometheus:9090"
+    monkeypatch.setenv("PRUNEOPS_SET", "reprune.latency_slo_ms=-1")
+    with pytest.raises(ConfigError, match="reprune.latency_slo_ms"):
+        load_section(tmp_path, "reprune")
     assert (tmp_path / "params.yaml").read_text() == before
 
 

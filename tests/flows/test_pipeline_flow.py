@@ -1,5 +1,4 @@
 import pytest
-import yaml
 
 from flows.pipeline import pruning_pipeline
 from pruneops.errors import ConfigError
@@ -14,17 +13,18 @@ def project(tmp_path_factory):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_pipeline_flow_runs_every_stage_with_overrides(project):
+def test_pipeline_flow_runs_overrides_as_a_dvc_experiment_and_leaves_params_alone(project):
     from prefect.client.orchestration import get_client
 
     params = project / "params.yaml"
-    params.write_text("# a user's comment\n" + params.read_text())
-    metrics = pruning_pipeline(overrides={"prune.target_ratio": 0.6}, project_dir=str(project))
-    assert list(metrics) == list(STAGES)
-    assert metrics["prune"]["target_ratio"] == 0.6
-    assert yaml.safe_load((project / "params.yaml").read_text())["prune"]["target_ratio"] == 0.6
-    assert params.read_text().startswith("# a user's comment\n")  # overrides keep comments
+    before = params.read_text()
+    metrics = pruning_pipeline(overrides={"prune.target_value": 0.6}, project_dir=str(project))
+    assert list(metrics) == [*STAGES, "experiment"]
+    assert metrics["prune"]["target_value"] == 0.6
+    assert params.read_text() == before  # nothing rewrote the workspace's params.yaml
+    assert not (project / "artifacts").exists()  # nor its outputs
     assert metrics["benchmark"]["mac_reduction"] > 1.5
+    assert not (project / "state/experiments" / metrics["experiment"]).exists()  # worktree removed
 
     async def artifact_keys():
         async with get_client() as client:
@@ -38,14 +38,15 @@ def test_pipeline_flow_runs_every_stage_with_overrides(project):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_failing_stage_fails_the_flow_with_its_error(project):
-    text = (project / "params.yaml").read_text().replace("target_ratio: 0.6", "target_ratio: 1.5")
+    text = (project / "params.yaml").read_text().replace("target_value: 0.5", "target_value: 1.5")
     (project / "params.yaml").write_text(text)
     state = pruning_pipeline(project_dir=str(project), return_state=True)
     assert state.is_failed()
+    # Every section is validated when any stage loads the params: the first stage already refuses.
     with pytest.raises(
         Exception,
-        match=r"stage sensitivity failed \(exit 2\): pruneops sensitivity: error: "
-        r"prune.target_ratio: must be less than 1 \(got 1.5\)",
+        match=r"stage validate failed \(exit 2\): pruneops validate: error: "
+        r"prune.target_value: a ratio must be less than 1 \(got 1.5\)",
     ):
         state.result()
 
@@ -53,7 +54,7 @@ def test_failing_stage_fails_the_flow_with_its_error(project):
 def test_bad_override_is_refused_before_anything_runs(tmp_path):
     project = make_project(tmp_path)
     before = (project / "params.yaml").read_text()
-    with pytest.raises(ConfigError, match="prune.target_ratio: must be less than 1"):
-        pruning_pipeline(overrides={"prune.target_ratio": 3}, project_dir=str(project))
+    with pytest.raises(ConfigError, match="prune.target_value: a ratio must be less than 1"):
+        pruning_pipeline(overrides={"prune.target_value": 3}, project_dir=str(project))
     assert (project / "params.yaml").read_text() == before
-    assert not (project / "artifacts").exists()
+    assert not (project / "artifacts").exists() and not (project / "state/experiments").exists()

@@ -2,8 +2,11 @@
 
 import json
 import shutil
+import subprocess
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ import flows.reprune as reprune_module
 from flows.drift import drift_check
 from flows.reprune import reprune
 from pruneops.cli import main as cli_main
+from pruneops.io import Layout
 from pruneops.model_registry import ModelRegistry
 from tests.conftest import digits_onnx
 from tests.flows.conftest import make_project
@@ -26,21 +30,41 @@ def onnx_models(tmp_path_factory):
     return root, data_dir
 
 
+@dataclass(frozen=True)
+class FakeExperiment:
+    """What `run_experiment` returns, made from a prepared ONNX model instead of a pipeline run."""
+
+    name: str
+    root: Path
+
+    @property
+    def layout(self):
+        return Layout(self.root)
+
+    def metrics(self):
+        return {"benchmark": {"model": self.name}}
+
+    def remove(self):
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @pytest.fixture
-def stub_pipeline(monkeypatch, onnx_models):
-    """Replaces the DVC pipeline by one that 'produces' the model named in `choice`."""
+def stub_pipeline(monkeypatch, onnx_models, tmp_path):
+    """Replaces the DVC experiment by one that 'produces' the model named in `choice`."""
     root, data_dir = onnx_models
-    choice = {"model": "good", "delay": 0.0}
+    choice = {"model": "good", "delay": 0.0, "overrides": []}
 
-    def fake_pipeline(overrides, project_dir):
+    def fake_experiment(project_dir, overrides, name):
         time.sleep(choice["delay"])
-        project = reprune_module.Path(project_dir)
-        (project / "artifacts/export").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / f"{choice['model']}.onnx", project / "artifacts/export/pruned_int8.onnx")
-        shutil.copytree(data_dir, project / "artifacts/validate", dirs_exist_ok=True)
-        return {"benchmark": {"model": choice["model"], "overrides": overrides}}
+        choice["overrides"].append(overrides)
+        exp = tmp_path / "experiments" / name
+        (exp / "artifacts/export").mkdir(parents=True)
+        shutil.copyfile(root / f"{choice['model']}.onnx", exp / "artifacts/export/pruned_int8.onnx")
+        shutil.copytree(data_dir, exp / "artifacts/validate")
+        shutil.copy(Path(project_dir) / "params.yaml", exp / "params.yaml")
+        return FakeExperiment(name, exp)
 
-    monkeypatch.setattr(reprune_module, "pruning_pipeline", fake_pipeline)
+    monkeypatch.setattr(reprune_module, "run_experiment_task", fake_experiment)
     return choice
 
 
@@ -66,6 +90,12 @@ def test_better_candidates_promoted_worse_kept_out_and_rollback(project, stub_pi
     first = reprune(data_path=str(new), project_dir=str(project))
     assert first["promoted"] and first["production_version_before"] is None
     assert (project / "data/incoming/new_data.npz.dvc").exists()  # the data is versioned
+    # The experiment reads the new data; the workspace's data source is not touched.
+    assert stub_pipeline["overrides"][0] == {
+        "validate.dataset": "npz",
+        "validate.path": str((project / "data/incoming/new_data.npz").resolve()),
+    }
+    assert subprocess.run(["git", "diff", "--quiet", "params.yaml"], cwd=project).returncode == 0
     assert first["candidate_version"] == registry.production().version
 
     stub_pipeline["model"] = "bad"
@@ -114,3 +144,22 @@ def test_drift_check_reads_report_and_triggers_above_threshold(tmp_path):
     assert drift_check(project_dir=str(project))["triggered"] is False
     report.write_text(json.dumps({"overall": 0.4}))
     assert drift_check(project_dir=str(project)) == {"score": 0.4, "threshold": 0.2, "triggered": True}
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_real_reprune_runs_a_dvc_experiment_and_leaves_the_workspace_params_alone(project):
+    project, new = project
+    before = (project / "params.yaml").read_text()
+    record = reprune(data_path=str(new), project_dir=str(project), reason="feedback")
+    assert record["promoted"] and record["experiment"].startswith("reprune-")
+    assert subprocess.run(["git", "diff", "--exit-code", "params.yaml"], cwd=project).returncode == 0
+    assert (project / "params.yaml").read_text() == before
+    assert not (project / "artifacts").exists()  # the workspace's pipeline outputs were not touched
+    assert not list((project / "state/experiments").iterdir())  # the worktree is gone
+    exps = subprocess.run(
+        ["dvc", "exp", "list", "--all-commits", "--name-only"], cwd=project, capture_output=True, text=True
+    )
+    assert record["experiment"] in exps.stdout  # DVC recorded it
+    version = ModelRegistry(project / "models").get(record["candidate_version"])
+    assert version.metadata["params"]["validate"]["path"].endswith("data/incoming/new_data.npz")

@@ -76,23 +76,18 @@ def test_unreachable_target_stops_at_max_ratio():
     assert allocate_ratios(curves, {"u": 10}, target=0.95, max_ratio=0.5) == {"u": 0.5}
 
 
-def test_sensitivity_stage_refuses_an_unreachable_target(pipeline_dir, tmp_path):
+def test_prune_stage_refuses_a_target_out_of_the_sweeps_reach(pipeline_dir, tmp_path):
     import shutil
 
-    from pruneops.cli import run_stage
     from pruneops.errors import ConfigError
+    from pruneops.stages import run_stage
     from tests.conftest import tiny_params, write_params
 
     for part in ("artifacts/validate", "artifacts/train"):
         shutil.copytree(pipeline_dir / part, tmp_path / part)
-    params = write_params(tmp_path, tiny_params(prune={"target_ratio": 0.85}, sensitivity={"ratios": [0.25, 0.5]}))
-    with pytest.raises(ConfigError, match=r"prune.target_ratio: 0.85 is out of reach of the sweep"):
-        run_stage("sensitivity", params, tmp_path)
-    assert not (tmp_path / "artifacts/sensitivity").exists()
-    # Curves are still worth having when the allocation is not used.
-    params = write_params(
-        tmp_path,
-        tiny_params(prune={"target_ratio": 0.85, "use_sensitivity": False}, sensitivity={"ratios": [0.25, 0.5]}),
-    )
-    run_stage("sensitivity", params, tmp_path)
+    params = write_params(tmp_path, tiny_params(prune={"target_value": 0.85}, sensitivity={"ratios": [0.25, 0.5]}))
+    run_stage("sensitivity", params, tmp_path)  # the sweep does not depend on the target
     assert (tmp_path / "artifacts/sensitivity/sensitivity.json").exists()
+    with pytest.raises(ConfigError, match=r"prune.target_value: ratio 0.85 is out of reach of the sweep"):
+        run_stage("prune", params, tmp_path)
+    assert not (tmp_path / "artifacts/prune").exists()

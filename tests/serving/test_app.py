@@ -127,3 +127,64 @@ def test_drift_reference_comes_with_the_served_model(setup, tmp_path):
         assert scores is not None and scores.window == 20
         # Predictions spread over ten classes against a one-class reference: large prediction drift.
         assert scores.prediction_psi > 1.0
+
+
+def test_an_unhandled_error_is_a_counted_500_and_serving_goes_on(setup, monkeypatch):
+    _, _, config, test = setup
+    app = create_app(config)
+    state = app.state.serving
+    calls = {"n": 0}
+    real_predict = state.predict
+
+    def flaky(model, x):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected")
+        return real_predict(model, x)
+
+    monkeypatch.setattr(state, "predict", flaky)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.post("/predict", json={"inputs": test.x[:1].tolist()})
+        assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError"}
+        assert client.post("/predict", json={"inputs": test.x[:1].tolist()}).status_code == 200
+        assert client.get("/nowhere").status_code == 404
+        text = client.get("/metrics").text
+    assert 'pruneops_requests_total{endpoint="predict",status="500"} 1.0' in text
+    assert 'pruneops_requests_total{endpoint="predict",status="200"} 1.0' in text
+    assert 'pruneops_requests_total{endpoint="other",status="404"} 1.0' in text
+
+
+def test_concurrent_feedback_while_flushing_loses_and_breaks_nothing(setup, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, _, config, test = setup
+    config = config.model_copy(update={"feedback_path": tmp_path / "feedback.npz", "feedback_flush_every": 3})
+    with TestClient(create_app(config)) as client:
+        ids = client.post("/predict", json={"inputs": test.x[:200].tolist()}).json()["prediction_ids"]
+        state = client.app.state.serving
+
+        def send(i):
+            return client.post("/feedback", json={"prediction_id": ids[i], "label": int(test.y[i])}).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            flushes = [pool.submit(state.flush_feedback) for _ in range(20)]
+            statuses = list(pool.map(send, range(200)))
+            for f in flushes:
+                f.result()
+        assert statuses == [200] * 200
+        assert client.post("/feedback", json={"prediction_id": ids[0], "label": 3}).status_code == 200
+    with np.load(tmp_path / "feedback.npz") as saved:  # the final flush holds every label, in order of arrival
+        labels = np.concatenate([saved["y_train"], saved["y_test"]])
+        assert len(labels) == 201 and saved["x_train"].shape[1:] == (1, 8, 8)
+    assert not list(tmp_path.glob("*.tmp.npz"))
+
+
+def test_openapi_documents_the_responses(setup):
+    _, _, config, _ = setup
+    schema = create_app(config).openapi()
+    predict = schema["paths"]["/predict"]["post"]["responses"]
+    assert predict["200"]["content"]["application/json"]["schema"]["$ref"].endswith("PredictResponse")
+    assert predict["422"]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorResponse")
+    assert schema["paths"]["/feedback"]["post"]["responses"]["200"]["content"]["application/json"]["schema"][
+        "$ref"
+    ].endswith("FeedbackResponse")

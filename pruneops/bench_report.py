@@ -1,0 +1,206 @@
+"""`pruneops bench`'s measurements and report: interleaved timing, selection on validation, targets.
+
+The latency samples, their summary and the markdown tables come from `pruneops.benchmark`, so
+the pipeline's benchmark stage and the bench report measure and print alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pruneops.benchmark import (
+    Column,
+    latency_columns,
+    latency_summary,
+    machine_info,
+    measure_latencies,
+    render_table,
+)
+from pruneops.config import BenchmarkConfig
+from pruneops.io import dump_json, read_json
+
+if TYPE_CHECKING:
+    from pruneops.bench import BenchConfig, WorkloadConfig
+
+
+def _model_rows(variant, directory: Path) -> list[dict]:
+    export = directory / "artifacts" / "export"
+    manifest = read_json(export / "manifest.json")["models"]
+    picks = [("dense_fp32", "fp32"), ("pruned_int8", "int8")] if variant.kind == "dense" else []
+    nonzero = read_json(directory / "metrics.json").get("finetune", {}).get("nonzero_params")
+    rows = []
+    for file_key, precision in picks or [("pruned_fp32", "fp32"), ("pruned_int8", "int8")]:
+        m = manifest[file_key]
+        rows.append(
+            {
+                "name": f"{variant.name} {precision}",
+                "variant": variant.name,
+                "family": variant.family,
+                "label": variant.label or variant.name,
+                "precision": precision,
+                "path": str(export / m["file"]),
+                "params": m["params"],
+                "nonzero_params": m.get("nonzero_params", nonzero or m["params"]),
+                "macs": m["macs"],
+                "size_bytes": (export / m["file"]).stat().st_size,
+            }
+        )
+    return rows
+
+
+def _relative_to_dense(models: dict[str, dict], big: str) -> None:
+    dense = next(m for m in models.values() if m["family"] == "dense" and m["precision"] == "fp32")
+    for m in models.values():
+        m["speedup_b1"] = dense["latency"]["1"]["p50_ms"] / m["latency"]["1"]["p50_ms"]
+        m[f"throughput_gain_b{big}"] = m["latency"][big]["throughput"] / dense["latency"][big]["throughput"]
+        m["mac_reduction"] = dense["macs"] / m["macs"]
+        m["size_reduction"] = dense["size_bytes"] / m["size_bytes"]
+        # How much of the ideal (speed-up = MAC reduction) the measured speed-up reaches.
+        m["speedup_per_mac_reduction"] = m["speedup_b1"] / m["mac_reduction"]
+        m["val_drop_points"] = 100 * (dense["val_accuracy"] - m["val_accuracy"])
+        m["test_drop_points"] = 100 * (dense["test_accuracy"] - m["test_accuracy"])
+        m["slower_than_dense"] = m["speedup_b1"] < 1.0 or m[f"throughput_gain_b{big}"] < 1.0
+
+
+def measure_workload(
+    work: Path, workload: WorkloadConfig, dirs: dict[str, Path], timing: BenchmarkConfig
+) -> list[dict]:
+    """Accuracy, size, MACs and interleaved ONNX Runtime latency of every model of a workload."""
+    from pruneops.data import load_split
+    from pruneops.onnx_utils import make_session, ort_accuracy
+
+    first = next(iter(dirs.values()), None)
+    if first is None:
+        return []
+    val, test = (load_split(first / "artifacts" / "validate", s) for s in ("val", "test"))
+    models = {r["name"]: r for v in workload.variants if v.name in dirs for r in _model_rows(v, dirs[v.name])}
+    sessions = {n: make_session(m["path"], timing.threads) for n, m in models.items()}
+    samples = measure_latencies(sessions, test.x, timing)
+    for name, m in models.items():
+        m["val_accuracy"] = ort_accuracy(sessions[name], val.x, val.y)
+        m["test_accuracy"] = ort_accuracy(sessions[name], test.x, test.y)
+        m["latency"] = {str(b): latency_summary(t, b) for b, t in samples[name].items()}
+    _relative_to_dense(models, str(max(timing.batch_sizes)))
+    return list(models.values())
+
+
+def select_point(rows: list[dict], max_drop_points: float) -> dict | None:
+    """Our fastest model (batch 1) whose *validation* accuracy drop is within the budget."""
+    ours = [r for r in rows if r["family"] == "ours" and r["val_drop_points"] <= max_drop_points + 1e-9]
+    return min(ours, key=lambda r: r["latency"]["1"]["p50_ms"]) if ours else None
+
+
+def bench_columns(batch_sizes: list[int]) -> list[Column]:
+    """The per-model table of one workload."""
+    big = str(max(batch_sizes))
+    return [
+        (
+            "model",
+            lambda r: f"{r['label']} {r['precision']}" + (" ⚠ slower than dense" if r["slower_than_dense"] else ""),
+        ),
+        ("val acc (%)", lambda r: f"{100 * r['val_accuracy']:.2f}"),
+        ("test acc (%)", lambda r: f"{100 * r['test_accuracy']:.2f}"),
+        ("Δ test (pts)", lambda r: f"{-r['test_drop_points']:+.2f}"),
+        ("params (nonzero)", lambda r: f"{r['params']:,} ({r['nonzero_params']:,})"),
+        ("MACs", lambda r: f"{r['macs']:,}"),
+        ("size (KiB)", lambda r: f"{r['size_bytes'] / 1024:.1f}"),
+        *latency_columns([1, int(big)], digits=3),
+        ("b1 speed-up", lambda r: f"{r['speedup_b1']:.2f}×"),
+        (f"b{big} thr. gain", lambda r: f"{r[f'throughput_gain_b{big}']:.2f}×"),
+        ("MAC red.", lambda r: f"{r['mac_reduction']:.2f}×"),
+        ("speed-up / MAC red.", lambda r: f"{r['speedup_per_mac_reduction']:.2f}"),
+    ]
+
+
+def _selected_lines(workload: WorkloadConfig, pick: dict | None, big: str) -> list[str]:
+    budget = workload.max_accuracy_drop_points
+    if pick is None:
+        lines = [f"\nNo structured model stayed within {budget} point(s) on validation.\n"]
+        return lines + [
+            f"- target {k} ≥ {g:g}×: **missed** (no point within the accuracy budget)"
+            for k, g in workload.targets.items()
+        ]
+    lines = [
+        f"\n**Selected** (validation drop ≤ {budget} pt): {pick['label']} {pick['precision']}: test "
+        f"{100 * pick['test_accuracy']:.2f}% ({-pick['test_drop_points']:+.2f} pts), batch-1 {pick['speedup_b1']:.2f}× "
+        f"faster, batch-{big} throughput {pick[f'throughput_gain_b{big}']:.2f}×, file {pick['size_reduction']:.1f}× "
+        f"smaller, {pick['mac_reduction']:.2f}× fewer MACs (speed-up / MAC reduction "
+        f"{pick['speedup_per_mac_reduction']:.2f}).\n"
+    ]
+    achieved = {"speedup_b1": pick["speedup_b1"], "throughput_gain": pick[f"throughput_gain_b{big}"]}
+    achieved["size_reduction"] = pick["size_reduction"]
+    # Chosen on validation; the targets are stated on test, so its test drop must hold too.
+    within = pick["test_drop_points"] <= budget + 1e-9
+    if not within:
+        lines.append(
+            f"- its test drop ({pick['test_drop_points']:.2f} pts) exceeds the {budget} pt budget: "
+            "every target below is **missed** for it"
+        )
+    for key, goal in workload.targets.items():
+        verdict = "met" if achieved[key] >= goal and within else "**missed**"
+        lines.append(f"- target {key} ≥ {goal:g}×: {achieved[key]:.2f}× — {verdict}")
+    return lines
+
+
+def _same_budget_lines(workload: WorkloadConfig, items: list[dict]) -> list[str]:
+    by_key = {(r["variant"], r["precision"]): r for r in items}
+    lines = []
+    for variant in (v for v in workload.variants if v.match_macs_of):
+        for precision in ("fp32", "int8"):
+            mine, other = by_key.get((variant.name, precision)), by_key.get((variant.match_macs_of, precision))
+            if mine is None or other is None:
+                continue
+            verdict = "equal or better" if mine["test_accuracy"] >= other["test_accuracy"] else "**worse**"
+            lines.append(
+                f"- same MAC budget, {precision}: {mine['label']} {100 * mine['test_accuracy']:.2f}% test "
+                f"({100 * mine['val_accuracy']:.2f}% val, {mine['macs']:,} MACs) vs {other['label']} "
+                f"{100 * other['test_accuracy']:.2f}% test ({100 * other['val_accuracy']:.2f}% val, "
+                f"{other['macs']:,} MACs): {verdict}"
+            )
+    return lines
+
+
+def render_markdown(
+    config: BenchConfig, rows: dict, selected: dict, failed: dict, machine: dict, timing, command: str
+) -> str:
+    """The report: command, machine, per-workload tables and the selected points."""
+    big = str(max(timing.batch_sizes))
+    parts = [
+        "# Benchmarks: the accuracy–latency frontier\n",
+        f"Reproduce: `{command}`\n",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores; ONNX Runtime {machine['onnxruntime']} CPU, "
+        f"{timing.threads} thread(s); Python {machine['python']}; {machine['date']}. Latency: {timing.rounds} "
+        f"interleaved rounds × {timing.repeats} runs after {timing.warmup} warm-up per model and batch size, all "
+        "models in one process. Each variant ran as a DVC experiment of its workload's project.\n",
+        "Accuracy drops are against the dense fp32 model of the same workload. The selected point is our "
+        "fastest model whose **validation** accuracy drop is within the budget; its test figures are "
+        "reported as they came. ⚠ marks a model slower than dense fp32 at batch 1 or the large batch.\n",
+        "![frontier](benchmarks/frontier.png)\n",
+    ]
+    for workload in config.workloads:
+        items = rows.get(workload.name, [])
+        parts += [f"## {workload.name}\n", render_table(items, bench_columns(timing.batch_sizes))]
+        parts += [f"- {name}: not measured — {why}" for name, why in failed.get(workload.name, {}).items()]
+        parts += _selected_lines(workload, selected.get(workload.name), big)
+        parts += [*_same_budget_lines(workload, items), ""]
+    return "\n".join(parts)
+
+
+def write_report(
+    config: BenchConfig, rows: dict, selected: dict, failed: dict, timing, command: str, out: Path
+) -> tuple[Path, Path, Path]:
+    """Writes the plot, the results JSON and the markdown report under `out`."""
+    from pruneops.plots import plot_frontiers
+
+    plot = out / "benchmarks" / "frontier.png"
+    plot_frontiers(rows, plot)
+    machine: dict[str, Any] = machine_info(timing.threads)
+    results = out / "benchmarks" / "results.json"
+    dump_json(
+        {"machine": machine, "timing": timing.model_dump(), "rows": rows, "selected": selected, "failed": failed},
+        results,
+    )
+    markdown = out / "benchmarks.md"
+    markdown.write_text(render_markdown(config, rows, selected, failed, machine, timing, command))
+    return markdown, plot, results

@@ -1,0 +1,231 @@
+"""`dvc.yaml` from the stage table, with dependencies that cannot go stale.
+
+Each stage depends on the files it really imports inside `pruneops` (the static import closure
+of its module and of the stage runner), on the outputs of its upstream stages, on every params key
+of its sections, and on the user's own files that params name: the data file (`validate.path`)
+and the module of a model given as `package.module:factory`. `pruneops dvc-yaml` writes the file;
+`--check` (and each stage run under DVC) compares it with what the table and params require.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import pruneops
+from pruneops.config import StageConfig, read_params
+from pruneops.errors import ConfigError
+from pruneops.stages import STAGES, Stage, load_configs, project_importable
+
+PACKAGE_DIR = Path(pruneops.__file__).resolve().parent
+HEADER = (
+    "# Written by `pruneops dvc-yaml` from the stage table (pruneops/stages.py) and params.yaml: edit those\n"
+    "# and run it again. Code deps are each stage's imports inside pruneops; a model given as\n"
+    "# package.module:factory and the data file are deps of the stages that read them.\n"
+)
+
+
+def _module_file(module: str) -> Path | None:
+    """The source file of a `pruneops` module (package `__init__.py` for a package)."""
+    parts = module.split(".")[1:]
+    base = PACKAGE_DIR.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path, module: str) -> set[str]:
+    """`pruneops` modules that `path` imports anywhere (lazy imports inside functions included)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "pruneops")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base.split(".")[0] != "pruneops":
+                continue
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}"))
+    return found
+
+
+def import_closure(*modules: str) -> set[Path]:
+    """Every file inside `pruneops` that importing `modules` can execute (packages' `__init__` too)."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        parts = module.split(".")
+        for i in range(1, len(parts) + 1):  # importing a.b.c runs a and a.b first
+            name = ".".join(parts[:i])
+            if name in seen or _module_file(name) is None:
+                continue
+            seen.add(name)
+            todo.extend(_imported_modules(_module_file(name), name))
+    return {_module_file(m) for m in seen}
+
+
+def _dep_path(path: Path, root: Path) -> str:
+    """Relative to the project when inside it; absolute otherwise (DVC tracks external files)."""
+    path, root = path.resolve(), root.resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def _compress(files: set[Path]) -> list[Path]:
+    """Files, with a directory in place of its files when the closure holds every `.py` in it."""
+    out = set(files)
+    for directory in sorted({f.parent for f in files}, key=lambda d: len(d.parts), reverse=True):
+        members = {p for p in directory.rglob("*.py") if "__pycache__" not in p.parts}
+        covered = {f for f in out if f.is_relative_to(directory)}
+        if directory != PACKAGE_DIR and members and members <= covered | {d for d in out if d.is_dir()}:
+            out = {f for f in out if not f.is_relative_to(directory)} | {directory}
+    return sorted(out)
+
+
+def model_module_file(model: str, root: Path) -> Path | None:
+    """The file of a user model module (`package.module:factory`); None for registered names or libraries.
+
+    The project root is searched first, as the CLI makes it importable.
+    """
+    if ":" not in model:
+        return None
+    with project_importable(root):
+        try:
+            spec = importlib.util.find_spec(model.partition(":")[0])
+        except (ImportError, ValueError):
+            spec = None
+    if spec is None or spec.origin is None:
+        return None
+    origin = Path(spec.origin).resolve()
+    if any(part in ("site-packages", "dist-packages") for part in origin.parts):
+        return None  # an installed library: its version, not its file, is what to pin
+    return origin
+
+
+def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> list[str]:
+    """Files the user's params make this stage read: the data file, the model's module."""
+    files: list[str] = []
+    if stage.name == "validate" and configs["validate"].path:
+        files.append(_dep_path(root / configs["validate"].path, root))
+    if stage.builds_model and "train" in configs:
+        module = model_module_file(configs["train"].model, root)
+        if module is not None:
+            files.append(_dep_path(module, root))
+    return files
+
+
+def stage_deps(stage: Stage, configs: dict[str, StageConfig], root: Path) -> list[str]:
+    """Everything `stage` depends on besides params: code, upstream outputs, user files."""
+    code = import_closure(stage.module, "pruneops.stages")
+    deps = [_dep_path(p, root) for p in _compress(code)]
+    deps += [f"artifacts/{up}" for up in stage.upstream]
+    return deps + user_files(stage, configs, root)
+
+
+def stage_params(stage: Stage) -> list[str]:
+    """Every key of the stage's own section, then the keys it reads from other sections."""
+    return [f"{stage.name}.{key}" for key in stage.config.model_fields] + list(stage.reads)
+
+
+def render(root: Path, params_file: str | Path = "params.yaml") -> dict[str, Any]:
+    """The `dvc.yaml` mapping for the project at `root` and its params."""
+    with project_importable(root):
+        configs = load_configs(read_params(Path(root) / params_file))
+    default = str(params_file) == "params.yaml"
+    stages = {}
+    for stage in STAGES:
+        entry: dict[str, Any] = {
+            "cmd": f"pruneops {stage.name}" if default else f"pruneops --params {params_file} {stage.name}",
+            "deps": stage_deps(stage, configs, Path(root)),
+            "params": stage_params(stage) if default else [{str(params_file): stage_params(stage)}],
+            "outs": [f"artifacts/{stage.name}"],
+            "metrics": [{f"metrics/{stage.name}.json": {"cache": False}}],
+        }
+        if stage.plots:
+            entry["plots"] = [
+                {f"plots/{stage.name}/{p.file}": {"cache": False, **({"x": p.x, "y": p.y} if p.x else {})}}
+                for p in stage.plots
+            ]
+        stages[stage.name] = entry
+    return {"stages": stages}
+
+
+def write_dvc_yaml(root: Path, params_file: str | Path = "params.yaml") -> Path:
+    """Writes `<root>/dvc.yaml` from the table and the params (atomically)."""
+    path = Path(root) / "dvc.yaml"
+    text = HEADER + yaml.safe_dump(render(root, params_file), sort_keys=False, width=120)
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def _covered(dep: str, declared: list[str]) -> bool:
+    return any(dep == d or dep.startswith(d.rstrip("/") + "/") for d in declared)
+
+
+def _declared_params(entry: dict) -> set[str]:
+    keys: set[str] = set()
+    for item in entry.get("params", []):
+        keys.update([item] if isinstance(item, str) else [k for v in item.values() for k in v])
+    return keys
+
+
+def stage_problems(stage: Stage, entry: dict | None, configs: dict[str, StageConfig], root: Path) -> list[str]:
+    """What `dvc.yaml`'s entry for `stage` misses: deps, params, outputs."""
+    if entry is None:
+        return [f"stage {stage.name}: missing from dvc.yaml"]
+    declared = [str(d) for d in entry.get("deps", [])]
+    problems = [
+        f"stage {stage.name}: does not depend on {dep}, which it uses"
+        for dep in stage_deps(stage, configs, root)
+        if not _covered(dep, declared)
+    ]
+    listed = _declared_params(entry)
+    problems += [f"stage {stage.name}: does not list param {key}" for key in stage_params(stage) if key not in listed]
+    if f"artifacts/{stage.name}" not in entry.get("outs", []):
+        problems.append(f"stage {stage.name}: does not declare its output artifacts/{stage.name}")
+    return problems
+
+
+def check_dvc_yaml(root: Path, params_file: str | Path = "params.yaml", dvc_yaml: Path | None = None) -> list[str]:
+    """Everything `dvc.yaml` (default `<root>/dvc.yaml`) misses for the table and params; empty when complete."""
+    path = dvc_yaml or Path(root) / "dvc.yaml"
+    if not path.is_file():
+        return [f"{path}: not found; run `pruneops dvc-yaml`"]
+    declared = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
+    with project_importable(root):
+        configs = load_configs(read_params(Path(root) / params_file))
+    known = {s.name for s in STAGES}
+    problems = [f"stage {name}: in dvc.yaml but not in the stage table" for name in declared if name not in known]
+    for stage in STAGES:
+        problems += stage_problems(stage, declared.get(stage.name), configs, Path(root))
+    return problems
+
+
+def require_declared_deps(stage: Stage, configs: dict[str, StageConfig], root: Path) -> None:
+    """Under `dvc repro` (DVC sets `DVC_STAGE`), refuses to run a stage whose deps are incomplete.
+
+    Raises:
+        ConfigError: `dvc.yaml` misses a file the stage uses, so DVC would not notice it change.
+    """
+    if os.environ.get("DVC_STAGE") != stage.name:
+        return
+    path = Path(os.environ.get("DVC_ROOT", root)) / "dvc.yaml"
+    if not path.is_file():
+        return
+    entry = (yaml.safe_load(path.read_text()) or {}).get("stages", {}).get(stage.name)
+    missing = [p for p in stage_problems(stage, entry, configs, Path(root)) if "does not depend" in p]
+    if missing:
+        more = f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ConfigError(f"dvc.yaml: {missing[0]}{more}; run `pruneops dvc-yaml` so that DVC tracks it")

@@ -1,0 +1,213 @@
+"""Variants and re-prunes as DVC experiments, never by rewriting the user's `params.yaml`.
+
+An experiment runs in its own git worktree of the project, made from the workspace as
+`dvc exp run` takes it (HEAD plus uncommitted changes to tracked files, and the workspace's
+`params.yaml`), and shares the project's DVC cache, so the run-cache restores every stage whose
+code, data and params did not change (the baseline is trained once). The overrides go into the
+worktree's `params.yaml`, its `dvc.yaml` is written for them (`pruneops.dvcfile`), and
+`dvc exp run` runs it and records it in the project's git refs (`dvc exp show -A`).
+
+`project_lock` is the one lock that every flow which runs stages in a project takes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pruneops.config import read_params
+from pruneops.errors import ConfigError, PruneOpsError
+from pruneops.io import Layout, read_json
+from pruneops.stages import STAGE_NAMES, load_configs
+
+LOCK_FILE = "stages.lock"
+STALE_LOCK_S = 6 * 3600
+
+
+class LockHeld(PruneOpsError):
+    """Another flow is running stages in this project."""
+
+
+class ExperimentFailed(PruneOpsError):
+    """`dvc exp run` failed; the message carries the failing stage's error line."""
+
+
+def tool_env() -> dict[str, str]:
+    """The environment for dvc/git/pruneops: this interpreter's bin first, analytics off, a git identity."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+        "DVC_NO_ANALYTICS": "1",
+        "GX_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+    }
+    # `dvc exp run` commits the experiment; a fresh machine may have no git identity.
+    for key, value in (("GIT_AUTHOR_NAME", "pruneops"), ("GIT_AUTHOR_EMAIL", "pruneops@localhost")):
+        env.setdefault(key, value)
+        env.setdefault(key.replace("AUTHOR", "COMMITTER"), value)
+    return env
+
+
+def run_logged(cmd: list[str], cwd: Path, log: Callable[[str], None], tail: int = 40) -> tuple[int, list[str]]:
+    """Runs `cmd`, passing each output line to `log` as it comes; returns (exit code, last lines)."""
+    lines: list[str] = []
+    with subprocess.Popen(
+        cmd, cwd=cwd, env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as proc:
+        for line in proc.stdout:
+            line = line.rstrip()
+            lines = [*lines[-(tail - 1) :], line]
+            log(line)
+    return proc.returncode, lines
+
+
+def _git(cwd: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, env=tool_env(), capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise PruneOpsError(f"git {' '.join(args)} failed in {cwd}: {out.stderr.strip().splitlines()[-1:]}")
+    return out.stdout.strip()
+
+
+@contextmanager
+def project_lock(root: Path, holder: str) -> Iterator[None]:
+    """Holds the project's stage lock while the block runs (one flow at a time runs stages).
+
+    Raises:
+        LockHeld: Another live holder has it (a lock older than `STALE_LOCK_S` is taken over).
+    """
+    state = Layout(Path(root)).state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    lock = state / LOCK_FILE
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        lock.unlink(missing_ok=True)  # left by a run that died
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        raise LockHeld(f"another flow is running stages in {root} ({lock.read_text().strip()})") from None
+    try:
+        os.write(fd, f"{holder} pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n".encode())
+        os.close(fd)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def apply_overrides(params: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `params` with dotted `section.key` overrides set, validated as a whole.
+
+    Raises:
+        ConfigError: An override names no key, or makes the params invalid.
+    """
+    out = copy.deepcopy(params)
+    for key, value in overrides.items():
+        section, _, leaf = key.partition(".")
+        if not leaf or "." in leaf:
+            raise ConfigError(f"override {key!r}: expected section.key")
+        if not isinstance(out.get(section, {}), dict):
+            raise ConfigError(f"override {key!r}: section {section!r} is not a mapping")
+        out.setdefault(section, {})[leaf] = value
+    load_configs(out)
+    return out
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A finished experiment: its worktree holds the outputs until `remove()`."""
+
+    name: str
+    root: Path
+    repo_root: Path
+    project: Path
+
+    @property
+    def layout(self) -> Layout:
+        """Where its stages wrote."""
+        return Layout(self.root)
+
+    def metrics(self) -> dict[str, dict]:
+        """Each stage's metrics."""
+        return {s: read_json(self.layout.metrics(s)) for s in STAGE_NAMES if self.layout.metrics(s).exists()}
+
+    def remove(self) -> None:
+        """Deletes the worktree (the experiment stays in git refs and its outputs in the cache)."""
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(self.repo_root)],
+            cwd=self.project,
+            env=tool_env(),
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(self.repo_root, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=self.project, env=tool_env(), capture_output=True, check=False)
+
+
+def _dvc(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "dvc"), *args]
+
+
+def _make_worktree(project: Path, name: str) -> tuple[Path, Path]:
+    """A worktree of the workspace state under `state/experiments/<name>`: (its repo root, its project dir)."""
+    top = Path(_git(project, "rev-parse", "--show-toplevel")).resolve()
+    try:
+        _git(project, "rev-parse", "--verify", "HEAD")
+    except PruneOpsError:
+        raise PruneOpsError(f"{project}: DVC experiments need a git commit; commit the project first") from None
+    base = _git(project, "stash", "create") or "HEAD"  # uncommitted changes, without touching them
+    tree = Layout(project).state_dir() / "experiments" / name
+    if tree.exists():
+        raise PruneOpsError(f"{tree}: an experiment named {name!r} is already there")
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    _git(project, "worktree", "add", "--detach", str(tree), base)
+    return tree, tree / project.resolve().relative_to(top)
+
+
+def run_experiment(
+    project: Path, overrides: dict[str, Any], name: str, log: Callable[[str], None] = print
+) -> Experiment:
+    """Runs the pipeline with `overrides` as a DVC experiment in a worktree of `project`.
+
+    Args:
+        project: The PruneOps project (its `params.yaml` is read, never written).
+        overrides: Dotted params keys and values (validated before anything runs).
+        name: The experiment's name (worktree directory and `dvc exp` name).
+        log: Where `dvc exp run`'s output lines go.
+
+    Returns:
+        The experiment, its outputs in its worktree (call `remove()` when done with them).
+
+    Raises:
+        ConfigError: An override is invalid (nothing was created).
+        ExperimentFailed: A stage failed; the worktree is removed.
+    """
+    from pruneops.dvcfile import write_dvc_yaml
+
+    project = Path(project).resolve()
+    params = apply_overrides(read_params(project / "params.yaml"), overrides)
+    cache = subprocess.run(_dvc("cache", "dir"), cwd=project, env=tool_env(), capture_output=True, text=True)
+    tree, root = _make_worktree(project, name)
+    experiment = Experiment(name, root, tree, project)
+    try:
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        write_dvc_yaml(root)
+        if cache.returncode == 0 and cache.stdout.strip():
+            subprocess.run(_dvc("cache", "dir", "--local", cache.stdout.strip()), cwd=root, env=tool_env(), check=True)
+        code, tail = run_logged(_dvc("exp", "run", "--name", name), root, log)
+        if code != 0:
+            errors = [line for line in tail if line.startswith("pruneops ") and "error" in line]
+            raise ExperimentFailed(f"experiment {name} failed: {(errors or tail or ['no output'])[-1]}")
+    except BaseException:
+        experiment.remove()
+        raise
+    return experiment

@@ -1,0 +1,276 @@
+"""The stage table: every pipeline stage declared once.
+
+The CLI, the Prefect tasks, `bench`, params loading, `dvc.yaml` (written by `pruneops dvc-yaml`)
+and the tests all read `STAGES`. Adding a stage or a params section means adding one `Stage`
+here (and its config class in `pruneops.config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pruneops.config import (
+    EXTRA_SECTIONS,
+    BenchmarkConfig,
+    ExportConfig,
+    FinetuneConfig,
+    PruneConfig,
+    QuantizeConfig,
+    SensitivityConfig,
+    StageConfig,
+    TrainConfig,
+    ValidateConfig,
+    parse_section,
+    read_params,
+)
+from pruneops.errors import ConfigError
+from pruneops.io import Layout
+
+
+class StageReport:
+    """Base of every stage's report (a frozen dataclass).
+
+    `metrics()` is what `dvc metrics` tracks: every field that is not a path. `summary()` is the
+    one line the CLI prints. `warnings` (when a report has it) lists what the stage could not do
+    as configured and did otherwise; the CLI prints each one.
+    """
+
+    def metrics(self) -> dict[str, Any]:
+        """The figures tracked by `dvc metrics` (every non-path field)."""
+        out = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if not isinstance(value, Path):
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        raise NotImplementedError
+
+    @property
+    def warning_lines(self) -> tuple[str, ...]:
+        """What the stage recorded as not done as configured."""
+        return tuple(getattr(self, "warnings", ()))
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A plot file a stage writes under `plots/<stage>/` (JSON ones name their axes for `dvc plots`)."""
+
+    file: str
+    x: str | None = None
+    y: str | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage.
+
+    Args:
+        name: The stage (DVC stage, CLI command and params section).
+        config: Its params section's config class.
+        function: `module:function` called as `function(config, *reads_configs, layout)`.
+        help: One line for `pruneops --help`.
+        reads: Keys of other sections it depends on, as `section.key` (their sections' configs
+            are passed after its own, in order of first appearance).
+        upstream: Stages whose outputs (`artifacts/<stage>`) it reads.
+        plots: The plot files it writes.
+        builds_model: Whether it builds the model architecture (so a user's model module is one
+            of its dependencies).
+    """
+
+    name: str
+    config: type[StageConfig]
+    function: str
+    help: str
+    reads: tuple[str, ...] = ()
+    upstream: tuple[str, ...] = ()
+    plots: tuple[Plot, ...] = ()
+    builds_model: bool = False
+
+    @property
+    def module(self) -> str:
+        """The module that implements the stage."""
+        return self.function.partition(":")[0]
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """Params sections passed to the stage function: its own, then those of `reads`."""
+        extra = [k.partition(".")[0] for k in self.reads]
+        return (self.name, *dict.fromkeys(s for s in extra if s != self.name))
+
+    def resolve(self) -> Callable[..., StageReport]:
+        """The stage function (imported now: stage modules import torch)."""
+        module, _, attr = self.function.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def run(self, configs: dict[str, StageConfig], layout: Layout) -> StageReport:
+        """Runs the stage with validated configs (all of `sections` must be present)."""
+        return self.resolve()(*(configs[s] for s in self.sections), layout)
+
+
+_HISTORY = (Plot("history.json", "epoch", "val_accuracy"), Plot("history.png"))
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        "validate",
+        ValidateConfig,
+        "pruneops.validate:validate_dataset",
+        "load, split and check the data (Great Expectations)",
+    ),
+    Stage(
+        "train",
+        TrainConfig,
+        "pruneops.train:train_baseline",
+        "train the baseline model",
+        upstream=("validate",),
+        plots=_HISTORY,
+        builds_model=True,
+    ),
+    Stage(
+        "sensitivity",
+        SensitivityConfig,
+        "pruneops.sensitivity:analyze_sensitivity",
+        "per-unit sensitivity sweep (each unit pruned alone)",
+        reads=("prune.method",),
+        upstream=("validate", "train"),
+        plots=(Plot("curves.json", "ratio", "accuracy_drop"), Plot("sensitivity.png")),
+        builds_model=True,
+    ),
+    Stage(
+        "prune",
+        PruneConfig,
+        "pruneops.prune:prune_iteratively",
+        "allocate per-unit ratios and prune iteratively to the target",
+        upstream=("validate", "train", "sensitivity"),
+        plots=(Plot("history.json", "step", "val_accuracy"), Plot("history.png"), Plot("allocation.png")),
+        builds_model=True,
+    ),
+    Stage(
+        "finetune",
+        FinetuneConfig,
+        "pruneops.finetune:finetune",
+        "recovery fine-tuning with distillation",
+        upstream=("validate", "train", "prune"),
+        plots=_HISTORY,
+        builds_model=True,
+    ),
+    Stage(
+        "quantize",
+        QuantizeConfig,
+        "pruneops.quantize:quantize_model",
+        "ONNX Runtime INT8 quantization (fp32 kept when faster)",
+        upstream=("validate", "finetune"),
+        builds_model=True,
+    ),
+    Stage(
+        "export",
+        ExportConfig,
+        "pruneops.export:export_onnx",
+        "ONNX export with parity checks (and TensorRT where present)",
+        upstream=("validate", "train", "finetune", "quantize"),
+        builds_model=True,
+    ),
+    Stage(
+        "benchmark",
+        BenchmarkConfig,
+        "pruneops.benchmark:benchmark_model",
+        "latency/throughput/size/accuracy benchmark",
+        upstream=("validate", "export"),
+        plots=(Plot("frontier.json", "latency_b1_ms", "test_accuracy"), Plot("frontier.png")),
+    ),
+)
+
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+
+# Every params section: one per stage, then the orchestration sections.
+SECTIONS: dict[str, type[StageConfig]] = {**{s.name: s.config for s in STAGES}, **EXTRA_SECTIONS}
+
+
+def get_stage(name: str) -> Stage:
+    """The stage called `name`.
+
+    Raises:
+        ConfigError: No such stage.
+    """
+    for stage in STAGES:
+        if stage.name == name:
+            return stage
+    raise ConfigError(f"unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}")
+
+
+def check_sections(params: dict[str, Any]) -> None:
+    """Rejects top-level sections that name nothing (a typo would otherwise be ignored)."""
+    unknown = sorted(set(params) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section; sections are: {', '.join(SECTIONS)}")
+
+
+def load_configs(params: dict[str, Any], sections: tuple[str, ...] | None = None) -> dict[str, StageConfig]:
+    """Validates params sections into their configs.
+
+    Args:
+        params: The params mapping (e.g. from `read_params`).
+        sections: Which sections to validate and return; default every stage section present
+            plus the orchestration sections. A requested stage section must be in `params`: a
+            missing one would run on built-in defaults nobody chose.
+
+    Raises:
+        ConfigError: One line naming the first bad key (exit code 2).
+    """
+    check_sections(params)
+    wanted = sections if sections is not None else tuple(s for s in SECTIONS if s in params)
+    configs = {}
+    for name in wanted:
+        if name not in SECTIONS:
+            raise ConfigError(f"{name}: unknown section; sections are: {', '.join(SECTIONS)}")
+        if name in STAGE_NAMES and name not in params:
+            raise ConfigError(f"{name}: section missing from the params file (every stage needs its own)")
+        configs[name] = parse_section(name, params.get(name), SECTIONS[name])
+    return configs
+
+
+def load_section(project: str | Path, name: str, params_file: str = "params.yaml") -> StageConfig:
+    """One validated section of a project's params (e.g. `reprune` for the flows)."""
+    return load_configs(read_params(Path(project) / params_file), (name,))[name]
+
+
+def load_stage_configs(params_path: str | Path, stage: str) -> dict[str, StageConfig]:
+    """Reads a params file and validates every stage section in it, and those `stage` needs."""
+    params = read_params(params_path)
+    wanted = get_stage(stage).sections
+    return load_configs(params, tuple(s for s in STAGE_NAMES if s in params or s in wanted))
+
+
+@contextmanager
+def project_importable(root: str | Path) -> Iterator[None]:
+    """Puts the project first on `sys.path`: a `train.model: package.module:factory` may live in it."""
+    entry = str(Path(root).resolve())
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        if entry in sys.path:
+            sys.path.remove(entry)
+
+
+def run_stage(stage: str, params_path: str | Path, root: str | Path = ".") -> StageReport:
+    """Validates the params, then runs one stage (raises `PruneOpsError` on failure).
+
+    Under `dvc repro` it first checks that `dvc.yaml` declares every file the stage uses.
+    """
+    from pruneops.dvcfile import require_declared_deps
+
+    with project_importable(root):
+        configs = load_stage_configs(params_path, stage)
+        declared = get_stage(stage)
+        require_declared_deps(declared, configs, Path(root))
+        return declared.run(configs, Layout(Path(root)))

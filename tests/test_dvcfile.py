@@ -1,0 +1,109 @@
+"""dvc.yaml from the stage table: complete code deps (import closure), user files, and the checks."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pruneops.dvcfile import PACKAGE_DIR, check_dvc_yaml, import_closure, render, write_dvc_yaml
+from pruneops.errors import ConfigError
+from pruneops.stages import STAGE_NAMES, STAGES, run_stage
+from tests.conftest import ROOT, tiny_params, write_params
+
+USER_MODEL = """
+from torch import nn
+
+
+def build(input_shape, num_classes, width=16):
+    c = input_shape[0]
+    return nn.Sequential(nn.Conv2d(c, width, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(width, num_classes))
+"""
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PACKAGE_DIR.parent).as_posix()
+
+
+def test_the_committed_dvc_yaml_is_complete_for_the_table_and_params():
+    assert check_dvc_yaml(ROOT) == []
+    declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert list(declared) == list(STAGE_NAMES)
+
+
+def test_closures_hold_what_each_stage_really_imports():
+    sensitivity = {_rel(p) for p in import_closure("pruneops.sensitivity")}
+    assert {"pruneops/training.py", "pruneops/profiling.py", "pruneops/checkpoint.py"} <= sensitivity
+    assert {"pruneops/models/registry.py", "pruneops/models/architectures.py"} <= sensitivity  # lazy imports too
+    finetune = {_rel(p) for p in import_closure("pruneops.finetune")}
+    assert {"pruneops/pruning/masks.py", "pruneops/train.py", "pruneops/training.py"} <= finetune
+    assert "pruneops/profiling.py" in {_rel(p) for p in import_closure("pruneops.export")}
+    assert "pruneops/profiling.py" in {_rel(p) for p in import_closure("pruneops.train")}
+    # Serving code is no stage's dependency: editing it re-runs nothing.
+    assert not any("serving" in _rel(p) for s in STAGES for p in import_closure(s.module, "pruneops.stages"))
+
+
+def test_removing_a_dep_from_dvc_yaml_fails_the_check(tmp_path):
+    doc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    doc["stages"]["sensitivity"]["deps"].remove("pruneops/training.py")
+    doc["stages"]["train"]["params"].remove("train.lr")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(doc))
+    problems = check_dvc_yaml(ROOT, dvc_yaml=tmp_path / "dvc.yaml")
+    assert "stage sensitivity: does not depend on pruneops/training.py, which it uses" in problems
+    assert "stage train: does not list param train.lr" in problems
+    assert len(problems) == 2
+
+
+def _project_with_user_model(tmp_path: Path, module: str) -> Path:
+    # A module name per test: find_spec answers from sys.modules once a name is imported.
+    (tmp_path / f"{module}.py").write_text(USER_MODEL)
+    write_params(tmp_path, tiny_params(train={"model": f"{module}:build", "model_kwargs": {}}))
+    return tmp_path
+
+
+def test_a_user_model_module_is_a_dependency_of_every_stage_that_builds_the_model(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = _project_with_user_model(tmp_path, "usermodels_a")
+    stages = render(root)["stages"]
+    users = [name for name, entry in stages.items() if "usermodels_a.py" in entry["deps"]]
+    assert users == [s.name for s in STAGES if s.builds_model]
+    assert "train" in users and "validate" not in users and "benchmark" not in users
+
+
+def test_a_stage_under_dvc_refuses_a_dvc_yaml_that_misses_a_file_it_uses(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = _project_with_user_model(tmp_path, "usermodels_b")
+    doc = render(root)
+    doc["stages"]["train"]["deps"].remove("usermodels_b.py")
+    (root / "dvc.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("DVC_STAGE", "train")
+    monkeypatch.setenv("DVC_ROOT", str(root))
+    with pytest.raises(
+        ConfigError, match=r"dvc.yaml: stage train: does not depend on usermodels_b.py.*pruneops dvc-yaml"
+    ):
+        run_stage("train", root / "params.yaml", root)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_editing_the_user_model_or_pruneops_code_makes_dvc_status_show_the_stages_that_use_it(tmp_path):
+    root = _project_with_user_model(tmp_path, "usermodels_c")
+    write_dvc_yaml(root)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    dvc = str(Path(sys.executable).parent / "dvc")
+
+    def sh(*cmd):
+        out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return out.stdout
+
+    sh("git", "init", "-q")
+    sh(dvc, "init", "-q")
+    sh(dvc, "repro", "train")
+    assert "changed" not in sh(dvc, "status", "train")
+    (root / "usermodels_c.py").write_text(USER_MODEL + "\n# a comment changes the file\n")
+    status = sh(dvc, "status")
+    assert "train:" in status and "usermodels_c.py" in status
