@@ -5,7 +5,8 @@
 #   receiver  the Alertmanager receiver (:8010; needs PRUNEOPS_RECEIVER_TOKEN)
 #   repro     dvc repro on the project's params.yaml
 #   anything else runs as given.
-# PRUNEOPS_SET="section.key=value ..." writes overrides into params.yaml first (like `dvc exp run -S`).
+# PRUNEOPS_SET="reprune.key=value serve.key=value ..." sets the deployment's orchestration params in
+# memory (params.yaml is never written); stage params change through DVC experiments.
 set -euo pipefail
 cd /app
 command=${1:-deploy}
@@ -22,7 +23,6 @@ case "$command" in
     exec python -m flows.receiver --host 0.0.0.0 --port 8010
     ;;
   repro)
-    python -m flows.bootstrap --project-dir /app --overrides-only
     exec dvc repro
     ;;
   *)

@@ -28,7 +28,6 @@ def _model_rows(variant, directory: Path) -> list[dict]:
     export = directory / "artifacts" / "export"
     manifest = read_json(export / "manifest.json")["models"]
     picks = [("dense_fp32", "fp32"), ("pruned_int8", "int8")] if variant.kind == "dense" else []
-    nonzero = read_json(directory / "metrics.json").get("finetune", {}).get("nonzero_params")
     rows = []
     for file_key, precision in picks or [("pruned_fp32", "fp32"), ("pruned_int8", "int8")]:
         m = manifest[file_key]
@@ -41,7 +40,7 @@ def _model_rows(variant, directory: Path) -> list[dict]:
                 "precision": precision,
                 "path": str(export / m["file"]),
                 "params": m["params"],
-                "nonzero_params": m.get("nonzero_params", nonzero or m["params"]),
+                "nonzero_params": m["nonzero_params"],
                 "macs": m["macs"],
                 "size_bytes": (export / m["file"]).stat().st_size,
             }

@@ -16,7 +16,7 @@ from pruneops.data import load_prepared
 from pruneops.errors import ParityError
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
-from pruneops.profiling import count_macs, count_params
+from pruneops.profiling import count_macs, count_nonzero_params, count_params
 from pruneops.registry import Registry
 from pruneops.stages import StageReport
 
@@ -128,6 +128,7 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
                 "file": path.name,
                 "precision": "fp32",
                 "params": count_params(ckpt.model),
+                "nonzero_params": count_nonzero_params(ckpt.model),
                 "macs": count_macs(ckpt.model, meta.input_shape),
                 "max_abs_diff": diffs[name],
             }

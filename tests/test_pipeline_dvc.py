@@ -40,7 +40,7 @@ def test_dvc_repro_then_noop_then_experiment(tmp_path):
     _sh(tmp_path, dvc, "config", "core.analytics", "false")
 
     out = _sh(tmp_path, dvc, "repro").stdout
-    assert [s for s in STAGES if f"Running stage '{s}'" in out] == STAGES
+    assert [s for s in STAGES if f"Running stage '{s}'" in out] == list(STAGES)
     bench = json.loads((tmp_path / "metrics/benchmark.json").read_text())
     assert bench["mac_reduction"] > 1.5
 

@@ -70,16 +70,14 @@ def stub_pipeline(monkeypatch, onnx_models, tmp_path):
 
 @pytest.fixture
 def project(tmp_path):
+    """A project and new labelled data as the serving app collects it (inputs scaled to [0, 1])."""
+    from sklearn.datasets import load_digits
+
     project = make_project(tmp_path / "proj")
     new = tmp_path / "new_data.npz"
-    rng = np.random.default_rng(0)
-    np.savez(
-        new,
-        x_train=rng.integers(0, 17, (50, 8, 8)),
-        y_train=np.arange(50) % 10,
-        x_test=rng.integers(0, 17, (20, 8, 8)),
-        y_test=np.arange(20) % 10,
-    )
+    digits = load_digits()
+    x, y = (digits.images / 16.0).astype(np.float32)[:, None], digits.target.astype(np.int64)
+    np.savez(new, x_train=x[:1400], y_train=y[:1400], x_test=x[1400:], y_test=y[1400:])
     return project, new
 
 
