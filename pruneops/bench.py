@@ -140,6 +140,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def run_variant(repo: Path, variant: VariantConfig, overrides: dict[str, Any], log: Callable[[str], None]) -> Path:
     """Runs one variant as a DVC experiment and keeps what the timing needs under `results/`."""
+
     def stage_lines(line: str) -> None:  # which stages ran and which the run-cache restored
         if line.startswith("Running stage") or "skipping run" in line or "didn't change" in line:
             log(f"{variant.name}: {line}")
