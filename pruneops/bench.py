@@ -182,7 +182,7 @@ def prepare_workload(
             failed[variant.name] = str(exc)
             log(f"[{workload.name}] {variant.name}: skipped: {exc}")
             continue
-        manifest = read_json(dirs[variant.name] / "artifacts" / "export" / "manifest.json")
+        manifest = read_json(Layout(dirs[variant.name]).stage_dir("export") / "manifest.json")
         macs_of[variant.name] = manifest["models"]["pruned_fp32"]["macs"]
     return dirs, failed
 

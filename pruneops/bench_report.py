@@ -18,14 +18,14 @@ from pruneops.benchmark import (
     render_table,
 )
 from pruneops.config import BenchmarkConfig
-from pruneops.io import dump_json, read_json
+from pruneops.io import Layout, dump_json, read_json
 
 if TYPE_CHECKING:
     from pruneops.bench import BenchConfig, WorkloadConfig
 
 
 def _model_rows(variant, directory: Path) -> list[dict]:
-    export = directory / "artifacts" / "export"
+    export = Layout(directory).stage_dir("export")
     manifest = read_json(export / "manifest.json")["models"]
     picks = [("dense_fp32", "fp32"), ("pruned_int8", "int8")] if variant.kind == "dense" else []
     rows = []
@@ -72,7 +72,7 @@ def measure_workload(
     first = next(iter(dirs.values()), None)
     if first is None:
         return []
-    val, test = (load_split(first / "artifacts" / "validate", s) for s in ("val", "test"))
+    val, test = (load_split(Layout(first).stage_dir("validate"), s) for s in ("val", "test"))
     models = {r["name"]: r for v in workload.variants if v.name in dirs for r in _model_rows(v, dirs[v.name])}
     sessions = {n: make_session(m["path"], timing.threads) for n, m in models.items()}
     samples = measure_latencies(sessions, test.x, timing)

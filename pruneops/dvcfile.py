@@ -20,9 +20,11 @@ import yaml
 import pruneops
 from pruneops.config import StageConfig, read_params
 from pruneops.errors import ConfigError
+from pruneops.io import Layout
 from pruneops.stages import STAGES, Stage, load_configs, project_importable
 
 PACKAGE_DIR = Path(pruneops.__file__).resolve().parent
+RELATIVE = Layout(Path("."))  # dvc.yaml paths are relative to the project
 HEADER = (
     "# Written by `pruneops dvc-yaml` from the stage table (pruneops/stages.py) and params.yaml: edit those\n"
     "# and run it again. Code deps are each stage's imports inside pruneops; a model given as\n"
@@ -128,7 +130,7 @@ def stage_deps(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
     """Everything `stage` depends on besides params: code, upstream outputs, user files."""
     code = import_closure(stage.module, "pruneops.stages")
     deps = [_dep_path(p, root) for p in _compress(code)]
-    deps += [f"artifacts/{up}" for up in stage.upstream]
+    deps += [RELATIVE.stage_dir(up).as_posix() for up in stage.upstream]
     return deps + user_files(stage, configs, root)
 
 
@@ -148,12 +150,17 @@ def render(root: Path, params_file: str | Path = "params.yaml") -> dict[str, Any
             "cmd": f"pruneops {stage.name}" if default else f"pruneops --params {params_file} {stage.name}",
             "deps": stage_deps(stage, configs, Path(root)),
             "params": stage_params(stage) if default else [{str(params_file): stage_params(stage)}],
-            "outs": [f"artifacts/{stage.name}"],
-            "metrics": [{f"metrics/{stage.name}.json": {"cache": False}}],
+            "outs": [RELATIVE.stage_dir(stage.name).as_posix()],
+            "metrics": [{RELATIVE.metrics(stage.name).as_posix(): {"cache": False}}],
         }
         if stage.plots:
             entry["plots"] = [
-                {f"plots/{stage.name}/{p.file}": {"cache": False, **({"x": p.x, "y": p.y} if p.x else {})}}
+                {
+                    (RELATIVE.plots(stage.name) / p.file).as_posix(): {
+                        "cache": False,
+                        **({"x": p.x, "y": p.y} if p.x else {}),
+                    }
+                }
                 for p in stage.plots
             ]
         stages[stage.name] = entry
@@ -193,8 +200,9 @@ def stage_problems(stage: Stage, entry: dict | None, configs: dict[str, StageCon
     ]
     listed = _declared_params(entry)
     problems += [f"stage {stage.name}: does not list param {key}" for key in stage_params(stage) if key not in listed]
-    if f"artifacts/{stage.name}" not in entry.get("outs", []):
-        problems.append(f"stage {stage.name}: does not declare its output artifacts/{stage.name}")
+    out = RELATIVE.stage_dir(stage.name).as_posix()
+    if out not in entry.get("outs", []):
+        problems.append(f"stage {stage.name}: does not declare its output {out}")
     return problems
 
 

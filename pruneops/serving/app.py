@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pruneops.drift import DriftMonitor
 from pruneops.errors import ConfigError
-from pruneops.io import read_json
+from pruneops.io import Layout, read_json
+from pruneops.model_registry import pipeline_reference_stats
 from pruneops.serving.model import LoadedModel, ModelHolder
 
 log = logging.getLogger("pruneops.serving")
@@ -43,7 +44,7 @@ class ServingConfig(BaseModel):
 
     production: Path = Path("models/production")
     # Used until a model that carries its own reference statistics is loaded.
-    reference_stats: Path | None = Path("artifacts/validate/reference_stats.json")
+    reference_stats: Path | None = pipeline_reference_stats(Layout())
     drift_window: Annotated[int, Field(ge=10)] = 1000
     drift_min_samples: Annotated[int, Field(ge=1)] = 50
     psi_threshold: Annotated[float, Field(gt=0)] = 0.2
@@ -392,8 +393,6 @@ def app_from_params(
         ConfigError: Invalid params.
     """
     from pruneops.config import read_params
-    from pruneops.io import Layout
-    from pruneops.model_registry import pipeline_reference_stats
     from pruneops.stages import load_configs
 
     configs = load_configs(read_params(Path(root) / params_file), ("serve", "reprune"))
