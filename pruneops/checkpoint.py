@@ -4,11 +4,18 @@ The file holds the state dict plus JSON metadata: the `ModelSpec` that builds th
 architecture and, per module, the shape attributes that pruning changed (`out_features`,
 `num_heads`...). Loading builds the architecture, resizes every module to the saved shapes and
 loads the weights strictly.
+
+Integrity: `save_checkpoint` writes the file's SHA-256 beside it (`<file>.sha256`) and
+`load_checkpoint` refuses a file whose bytes no longer match (flipped bytes in the tensor data
+would otherwise load and run). `check_recorded_accuracy` refuses a baseline whose validation
+accuracy is far below the one recorded when it was trained.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,12 +63,71 @@ def module_structure(model: nn.Module) -> dict[str, dict[str, Any]]:
     return out
 
 
-def save_checkpoint(path: Path, model: nn.Module, spec: ModelSpec, extra: dict[str, Any] | None = None) -> None:
-    """Writes `model` as safetensors with the metadata needed to rebuild its pruned shape."""
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checksum_path(path: Path) -> Path:
+    """Where a checkpoint's SHA-256 is kept."""
+    return Path(f"{path}.sha256")
+
+
+def save_checkpoint(path: Path, model: nn.Module, spec: ModelSpec, extra: dict[str, Any] | None = None) -> str:
+    """Writes `model` as safetensors with the metadata needed to rebuild its pruned shape.
+
+    Returns:
+        The file's SHA-256, also written beside it.
+    """
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     meta = {"spec": spec.to_dict(), "structure": module_structure(model), "extra": extra or {}}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path), metadata={"pruneops": json.dumps(meta)})
+    digest = file_sha256(path)
+    checksum_path(path).write_text(f"{digest}  {path.name}\n")
+    return digest
+
+
+def verify_checksum(path: Path) -> None:
+    """Refuses a checkpoint whose bytes differ from the SHA-256 recorded when it was written.
+
+    Raises:
+        CheckpointError: No recorded checksum, or a mismatch.
+    """
+    recorded = checksum_path(path)
+    if not recorded.is_file():
+        raise CheckpointError(f"{path}: no recorded checksum ({recorded.name}); write it with the stage that made it")
+    expected = recorded.read_text().split()[:1]
+    actual = file_sha256(path)
+    if expected != [actual]:
+        raise CheckpointError(
+            f"{path}: checksum mismatch (recorded {(expected or ['none'])[0][:12]}…, file {actual[:12]}…): "
+            "the file changed after the stage wrote it (corrupt or edited); rerun that stage"
+        )
+
+
+def check_recorded_accuracy(checkpoint: Checkpoint, measured: float, samples: int, path: Path) -> None:
+    """Refuses a model whose validation accuracy is far below what was recorded when it was trained.
+
+    Evaluating the same weights on the same split gives the same accuracy; the margin (4 standard
+    errors, at least 2 points) only allows for a different split of the same data.
+
+    Raises:
+        CheckpointError: The measured accuracy is below the recorded one by more than the margin.
+    """
+    recorded = checkpoint.extra.get("val_accuracy")
+    if recorded is None or samples < 1:
+        return
+    margin = max(0.02, 4 * math.sqrt(max(recorded * (1 - recorded), 1e-4) / samples))
+    if measured < recorded - margin:
+        raise CheckpointError(
+            f"{path}: validation accuracy {100 * measured:.2f}% is far below the {100 * recorded:.2f}% recorded "
+            "when it was trained: the weights or the data changed; rerun `pruneops train`"
+        )
 
 
 def resize_to_structure_(
@@ -116,9 +182,12 @@ def load_checkpoint(path: Path) -> Checkpoint:
     """Rebuilds the model saved at `path` (pruned shapes included) in eval mode.
 
     Raises:
-        CheckpointError: Missing, corrupt, or not matching its architecture.
+        CheckpointError: Missing, corrupt (checksum), or not matching its architecture.
     """
     path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    verify_checksum(path)
     meta = read_metadata(path)
     try:
         state = load_file(str(path))

@@ -1,7 +1,9 @@
 """Typed, validated configuration: one model per `params.yaml` section (= DVC stage).
 
-Every section rejects unknown keys, wrong types and out-of-range values with a `ConfigError`
-whose message is one line naming the key and what is allowed.
+Every section rejects unknown keys, wrong types, non-finite numbers and out-of-range values with
+a `ConfigError` whose message is one line naming the key and what is allowed. Every count, size
+and thread number has an upper bound: a value that parses but cannot make sense (a million
+threads, a billion epochs) is refused here rather than crashing or exhausting the machine later.
 """
 
 from __future__ import annotations
@@ -12,19 +14,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pruneops.errors import ConfigError
 
 Ratio = Annotated[float, Field(ge=0.0, lt=1.0)]
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
-PositiveInt = Annotated[int, Field(ge=1)]
+Threads = Annotated[int, Field(ge=1, le=256)]
+Epochs = Annotated[int, Field(ge=1, le=10_000)]
+BatchSize = Annotated[int, Field(ge=1, le=65_536)]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
+# Names and paths: non-empty, no NUL byte (the OS refuses it), not a novel's length.
+Text = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
 
 
 class StageConfig(BaseModel):
-    """Base of every stage config: strict types, no unknown keys, immutable."""
+    """Base of every stage config: strict types, no unknown keys, finite numbers, immutable."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 def lookup(target: str, name: str) -> Any:
@@ -54,31 +62,31 @@ def registered(registry: str, name: str) -> str:
 class FitParams(StageConfig):
     """What every training loop takes (baseline, between pruning steps, fine-tuning)."""
 
-    epochs: PositiveInt = 30
-    batch_size: PositiveInt = 64
-    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 3e-3
+    epochs: Epochs = 30
+    batch_size: BatchSize = 64
+    lr: LearningRate = 3e-3
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-4
-    patience: PositiveInt = 5
-    seed: int = 0
-    threads: PositiveInt = 2
+    patience: Epochs = 5
+    seed: Seed = 0
+    threads: Threads = 2
 
 
 class ValidateConfig(StageConfig):
     """`validate`: load the data, split it, check it with Great Expectations."""
 
-    dataset: str = "digits"
-    path: str | None = None
-    label_column: str = "label"
-    feature_columns: list[str] | None = None
-    classes: list[int] | None = None
-    value_range: list[float] | None = None
+    dataset: Text = "digits"
+    path: Text | None = None
+    label_column: Text = "label"
+    feature_columns: Annotated[list[Text], Field(min_length=1, max_length=100_000)] | None = None
+    classes: Annotated[list[Annotated[int, Field(ge=0, lt=100_000)]], Field(min_length=2)] | None = None
+    value_range: list[Annotated[float, Field(ge=-1e30, le=1e30)]] | None = None
     val_fraction: Fraction = 0.15
     test_fraction: Fraction = 0.2
-    max_train_samples: PositiveInt | None = None
-    min_samples_per_class: PositiveInt = 5
+    max_train_samples: Annotated[int, Field(ge=10, le=1_000_000_000)] | None = None
+    min_samples_per_class: Annotated[int, Field(ge=1, le=1_000_000)] = 5
     max_leakage_fraction: Ratio = 0.0
     hist_bins: Annotated[int, Field(ge=2, le=256)] = 20
-    seed: int = 0
+    seed: Seed = 0
 
     @field_validator("value_range")
     @classmethod
@@ -96,7 +104,7 @@ class ValidateConfig(StageConfig):
 class TrainConfig(FitParams):
     """`train`: the baseline model."""
 
-    model: str = "cnn"
+    model: Text = "cnn"
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("model")
@@ -108,15 +116,17 @@ class TrainConfig(FitParams):
 class SensitivityConfig(StageConfig):
     """`sensitivity`: prune each unit alone at a sweep of ratios."""
 
-    ratios: list[Ratio] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
+    ratios: Annotated[list[Ratio], Field(max_length=64)] = Field(
+        default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    )
     importance: str = "l2"
     # Re-estimate BatchNorm statistics on this many training samples before scoring each trial:
     # without it a pruned residual group collapses to chance, every ratio looks equally bad and
     # the allocation learns nothing (adaptive BN, Li et al. 2020, "EagleEye"). 0 turns it off.
-    bn_recalibration_samples: NonNegativeInt = 0
-    batch_size: PositiveInt = 256
-    seed: int = 0
-    threads: PositiveInt = 2
+    bn_recalibration_samples: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    batch_size: BatchSize = 256
+    seed: Seed = 0
+    threads: Threads = 2
 
     @field_validator("ratios")
     @classmethod
@@ -143,20 +153,20 @@ class PruneConfig(StageConfig):
 
     method: str = "channel"
     target: Literal["ratio", "macs", "params"] | None = "ratio"
-    target_value: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = 0.5
+    target_value: Annotated[float, Field(ge=0.0, le=1e18)] | None = 0.5
     max_unit_ratio: Ratio = 0.8
     scope: Literal["global", "layer"] | None = None
-    steps: PositiveInt = 4
+    steps: Annotated[int, Field(ge=1, le=1000)] = 4
     schedule: str = "cubic"
     importance: str | None = "l2"
     use_sensitivity: bool = True
-    round_to: PositiveInt | None = None
-    epochs_per_step: Annotated[int, Field(ge=0)] = 2
-    bn_recalibration_samples: NonNegativeInt = 0
-    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-3
-    batch_size: PositiveInt = 64
-    seed: int = 0
-    threads: PositiveInt = 2
+    round_to: Annotated[int, Field(ge=1, le=4096)] | None = None
+    epochs_per_step: Annotated[int, Field(ge=0, le=1000)] = 2
+    bn_recalibration_samples: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    lr: LearningRate = 1e-3
+    batch_size: BatchSize = 64
+    seed: Seed = 0
+    threads: Threads = 2
 
     @field_validator("method")
     @classmethod
@@ -209,23 +219,23 @@ class PruneConfig(StageConfig):
 class FinetuneConfig(FitParams):
     """`finetune`: recovery fine-tuning with knowledge distillation from the baseline (0 epochs: none)."""
 
-    epochs: NonNegativeInt = 20
-    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-3
+    epochs: Annotated[int, Field(ge=0, le=10_000)] = 20
+    lr: LearningRate = 1e-3
     distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
     distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
-    world_size: Annotated[int, Field(ge=1, le=64)] = 1
+    world_size: Annotated[int, Field(ge=1, le=16)] = 1
 
 
 class QuantizeConfig(StageConfig):
     """`quantize`: ONNX Runtime INT8 (static QDQ, dynamic, or the fastest of those and fp32)."""
 
     method: str = "auto"
-    calibration_samples: PositiveInt = 256
+    calibration_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 256
     per_channel: bool = True
     activation_type: Literal["uint8", "int8"] = "uint8"
     accuracy_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
-    latency_repeats: PositiveInt = 200
-    threads: PositiveInt = 1
+    latency_repeats: Annotated[int, Field(ge=1, le=1_000_000)] = 200
+    threads: Threads = 1
     opset: Annotated[int, Field(ge=13, le=23)] = 18
 
     @field_validator("method")
@@ -238,46 +248,48 @@ class ExportConfig(StageConfig):
     """`export`: ONNX with a dynamic batch axis, parity-checked; TensorRT where present."""
 
     opset: Annotated[int, Field(ge=13, le=23)] = 18
-    parity_atol: Annotated[float, Field(gt=0.0)] = 1e-4
-    parity_samples: PositiveInt = 128
+    parity_atol: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-4
+    parity_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 128
     tensorrt: bool = True
 
 
 class BenchmarkConfig(StageConfig):
     """`benchmark`: latency, throughput, size and accuracy of each exported model."""
 
-    threads: PositiveInt = 1
-    batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 64])
-    warmup: Annotated[int, Field(ge=0)] = 20
-    repeats: PositiveInt = 100
-    rounds: PositiveInt = 5
+    threads: Threads = 1
+    batch_sizes: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=16)] = Field(
+        default_factory=lambda: [1, 64]
+    )
+    warmup: Annotated[int, Field(ge=0, le=100_000)] = 20
+    repeats: Annotated[int, Field(ge=1, le=1_000_000)] = 100
+    rounds: Annotated[int, Field(ge=1, le=1000)] = 5
 
 
 class RepruneConfig(StageConfig):
     """`reprune` (not a DVC stage): the promotion gate and drift trigger of the Prefect flows."""
 
     accuracy_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.005
-    latency_slo_ms: Annotated[float, Field(gt=0.0)] = 1.0
-    drift_threshold: Annotated[float, Field(gt=0.0)] = 0.2
-    drift_check_cron: str = "*/15 * * * *"
-    drift_source: str = "http://127.0.0.1:9090"
-    registry_dir: str = "models"
-    feedback_dir: str = "data/feedback"
-    latency_repeats: PositiveInt = 200
+    latency_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] = 1.0
+    drift_threshold: Annotated[float, Field(gt=0.0, le=1e6)] = 0.2
+    drift_check_cron: Annotated[str, Field(pattern=r"^\s*([0-9*/,\-]+\s+){4}[0-9*/,\-]+\s*$")] = "*/15 * * * *"
+    drift_source: Text = "http://127.0.0.1:9090"
+    registry_dir: Text = "models"
+    feedback_dir: Text = "data/feedback"
+    latency_repeats: Annotated[int, Field(ge=1, le=1_000_000)] = 200
 
 
 class ServeConfig(StageConfig):
     """`serve` (not a DVC stage): the serving app's drift window, thresholds and feedback store."""
 
-    drift_window: Annotated[int, Field(ge=10)] = 1000
-    drift_min_samples: PositiveInt = 50
-    psi_threshold: Annotated[float, Field(gt=0.0)] = 0.2
+    drift_window: Annotated[int, Field(ge=10, le=1_000_000)] = 1000
+    drift_min_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 50
+    psi_threshold: Annotated[float, Field(gt=0.0, le=1e6)] = 0.2
     ks_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3
-    accuracy_window: PositiveInt = 500
-    max_batch: PositiveInt = 256
+    accuracy_window: Annotated[int, Field(ge=1, le=1_000_000)] = 500
+    max_batch: Annotated[int, Field(ge=1, le=65_536)] = 256
     max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 8 * 1024 * 1024
-    reload_interval_s: Annotated[float, Field(gt=0.0)] = 2.0
-    feedback_flush_every: PositiveInt = 100
+    reload_interval_s: Annotated[float, Field(ge=0.05, le=3600.0)] = 2.0
+    feedback_flush_every: Annotated[int, Field(ge=1, le=1_000_000)] = 100
 
 
 # Sections that configure the orchestration around the stages rather than a stage.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from pruneops.checkpoint import load_checkpoint, save_checkpoint
+from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.config import FinetuneConfig
 from pruneops.data import load_prepared
 from pruneops.io import Layout, dump_json, staged_output_paths
@@ -60,7 +60,10 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
     with torchrun_group() as (rank, world):
         torch.set_num_threads(max(1, config.threads // world))
         meta, train, val, test = load_prepared(layout.stage_dir("validate"))
-        teacher = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
+        teacher_path = layout.stage_dir("train") / "model.safetensors"
+        baseline = load_checkpoint(teacher_path)
+        teacher = baseline.model
+        check_recorded_accuracy(baseline, evaluate(teacher, val)[0], len(val), teacher_path)
         pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
         masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
         model = pruned.model

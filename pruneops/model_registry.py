@@ -34,7 +34,47 @@ def pipeline_reference_stats(layout: Layout) -> Path:
 
 
 class RegistryError(PruneOpsError):
-    """The registry has no such version, or nothing to roll back to."""
+    """The registry has no such version, nothing to roll back to, or a version that cannot serve."""
+
+
+@dataclass(frozen=True)
+class ServableModel:
+    """A version checked to serve: its session, input shape, class count, metadata, drift reference."""
+
+    path: Path
+    session: object
+    input_shape: tuple[int, ...]
+    num_classes: int
+    metadata: dict[str, Any]
+    reference_stats: dict | None
+
+
+def check_servable(path: Path, threads: int = 1) -> ServableModel:
+    """Loads a version directory in ONNX Runtime, runs one sample and checks its reference statistics.
+
+    Raises:
+        RegistryError: Metadata, model or statistics unreadable; the model does not run on its
+            declared input shape or gives other than finite (batch, classes) logits.
+    """
+    import numpy as np
+
+    from pruneops.drift import parse_reference
+    from pruneops.onnx_utils import INPUT_NAME, make_session
+
+    path = Path(path)
+    try:
+        metadata = read_json(path / "metadata.json")
+        reference = read_json(path / REFERENCE_STATS) if (path / REFERENCE_STATS).exists() else None
+        if reference is not None:
+            parse_reference(reference)
+        session = make_session(path / "model.onnx", threads)
+        input_shape = tuple(int(d) for d in session.get_inputs()[0].shape[1:])
+        out = session.run(None, {INPUT_NAME: np.zeros((1, *input_shape), dtype=np.float32)})[0]
+    except Exception as exc:  # ONNX Runtime and a malformed JSON raise many types
+        raise RegistryError(f"{path}: cannot serve this model ({type(exc).__name__}: {exc})") from None
+    if out.ndim != 2 or not np.isfinite(out).all():
+        raise RegistryError(f"{path}: model output has shape {out.shape} or non-finite values, expected logits")
+    return ServableModel(path, session, input_shape, int(out.shape[1]), metadata, reference)
 
 
 @dataclass(frozen=True)
@@ -156,8 +196,13 @@ class ModelRegistry:
         os.replace(tmp, self.history_file)
 
     def promote(self, version: str, reason: str = "") -> ModelVersion:
-        """Makes `version` production (atomically) and records it."""
+        """Makes `version` production (atomically) and records it, once it is checked to serve.
+
+        Raises:
+            RegistryError: Unknown version, or one that does not load and run (`check_servable`).
+        """
         target = self.get(version)
+        check_servable(target.path)
         previous = self.production()
         self._point_production_at(version)
         self._record(

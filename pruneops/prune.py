@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pruneops.checkpoint import load_checkpoint, save_checkpoint
+from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.config import PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.errors import DataError
@@ -135,7 +135,8 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
     layout = layout or Layout()
     torch.set_num_threads(config.threads)
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
-    ckpt = load_checkpoint(layout.stage_dir("train") / "model.safetensors")
+    base_path = layout.stage_dir("train") / "model.safetensors"
+    ckpt = load_checkpoint(base_path)
     model = ckpt.model
     sweep = load_sweep(layout, config)
     example = torch.from_numpy(val.x[:1])
@@ -167,6 +168,7 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         fit_(model, train, val, settings, after_backward=method.after_backward, after_step=method.after_step, desc=desc)
 
     history = [record(0, 0.0)]
+    check_recorded_accuracy(ckpt, history[0]["val_accuracy"], len(val), base_path)
     if method.needs_warmup:
         # Movement scores come from training: gather them before the first step prunes.
         tune(max(config.epochs_per_step, 1), config.seed, "prune warm-up")

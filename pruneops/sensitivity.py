@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pruneops.checkpoint import load_checkpoint
+from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint
 from pruneops.config import PruneConfig, SensitivityConfig
 from pruneops.data import Split, load_prepared
 from pruneops.io import Layout, dump_json, staged_output_paths
@@ -147,12 +147,15 @@ def analyze_sensitivity(
     layout = layout or Layout()
     torch.set_num_threads(config.threads)
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
-    base = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
+    base_path = layout.stage_dir("train") / "model.safetensors"
+    checkpoint = load_checkpoint(base_path)
+    base = checkpoint.model
     criterion = IMPORTANCES.get(config.importance)
     structured = METHODS.get(prune.method).structured
     if criterion.needs_grad:
         accumulate_grads_(base, train, 4, 64)
     base_acc, base_loss = evaluate(base, val, config.batch_size)
+    check_recorded_accuracy(checkpoint, base_acc, len(val), base_path)
     calibration = calibration_subset(train.x, config.bn_recalibration_samples, config.seed)
     warnings: list[str] = []
     if structured:

@@ -61,6 +61,7 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     seed_everything(config.seed)
     model = create_model(spec)
     fit = fit_(model, train, val, fit_settings(config), desc="train")
+    val_acc, _ = evaluate(model, val)  # recorded: later stages refuse weights that no longer reach it
     test_acc, test_loss = evaluate(model, test)
     out_dir, metrics_path, plots_dir = layout.stage_dir("train"), layout.metrics("train"), layout.plots("train")
     report = TrainReport(
@@ -75,7 +76,8 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
         checkpoint=out_dir / "model.safetensors",
     )
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
-        save_checkpoint(staged.dir(out_dir) / "model.safetensors", model, spec, {"stage": "train"})
+        extra = {"stage": "train", "val_accuracy": val_acc, "val_samples": len(val)}
+        save_checkpoint(staged.dir(out_dir) / "model.safetensors", model, spec, extra)
         dump_json(report.metrics(), staged.path(metrics_path))
         save_fit_history(fit.history, staged.dir(plots_dir), f"Baseline training: {config.model}")
     return report

@@ -12,7 +12,7 @@ from pruneops.config import ValidateConfig
 from pruneops.data.expectations import SuiteResult, digests, run_suite
 from pruneops.data.loaders import load_raw
 from pruneops.data.splits import DataMeta, Split, save_split
-from pruneops.errors import DataValidationError
+from pruneops.errors import DataError, DataValidationError
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.stages import StageReport
 
@@ -44,10 +44,17 @@ class ValidationReport(StageReport):
 def _split(
     x: np.ndarray, y: np.ndarray, fraction: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Seeded split, stratified whenever every class has at least two samples."""
-    _, counts = np.unique(y, return_counts=True)
-    stratify = y if counts.min() >= 2 else None
-    xa, xb, ya, yb = train_test_split(x, y, test_size=fraction, random_state=seed, stratify=stratify)
+    """Seeded split, stratified whenever each class has at least two samples and each side room for every class.
+
+    Raises:
+        DataError: Too few samples to split.
+    """
+    classes, counts = np.unique(y, return_counts=True)
+    held = int(np.ceil(fraction * len(y)))
+    if len(y) < 2 or held < 1 or len(y) - held < 1:
+        raise DataError(f"{len(y)} samples cannot be split {1 - fraction:.2f}/{fraction:.2f}: too few samples")
+    ok = counts.min() >= 2 and min(held, len(y) - held) >= len(classes)
+    xa, xb, ya, yb = train_test_split(x, y, test_size=fraction, random_state=seed, stratify=y if ok else None)
     return xa, ya, xb, yb
 
 

@@ -98,6 +98,26 @@ def digits_onnx(root: Path, trained: bool = True, name: str = "m.onnx"):
     return data_dir, root / name, test
 
 
+def tiny_onnx(path: Path, seed: int = 0, features: int = 4, classes: int = 3) -> Path:
+    """A small valid classifier as ONNX (logits = x @ W), different per seed."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.random.default_rng(seed).standard_normal((features, classes)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["input", "W"], ["logits"])],
+        "tiny",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
+        [numpy_helper.from_array(weights, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9  # what this ONNX Runtime reads (the onnx package writes newer by default)
+    onnx.save(model, str(path))
+    return path
+
+
 def free_port() -> int:
     """A free TCP port on loopback."""
     import socket

@@ -1,7 +1,17 @@
+import shutil
+
+import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
-from pruneops.checkpoint import load_checkpoint, save_checkpoint
+from pruneops.checkpoint import (
+    check_recorded_accuracy,
+    checksum_path,
+    file_sha256,
+    load_checkpoint,
+    save_checkpoint,
+)
 from pruneops.errors import CheckpointError
 from pruneops.models import ModelSpec, create_model
 from pruneops.pruning import IMPORTANCES, UnitPruner, round_keep
@@ -24,16 +34,42 @@ def test_pruned_model_reloads_with_its_shapes(tmp_path, name):
 def test_corrupt_and_missing_checkpoints_raise_checkpoint_error(tmp_path):
     spec = ModelSpec("mlp", [1, 8, 8], 10)
     path = tmp_path / "m.safetensors"
-    save_checkpoint(path, create_model(spec), spec)
+    digest = save_checkpoint(path, create_model(spec), spec)
+    assert checksum_path(path).read_text().split()[0] == digest == file_sha256(path)
     data = path.read_bytes()
     (tmp_path / "trunc.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="corrupt checkpoint"):
+    with pytest.raises(CheckpointError, match="no recorded checksum"):
         load_checkpoint(tmp_path / "trunc.safetensors")
-    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(CheckpointError):
-        load_checkpoint(tmp_path / "junk.safetensors")
+    shutil.copy(checksum_path(path), checksum_path(tmp_path / "trunc.safetensors"))
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_checkpoint(tmp_path / "trunc.safetensors")
     with pytest.raises(CheckpointError, match="not found"):
         load_checkpoint(tmp_path / "missing.safetensors")
+
+
+def test_flipped_bytes_in_the_tensor_data_are_caught_although_the_header_is_intact(tmp_path):
+    spec = ModelSpec("mlp", [1, 8, 8], 10)
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, create_model(spec), spec)
+    data = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    rng = np.random.default_rng(0)
+    for i in rng.choice(np.arange(header, len(data)), 2000, replace=False):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with safe_open(str(path), framework="pt") as f:  # still a readable file: only the checksum tells
+        assert f.metadata()["pruneops"]
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        load_checkpoint(path)
+
+
+def test_a_baseline_far_below_its_recorded_accuracy_is_refused(tmp_path):
+    spec = ModelSpec("mlp", [1, 8, 8], 10)
+    save_checkpoint(tmp_path / "m.safetensors", create_model(spec), spec, {"val_accuracy": 0.995})
+    checkpoint = load_checkpoint(tmp_path / "m.safetensors")
+    check_recorded_accuracy(checkpoint, 0.99, 216, tmp_path / "m.safetensors")  # within 4 SE / 2 points
+    with pytest.raises(CheckpointError, match=r"9.70% is far below the 99.50% recorded"):
+        check_recorded_accuracy(checkpoint, 0.097, 216, tmp_path / "m.safetensors")
 
 
 def test_checkpoint_of_other_architecture_is_refused(tmp_path):

@@ -117,15 +117,35 @@ def test_corrupt_checkpoint_fails_prune_and_leaves_no_output(pipeline_dir, tmp_p
         shutil.copytree(pipeline_dir / part, tmp_path / part)
     shutil.copy(pipeline_dir / "params.yaml", tmp_path / "params.yaml")
     ckpt = tmp_path / "artifacts/train/model.safetensors"
-    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    data = bytearray(ckpt.read_bytes())
+    for i in range(len(data) - 2000, len(data)):  # 2,000 flipped bytes of tensor data; the header intact
+        data[i] ^= 0x5A
+    ckpt.write_bytes(bytes(data))
     result = _run(tmp_path, "prune")
     assert result.returncode == 1
-    assert _error_lines(result.stderr) == [
-        f"pruneops prune: error: {ckpt}: corrupt checkpoint "
-        f"{_error_lines(result.stderr)[0].split('corrupt checkpoint ', 1)[1]}"
-    ]
+    (line,) = _error_lines(result.stderr)
+    assert line.startswith(f"pruneops prune: error: {ckpt}: checksum mismatch")
     assert not (tmp_path / "artifacts/prune").exists() and not (tmp_path / "metrics/prune.json").exists()
     assert not list((tmp_path / "artifacts").glob(".*tmp*"))
+
+
+def test_a_baseline_that_no_longer_reaches_its_recorded_accuracy_stops_the_next_stage(pipeline_dir, tmp_path):
+    import shutil
+
+    from pruneops.checkpoint import load_checkpoint, save_checkpoint
+    from pruneops.models import create_model
+
+    for part in ("artifacts/validate", "artifacts/train"):
+        shutil.copytree(pipeline_dir / part, tmp_path / part)
+    shutil.copy(pipeline_dir / "params.yaml", tmp_path / "params.yaml")
+    ckpt = tmp_path / "artifacts/train/model.safetensors"
+    trained = load_checkpoint(ckpt)
+    save_checkpoint(ckpt, create_model(trained.spec), trained.spec, trained.extra)  # untrained, valid checksum
+    result = _run(tmp_path, "sensitivity")
+    assert result.returncode == 1
+    (line,) = _error_lines(result.stderr)
+    assert "is far below the" in line and "recorded when it was trained" in line
+    assert not (tmp_path / "artifacts/sensitivity").exists()
 
 
 def test_failure_mid_stage_keeps_previous_outputs(pipeline_dir, tmp_path, monkeypatch):

@@ -33,6 +33,39 @@ class RawData:
 
 
 LOADERS: Registry = Registry("dataset")
+MAX_LABEL = 100_000  # a label beyond this is a corrupt file, not a class
+
+
+def as_inputs(array: np.ndarray, where: str) -> np.ndarray:
+    """Inputs as float32; anything but numbers is refused (never coerced to NaN silently).
+
+    Raises:
+        DataError: Non-numeric dtype.
+    """
+    if array.dtype.kind not in "buif":
+        raise DataError(f"{where}: inputs must be numbers, got dtype {array.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values become inf: the suite reports them
+        return array.astype(np.float32)
+
+
+def as_labels(array: np.ndarray, where: str) -> np.ndarray:
+    """Labels as int64: integers (or integral floats) in [0, MAX_LABEL); anything else is refused.
+
+    Raises:
+        DataError: Not one label per sample, not integral, negative or absurdly large.
+    """
+    if array.ndim != 1:
+        raise DataError(f"{where}: labels must be one integer per sample, got shape {list(array.shape)}")
+    if array.dtype.kind == "f":
+        bad = ~np.isfinite(array) | (array != np.round(array))
+        if bad.any():
+            raise DataError(f"{where}: labels must be integers, found {array[bad][:3].tolist()}")
+    elif array.dtype.kind not in "iu":
+        raise DataError(f"{where}: labels must be integers, got dtype {array.dtype}")
+    out_of_range = (array < 0) | (array >= MAX_LABEL)
+    if out_of_range.any():
+        raise DataError(f"{where}: labels must be in 0..{MAX_LABEL - 1}, found {array[out_of_range][:3].tolist()}")
+    return array.astype(np.int64)
 
 
 def _require_path(config: ValidateConfig) -> Path:
@@ -69,7 +102,14 @@ def load_npz(config: ValidateConfig) -> RawData:
     xtr, xte = arrays["x_train"], arrays["x_test"]
     if xtr.ndim == 3:  # (N, H, W) grey images -> (N, 1, H, W)
         xtr, xte = xtr[:, None], xte[:, None]
-    if xtr.ndim < 2 or len(xtr) != len(arrays["y_train"]) or len(xte) != len(arrays["y_test"]):
+    if (
+        xtr.ndim < 2
+        or xtr.shape[1:] != xte.shape[1:]
+        or len(xtr) != len(arrays["y_train"])
+        or len(xte) != len(arrays["y_test"])
+        or not len(xtr)
+        or not len(xte)
+    ):
         raise DataError(
             f"{path}: inconsistent shapes x_train {arrays['x_train'].shape}, "
             f"y_train {arrays['y_train'].shape}, x_test {arrays['x_test'].shape}, "
@@ -77,11 +117,11 @@ def load_npz(config: ValidateConfig) -> RawData:
         )
     default_range = (0.0, 255.0) if xtr.dtype == np.uint8 else (0.0, 1.0)
     return RawData(
-        xtr.astype(np.float32),
-        arrays["y_train"].astype(np.int64),
-        xte.astype(np.float32),
-        arrays["y_test"].astype(np.int64),
-        tuple(xtr.shape[1:]),
+        as_inputs(xtr, f"{path}: x_train"),
+        as_labels(arrays["y_train"], f"{path}: y_train"),
+        as_inputs(xte, f"{path}: x_test"),
+        as_labels(arrays["y_test"], f"{path}: y_test"),
+        tuple(int(d) for d in xtr.shape[1:]),
         default_range,
     )
 
@@ -95,21 +135,43 @@ def load_table(config: ValidateConfig) -> RawData:
             frame = pd.read_parquet(path)
         else:
             frame = pd.read_csv(path)
+        frame.columns = [str(c) for c in frame.columns]
     except Exception as exc:  # pandas raises many unrelated types for unreadable files
         raise DataError(f"{path}: cannot read table ({type(exc).__name__}: {exc})") from None
     if config.label_column not in frame.columns:
         raise DataError(f"{path}: label column {config.label_column!r} not found; columns: {list(frame.columns)}")
-    features = config.feature_columns or [c for c in frame.columns if c != config.label_column]
+    features = config.feature_columns or [str(c) for c in frame.columns if c != config.label_column]
     present = [c for c in features if c in frame.columns]
+    if not present or len(frame) < 2:
+        raise DataError(f"{path}: needs feature columns and at least 2 rows; columns: {list(frame.columns)[:10]}")
     numeric = frame[present].apply(pd.to_numeric, errors="coerce")
-    x = numeric.to_numpy(dtype=np.float32)
+    _refuse_text(frame[present], numeric, path)
+    x = as_inputs(numeric.to_numpy(dtype=np.float64), f"{path}: features")
     labels = pd.to_numeric(frame[config.label_column], errors="coerce")
-    y = labels.fillna(-1).to_numpy().astype(np.int64)
+    _refuse_text(frame[[config.label_column]], labels.to_frame(), path)
+    y = as_labels(labels.dropna().to_numpy(), f"{path}: column {config.label_column!r}")
+    if len(y) != len(frame):
+        raise DataError(f"{path}: column {config.label_column!r} has {len(frame) - len(y)} empty labels")
     finite = x[np.isfinite(x)]
     default_range = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     if default_range[0] == default_range[1]:
         default_range = (default_range[0], default_range[0] + 1.0)
     return RawData(x, y, None, None, (len(features),), default_range, feature_names=features, table=frame)
+
+
+def _refuse_text(raw: pd.DataFrame, numeric: pd.DataFrame, path: Path) -> None:
+    """A value that was there but is not a number is an error, not a NaN.
+
+    Raises:
+        DataError: Names the first such column and a value.
+    """
+    for column in raw.columns:
+        lost = raw[column].notna() & numeric[column].isna()
+        if lost.any():
+            raise DataError(
+                f"{path}: column {column!r} has non-numeric values, e.g. {raw[column][lost].iloc[0]!r} "
+                "(this loader takes numeric tables)"
+            )
 
 
 def load_raw(config: ValidateConfig) -> RawData:

@@ -12,6 +12,26 @@ from pruneops.errors import ConfigError
 from pruneops.models.registry import MODELS
 
 
+def _ints(name: str, values: object, low: int, high: int, count: tuple[int, int] = (1, 1)) -> tuple[int, ...]:
+    """Checks a model_kwargs entry (an int or a list of ints) against its bounds.
+
+    Raises:
+        ConfigError: Not integers, too many or too few, or out of range.
+    """
+    items = values if isinstance(values, (list, tuple)) else [values]
+    ok = count[0] <= len(items) <= count[1] and all(isinstance(v, int) and not isinstance(v, bool) for v in items)
+    if not ok or not all(low <= v <= high for v in items):
+        many = f"{count[0]}..{count[1]} integers" if count != (1, 1) else "an integer"
+        raise ConfigError(f"train.model_kwargs.{name}: must be {many} in {low}..{high} (got {values!r})")
+    return tuple(items)
+
+
+def _dropout(value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"train.model_kwargs.dropout: must be a number in [0, 1) (got {value!r})")
+    return float(value)
+
+
 class MLP(nn.Module):
     """Fully connected classifier over flattened inputs."""
 
@@ -32,7 +52,8 @@ class MLP(nn.Module):
 @MODELS.register("mlp", "fully connected network over flattened inputs")
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int] | None = None, dropout: float = 0.1) -> MLP:
     """Builds an MLP; `hidden` lists the hidden widths (default 512, 512)."""
-    return MLP(input_shape, num_classes, tuple(hidden or (512, 512)), dropout)
+    widths = _ints("hidden", hidden if hidden is not None else [512, 512], 1, 65_536, (1, 64))
+    return MLP(input_shape, num_classes, widths, _dropout(dropout))
 
 
 class BasicBlock(nn.Module):
@@ -82,7 +103,8 @@ def cnn(
     """Builds a residual CNN over (C, H, W) images; `widths` per stage (default 64, 128)."""
     if len(input_shape) != 3:
         raise ConfigError(f"train.model: cnn needs image inputs (C, H, W), data has shape {list(input_shape)}")
-    return ResidualCNN(input_shape[0], num_classes, tuple(widths or (64, 128)), blocks)
+    stages = _ints("widths", widths if widths is not None else [64, 128], 1, 4096, (1, 8))
+    return ResidualCNN(input_shape[0], num_classes, stages, _ints("blocks", blocks, 1, 16)[0])
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -183,6 +205,13 @@ def transformer(
     dropout: float = 0.1,
 ) -> TokenTransformer:
     """Builds the token transformer (defaults: dim 64, 2 layers, 4 heads, FFN 128)."""
-    return TokenTransformer(
-        input_shape, num_classes, dim, depth, num_heads, head_dim or dim // num_heads, ffn_dim, dropout
+    (dim,), (depth,), (heads,), (ffn,) = (
+        _ints("dim", dim, 1, 8192),
+        _ints("depth", depth, 1, 64),
+        _ints("num_heads", num_heads, 1, 256),
+        _ints("ffn_dim", ffn_dim, 1, 65_536),
     )
+    width = _ints("head_dim", head_dim, 1, 8192)[0] if head_dim is not None else dim // heads
+    if width < 1:
+        raise ConfigError(f"train.model_kwargs: num_heads {heads} leaves no width per head at dim {dim}")
+    return TokenTransformer(input_shape, num_classes, dim, depth, heads, width, ffn, _dropout(dropout))

@@ -63,6 +63,8 @@ def create_model(spec: ModelSpec) -> nn.Module:
         model = factory(input_shape=tuple(spec.input_shape), num_classes=spec.num_classes, **spec.kwargs)
     except TypeError as exc:
         raise ConfigError(f"train.model_kwargs: not accepted by {spec.name!r} ({exc})") from None
+    except (RuntimeError, ValueError, MemoryError) as exc:  # e.g. a size torch cannot allocate
+        raise ConfigError(f"train.model: {spec.name!r} could not be built ({type(exc).__name__}: {exc})") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"train.model: factory {spec.name!r} did not return a torch nn.Module")
     return model

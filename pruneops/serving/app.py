@@ -28,6 +28,7 @@ from pruneops.drift import DriftMonitor
 from pruneops.errors import ConfigError
 from pruneops.io import Layout, read_json
 from pruneops.model_registry import pipeline_reference_stats
+from pruneops.serving.limits import BodyLimit
 from pruneops.serving.model import LoadedModel, ModelHolder
 
 log = logging.getLogger("pruneops.serving")
@@ -131,6 +132,9 @@ class Metrics:
             "pruneops_model_info", "The served model", ["version", "sparsity", "params", "macs"], registry=r
         )
         self.reload_errors = Counter("pruneops_model_reload_errors_total", "New models refused", registry=r)
+        self.fallback = Gauge(
+            "pruneops_model_fallback", "1 while an earlier version serves because production cannot", registry=r
+        )
         self.last_reprune = Gauge(
             "pruneops_last_reprune_timestamp_seconds", "When the served model was registered", registry=r
         )
@@ -166,6 +170,7 @@ class ServingState:
             self.publish_model(self.holder.current)
         if self.holder.reload_errors > errors:
             self.metrics.reload_errors.inc(self.holder.reload_errors - errors)
+        self.metrics.fallback.set(1 if self.holder.fallback_from else 0)
 
     def publish_model(self, model: LoadedModel) -> None:
         """Exports what is served, and measures drift against the data this model was trained on."""
@@ -284,10 +289,11 @@ def _endpoint(request: Request) -> str:
 
 def _install_handlers(app: FastAPI, state: ServingState) -> None:
     """Error bodies, the body-size cap and the one place HTTP responses are counted."""
+    app.add_middleware(BodyLimit, limit=state.config.max_body_bytes)
 
-    @app.middleware("http")
-    async def count_and_cap(request: Request, call_next):
-        response = await _capped_response(request, call_next, state.config.max_body_bytes)
+    @app.middleware("http")  # added after BodyLimit, so outside it: its 413s are counted too
+    async def count(request: Request, call_next):
+        response = await _answered(request, call_next)
         state.metrics.requests.labels(_endpoint(request), str(response.status_code)).inc()
         return response
 
@@ -304,11 +310,8 @@ def _install_handlers(app: FastAPI, state: ServingState) -> None:
         )
 
 
-async def _capped_response(request: Request, call_next, limit: int) -> Response:
-    """The endpoint's response; 413 for a body over `limit` bytes, 500 for an unhandled error."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        return JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
+async def _answered(request: Request, call_next) -> Response:
+    """The endpoint's response, or a 500 for an unhandled error (so that it is counted)."""
     try:
         return await call_next(request)
     except Exception as exc:  # noqa: BLE001 - counted and answered; the log keeps the traceback

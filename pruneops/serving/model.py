@@ -10,10 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.drift import DriftMonitor
-from pruneops.io import read_json
-from pruneops.model_registry import REFERENCE_STATS
-from pruneops.onnx_utils import INPUT_NAME, make_session
+from pruneops.model_registry import ModelRegistry, RegistryError, check_servable
+from pruneops.onnx_utils import INPUT_NAME
 
 log = logging.getLogger("pruneops.serving")
 
@@ -43,21 +41,14 @@ def load_version(path: Path, threads: int = 1) -> LoadedModel:
     Raises:
         ValueError: The model cannot be loaded or does not run on its declared input shape.
     """
-    path = path.resolve()
+    path = Path(path).resolve()
     try:
-        metadata = read_json(path / "metadata.json")
-        reference = read_json(path / REFERENCE_STATS) if (path / REFERENCE_STATS).exists() else None
-        if reference is not None:
-            DriftMonitor(reference)  # malformed statistics refuse the version, before any swap
-        session = make_session(path / "model.onnx", threads)
-        dims = session.get_inputs()[0].shape[1:]
-        input_shape = tuple(int(d) for d in dims)
-        out = session.run(None, {INPUT_NAME: np.zeros((1, *input_shape), dtype=np.float32)})[0]
-    except Exception as exc:  # onnxruntime and a malformed JSON raise many types
-        raise ValueError(f"{path}: cannot serve this model ({type(exc).__name__}: {exc})") from None
-    if out.ndim != 2 or not np.isfinite(out).all():
-        raise ValueError(f"{path}: model output has shape {out.shape} or non-finite values, expected finite logits")
-    return LoadedModel(path.name, session, input_shape, metadata, reference, int(out.shape[1]))
+        checked = check_servable(path, threads)
+    except RegistryError as exc:
+        raise ValueError(str(exc)) from None
+    return LoadedModel(
+        path.name, checked.session, checked.input_shape, checked.metadata, checked.reference_stats, checked.num_classes
+    )
 
 
 class ModelHolder:
@@ -73,6 +64,8 @@ class ModelHolder:
         self.threads = threads
         self.current: LoadedModel | None = None
         self.reload_errors = 0
+        # The production version that could not be served while an earlier one is (None otherwise).
+        self.fallback_from: str | None = None
         self._target: str | None = None
         self._lock = threading.Lock()
 
@@ -106,7 +99,22 @@ class ModelHolder:
                     self.current.version if self.current else "nothing",
                     exc,
                 )
-                return False
-            self.current = loaded
+                return self.current is None and self._fall_back(Path(target).name)
+            self.current, self.fallback_from = loaded, None
             log.info("serving model %s", loaded.version)
             return True
+
+    def _fall_back(self, broken: str) -> bool:
+        """With nothing served yet (a restart), serves the newest earlier production version that loads."""
+        registry = ModelRegistry(self.production.parent)
+        for version in reversed(registry.served_stack()):
+            if version == broken:
+                continue
+            try:
+                self.current = load_version(registry.get(version).path, self.threads)
+            except (ValueError, RegistryError):
+                continue
+            self.fallback_from = broken
+            log.error("production model %s cannot be served; serving the earlier version %s", broken, version)
+            return True
+        return False

@@ -25,7 +25,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from pruneops.serving.limits import BodyLimit
+
 log = logging.getLogger("pruneops.receiver")
+MAX_BODY_BYTES = 1 << 20  # Alertmanager batches are a few KB
 
 
 class Alert(BaseModel):
@@ -132,6 +135,7 @@ def create_receiver(token: str, trigger: Callable[[dict], str], cooldown_s: floa
         cooldown_s: After a confirmed trigger, further new alerts within this many seconds start nothing.
     """
     app = FastAPI(title="PruneOps alert receiver")
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     state = ReceiverState(cooldown_s)
     app.state.receiver = state
     app.state.decisions = state.decisions

@@ -96,8 +96,9 @@ def test_hot_reload_swaps_promoted_model_and_refuses_a_corrupt_one(setup, tmp_pa
         registry.promote(v2.version)
         client.app.state.refresh()
         assert client.post("/predict", json={"inputs": test.x[:1].tolist()}).json()["model_version"] == "v2"
-        (tmp_path / "bad.onnx").write_bytes(b"not onnx")
-        registry.promote(registry.register(tmp_path / "bad.onnx", {}, version="v3").version)
+        v3 = registry.register(root / "good.onnx", {}, version="v3")
+        registry.promote(v3.version)
+        v3.model_file.write_bytes(b"not onnx")  # corrupted after it was promoted
         client.app.state.refresh()
         r = client.post("/predict", json={"inputs": test.x[:1].tolist()})
         assert r.status_code == 200 and r.json()["model_version"] == "v2"
@@ -188,3 +189,110 @@ def test_openapi_documents_the_responses(setup):
     assert schema["paths"]["/feedback"]["post"]["responses"]["200"]["content"]["application/json"]["schema"][
         "$ref"
     ].endswith("FeedbackResponse")
+
+
+def _wait_for_version(client, x, version, seconds):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if client.post("/predict", json={"inputs": x}).json().get("model_version") == version:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_broken_reference_statistics_then_a_good_promotion_serves_within_three_intervals(setup, tmp_path):
+    root, _, config, test = setup
+    registry = ModelRegistry(tmp_path / "models")
+    registry.promote(registry.register(root / "good.onnx", {}, version="v1").version)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"bin_edges": [0.0, 1.0], "histograms": "not a list"}')
+    interval = 1.0
+    config = config.model_copy(update={"production": tmp_path / "models/production", "reload_interval_s": interval})
+    x = test.x[:1].tolist()
+    with TestClient(create_app(config)) as client:
+        assert client.post("/predict", json={"inputs": x}).json()["model_version"] == "v1"
+        # `promote` refuses such a version now; point production at it the way an old promoter did.
+        registry.register(root / "good.onnx", {}, version="v2", reference_stats=broken)
+        registry._point_production_at("v2")
+        assert not _wait_for_version(client, x, "v2", 3 * interval)  # refused: v1 keeps serving
+        registry.promote(registry.register(root / "good.onnx", {}, version="v3").version)
+        assert _wait_for_version(client, x, "v3", 3 * interval), "the watcher stopped reloading"
+        text = client.get("/metrics").text
+    assert "pruneops_model_reload_errors_total 1.0" in text
+    assert 'pruneops_model_info{macs="",params="",sparsity="",version="v3"} 1.0' in text
+
+
+def test_the_watcher_outlives_any_error(setup, tmp_path, monkeypatch):
+    root, _, config, test = setup
+    registry = ModelRegistry(tmp_path / "models")
+    registry.promote(registry.register(root / "good.onnx", {}, version="v1").version)
+    config = config.model_copy(update={"production": tmp_path / "models/production", "reload_interval_s": 0.2})
+    app = create_app(config)
+    state, calls = app.state.serving, {"n": 0}
+    real = state.holder.refresh
+
+    def exploding():
+        calls["n"] += 1
+        if calls["n"] in (2, 3):  # the first call is the start-up load
+            raise RuntimeError("injected")
+        return real()
+
+    monkeypatch.setattr(state.holder, "refresh", exploding)
+    with TestClient(app) as client:
+        registry.promote(registry.register(root / "good.onnx", {}, version="v2").version)
+        assert _wait_for_version(client, test.x[:1].tolist(), "v2", 5.0)
+        assert "pruneops_model_reload_errors_total 2.0" in client.get("/metrics").text
+
+
+def test_a_corrupt_production_model_on_restart_falls_back_to_the_last_good_version(setup, tmp_path):
+    root, _, config, test = setup
+    registry = ModelRegistry(tmp_path / "models")
+    for version in ("v1", "v2"):
+        registry.promote(registry.register(root / "good.onnx", {}, version=version).version)
+    registry.get("v2").model_file.write_bytes(b"\x00" * 100)  # disk corruption while the app was down
+    config = config.model_copy(update={"production": tmp_path / "models/production", "reload_interval_s": 3600})
+    with TestClient(create_app(config)) as client:
+        assert client.get("/readyz").json() == {"status": "ready", "model_version": "v1"}
+        assert client.post("/predict", json={"inputs": test.x[:1].tolist()}).status_code == 200
+        text = client.get("/metrics").text
+        assert "pruneops_model_fallback 1.0" in text and "pruneops_model_reload_errors_total 1.0" in text
+        registry.promote(registry.register(root / "good.onnx", {}, version="v3").version)
+        client.app.state.refresh()
+        assert client.get("/readyz").json()["model_version"] == "v3"
+        assert "pruneops_model_fallback 0.0" in client.get("/metrics").text
+
+
+@pytest.mark.parametrize("label", [10, -1, 10**30])
+def test_a_label_outside_the_models_classes_is_refused_and_feedback_goes_on(setup, tmp_path, label):
+    _, _, config, test = setup
+    config = config.model_copy(update={"feedback_path": tmp_path / "feedback.npz", "feedback_flush_every": 2})
+    with TestClient(create_app(config)) as client:
+        ids = client.post("/predict", json={"inputs": test.x[:3].tolist()}).json()["prediction_ids"]
+        r = client.post("/feedback", json={"prediction_id": ids[0], "label": label})
+        assert r.status_code == 422 and "label must be a class of the served model: 0..9" in r.json()["error"]
+        for pid in ids[1:]:
+            assert client.post("/feedback", json={"prediction_id": pid, "label": 3}).status_code == 200
+    with np.load(tmp_path / "feedback.npz") as saved:
+        assert np.concatenate([saved["y_train"], saved["y_test"]]).tolist() == [3, 3]
+
+
+def test_a_huge_body_is_refused_before_it_is_parsed(setup):
+    import time
+
+    _, _, config, _ = setup
+    body = b'{"inputs": [' + b"0.5, " * 10_000_000 + b"0.5]}"  # ~50 MB
+    with TestClient(create_app(config)) as client:
+        started = time.perf_counter()
+        r = client.post("/predict", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "over" in r.json()["error"]
+
+        def chunks():  # no content-length: counted as it streams
+            for _ in range(100):
+                yield b" " * 1_000_000
+
+        r = client.post("/predict", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        assert time.perf_counter() - started < 5.0
+        assert 'pruneops_requests_total{endpoint="predict",status="413"} 2.0' in client.get("/metrics").text
