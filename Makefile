@@ -9,6 +9,10 @@ PYTEST_ARGS ?=
 
 STATE ?= $(abspath state)
 PREFECT_PORT ?= 4200
+# The local Prefect API requires basic auth (user:password), made once and kept 0600 here; every
+# client below reads it. Without it any local process could post events or start re-prunes.
+PREFECT_AUTH_FILE := $(STATE)/prefect-auth
+PREFECT_AUTH = PREFECT_API_AUTH_STRING="$$(cat $(PREFECT_AUTH_FILE))"
 
 export DVC_NO_ANALYTICS := 1
 # Prefect keeps its database and settings inside the project; no analytics.
@@ -64,12 +68,17 @@ format: install-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-prefect-server: install-dev
-	mkdir -p $(PREFECT_HOME)
-	$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
+$(PREFECT_AUTH_FILE):
+	@mkdir -p $(STATE) && chmod 700 $(STATE)
+	@umask 077 && $(PYTHON) -c 'import secrets; print("pruneops:" + secrets.token_hex(16))' > $@
 
-deploy: install-dev repo
-	PATH="$(abspath $(BIN)):$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api \
+prefect-server: install-dev $(PREFECT_AUTH_FILE)
+	mkdir -p $(PREFECT_HOME)
+	PREFECT_SERVER_API_AUTH_STRING="$$(cat $(PREFECT_AUTH_FILE))" \
+		$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
+
+deploy: install-dev repo $(PREFECT_AUTH_FILE)
+	PATH="$(abspath $(BIN)):$$PATH" PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(PREFECT_AUTH) \
 		$(BIN)/python -m flows.deploy --project-dir $(CURDIR)
 
 # Prometheus 2.42 and Alertmanager 0.25 from Debian (root or sudo needed once).
@@ -82,16 +91,18 @@ monitoring-deps:
 # PIDs and data under state/monitoring. Needs a promoted model (models/production) and
 # PRUNEOPS_RECEIVER_TOKEN in the environment.
 MON_STATE := $(STATE)/monitoring
-monitoring-up: install-dev monitoring-deps
+monitoring-up: install-dev monitoring-deps $(PREFECT_AUTH_FILE)
 	@test -n "$$PRUNEOPS_RECEIVER_TOKEN" || { echo "set PRUNEOPS_RECEIVER_TOKEN"; exit 2; }
-	mkdir -p $(MON_STATE)
-	@printf %s "$$PRUNEOPS_RECEIVER_TOKEN" > $(MON_STATE)/receiver-token
-	$(BIN)/pruneops serve --port 8000 > $(MON_STATE)/serving.log 2>&1 & echo $$! > $(MON_STATE)/serving.pid
-	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/python -m flows.receiver --port 8010 \
+	mkdir -p $(MON_STATE) && chmod 700 $(MON_STATE)
+	@umask 077 && printf %s "$$PRUNEOPS_RECEIVER_TOKEN" > $(MON_STATE)/receiver-token
+	env -u PRUNEOPS_RECEIVER_TOKEN $(BIN)/pruneops serve --port 8000 > $(MON_STATE)/serving.log 2>&1 & \
+		echo $$! > $(MON_STATE)/serving.pid
+	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(PREFECT_AUTH) $(BIN)/python -m flows.receiver --port 8010 \
 		> $(MON_STATE)/receiver.log 2>&1 & echo $$! > $(MON_STATE)/receiver.pid
-	cd monitoring && prometheus --config.file=prometheus.yml --storage.tsdb.path=$(MON_STATE)/tsdb \
-		--web.listen-address=127.0.0.1:9090 > $(MON_STATE)/prometheus.log 2>&1 & echo $$! > $(MON_STATE)/prometheus.pid
-	cd monitoring && prometheus-alertmanager --config.file=alertmanager.yml --storage.path=$(MON_STATE)/am \
+	cd monitoring && env -u PRUNEOPS_RECEIVER_TOKEN prometheus --config.file=prometheus.yml \
+		--storage.tsdb.path=$(MON_STATE)/tsdb --web.listen-address=127.0.0.1:9090 \
+		> $(MON_STATE)/prometheus.log 2>&1 & echo $$! > $(MON_STATE)/prometheus.pid
+	cd monitoring && env -u PRUNEOPS_RECEIVER_TOKEN prometheus-alertmanager --config.file=alertmanager.yml --storage.path=$(MON_STATE)/am \
 		--web.listen-address=127.0.0.1:9093 --cluster.listen-address= \
 		> $(MON_STATE)/alertmanager.log 2>&1 & echo $$! > $(MON_STATE)/alertmanager.pid
 	@echo "serving http://127.0.0.1:8000  prometheus http://127.0.0.1:9090  alertmanager http://127.0.0.1:9093"

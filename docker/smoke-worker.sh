@@ -40,9 +40,11 @@ if not (mac_ratio > 3.5 and drop < 0.02):
     sys.exit(f"FAIL: pruned model off target (MACs {mac_ratio:.2f}x fewer, accuracy drop {drop:.4f})")
 PY
 port=${SMOKE_PREFECT_PORT:-14200}
+# The server requires basic auth, as compose sets it up; the worker and the poller below send it.
+auth="pruneops:$(python3 -c 'import secrets; print(secrets.token_hex(8))')"
 start=$(date +%s)
 "$engine" run -d --name "$name-server" --network host -e PREFECT_SERVER_HOST=127.0.0.1 \
-  -e "PREFECT_SERVER_PORT=$port" "$image" server >/dev/null
+  -e "PREFECT_SERVER_PORT=$port" -e "PREFECT_SERVER_API_AUTH_STRING=$auth" "$image" server >/dev/null
 # As compose's depends_on (service_healthy): the worker starts once the server answers.
 for _ in $(seq 60); do
   "$engine" exec "$name-server" python -m pruneops.serving.healthcheck "http://127.0.0.1:$port/api/health" \
@@ -50,16 +52,23 @@ for _ in $(seq 60); do
   sleep 2
 done
 "$engine" run -d --name "$name-deploy" --network host -e "PREFECT_API_URL=http://127.0.0.1:$port/api" \
-  -e PRUNEOPS_SET=reprune.drift_source=http://127.0.0.1:19090 -v "$work/models:/app/models" -v "$work/cache:/app/.dvc/cache" "$image" deploy >/dev/null
-python3 - "$port" "$work/models" <<'PY' || { "$engine" logs --tail 40 "$name-deploy"; exit 1; }
-import json, os, sys, time, urllib.request
+  -e "PREFECT_API_AUTH_STRING=$auth" -e PRUNEOPS_SET=reprune.drift_source=http://127.0.0.1:19090 \
+  -v "$work/models:/app/models" -v "$work/cache:/app/.dvc/cache" "$image" deploy >/dev/null
+python3 - "$port" "$work/models" "$auth" <<'PY' || { "$engine" logs --tail 40 "$name-deploy"; exit 1; }
+import base64, json, os, sys, time, urllib.error, urllib.request
 
 api = f"http://127.0.0.1:{sys.argv[1]}/api"
+auth = {"Authorization": "Basic " + base64.b64encode(sys.argv[3].encode()).decode()}
+try:  # without credentials the API refuses
+    urllib.request.urlopen(urllib.request.Request(api + "/deployments/filter", data=b"{}"), timeout=5)
+    sys.exit("FAIL: the Prefect API answered without credentials")
+except urllib.error.HTTPError as exc:
+    assert exc.code == 401, exc.code
 deadline = time.time() + 600  # bounded: a first start may run the whole pipeline
 names = set()
 while time.time() < deadline:
     try:
-        req = urllib.request.Request(api + "/deployments/filter", data=b"{}", headers={"content-type": "application/json"})
+        req = urllib.request.Request(api + "/deployments/filter", data=b"{}", headers={"content-type": "application/json", **auth})
         with urllib.request.urlopen(req, timeout=5) as r:
             names = {d["name"] for d in json.loads(r.read())}
     except OSError:

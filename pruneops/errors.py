@@ -2,9 +2,16 @@
 
 
 class PruneOpsError(Exception):
-    """Base class of every error a stage reports to the user (exit code 1)."""
+    """Base class of every error a stage reports to the user (exit code 1).
+
+    The message is kept to one line: line breaks from user input (a key, a value, a file's text)
+    are written as an escaped backslash-n.
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *args: object):
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"), *args)
 
 
 class ConfigError(PruneOpsError):

@@ -59,18 +59,45 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def sweep_stale_twins(final: Path) -> list[Path]:
+    """Removes temporary twins of `final` left by a stage that was killed (its process is gone).
+
+    Returns:
+        What was removed.
+    """
+    removed = []
+    for twin in final.parent.glob(f".{final.name}.tmp-*"):
+        pid = twin.name.removeprefix(f".{final.name}.tmp-").split("-", 1)[0]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(twin, ignore_errors=True)
+            removed.append(twin)
+    return removed
+
+
 class StagedOutputs:
     """Temporary twins of a stage's final outputs, swapped into place only on success.
 
-    Each final path (file or directory) gets a temporary sibling. `path(final)` returns where
-    to write; `commit()` replaces the finals by their twins; `discard()` removes the twins.
+    Each final path (file or directory) gets a temporary sibling named after this process, and
+    twins left by a killed process are swept first. `path(final)` returns where to write;
+    `commit()` replaces the finals by their twins; `discard()` removes the twins.
     """
 
     def __init__(self, finals: list[Path]):
         self._twins: dict[Path, Path] = {}
         for final in finals:
             final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+            sweep_stale_twins(final)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
             self._twins[final] = tmp / final.name
 
     def path(self, final: Path) -> Path:

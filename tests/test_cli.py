@@ -195,3 +195,21 @@ def test_publish_promotes_only_the_first_model_unless_forced(pipeline_dir, tmp_p
         root / "artifacts/validate/reference_stats.json"
     ).read_bytes()
     assert first.metadata["metrics"]["models"]["pruned_int8"]["test_accuracy"] > 0.5
+
+
+def test_temporary_outputs_of_a_killed_stage_are_swept_by_the_next_run(tmp_path):
+    import os
+
+    from pruneops.io import staged_output_paths
+
+    final = tmp_path / "artifacts" / "train"
+    final.parent.mkdir(parents=True)
+    dead = final.parent / ".train.tmp-999999999-abc"  # no such process
+    legacy = final.parent / ".train.tmp-xyz"  # written before twins carried a pid
+    live = final.parent / f".train.tmp-{os.getpid()}-other"  # a run still going in this process
+    for d in (dead, legacy, live):
+        (d / "train").mkdir(parents=True)
+    with staged_output_paths(final) as staged:
+        (staged.dir(final) / "model.txt").write_text("new")
+    assert not dead.exists() and not legacy.exists() and live.exists()
+    assert (final / "model.txt").read_text() == "new"

@@ -90,20 +90,35 @@ def test_docker_compose_config_accepts_the_file():
     compose = _tool("docker-compose")
     if compose is None:
         pytest.skip("docker-compose is not installed (apt install docker-compose; `make container-deps`)")
-    env = {**os.environ, "PRUNEOPS_RECEIVER_TOKEN": "test-token"}
+    secrets = {"PRUNEOPS_RECEIVER_TOKEN": "test-token", "PREFECT_API_AUTH_STRING": "u:p", "GRAFANA_ADMIN_PASSWORD": "g"}
+    env = {**os.environ, **secrets}
     out = subprocess.run([compose, "-f", str(COMPOSE), "config"], capture_output=True, text=True, env=env, check=False)
     assert out.returncode == 0, out.stderr
     resolved = yaml.safe_load(out.stdout)
     assert set(resolved["services"]) == SERVICES
     assert resolved["services"]["receiver"]["environment"]["PRUNEOPS_RECEIVER_TOKEN"] == "test-token"
-    missing = subprocess.run(
-        [compose, "-f", str(COMPOSE), "config", "-q"],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "PRUNEOPS_RECEIVER_TOKEN"},
-        check=False,
-    )
-    assert missing.returncode != 0 and "PRUNEOPS_RECEIVER_TOKEN" in missing.stderr
+    for name in secrets:  # each one required: no default secret, and no stack without it
+        missing = subprocess.run(
+            [compose, "-f", str(COMPOSE), "config", "-q"],
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in env.items() if k != name},
+            check=False,
+        )
+        assert missing.returncode != 0 and name in missing.stderr
+
+
+def test_each_service_gets_only_the_secrets_it_uses_and_no_admin_endpoints_are_open():
+    services = _compose()["services"]
+    holders = {
+        name: {k for k in service.get("environment", {}) if k in ("PRUNEOPS_RECEIVER_TOKEN", "PREFECT_API_AUTH_STRING")}
+        for name, service in services.items()
+    }
+    assert {n for n, keys in holders.items() if "PRUNEOPS_RECEIVER_TOKEN" in keys} == {"receiver", "alertmanager"}
+    assert {n for n, keys in holders.items() if "PREFECT_API_AUTH_STRING" in keys} == {"worker", "receiver"}
+    assert "PREFECT_SERVER_API_AUTH_STRING" in services["prefect-server"]["environment"]
+    assert not any("enable-lifecycle" in arg for arg in services["prometheus"]["command"])
+    assert ":?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]  # required, no default
 
 
 # The compose copies of the monitoring configs differ from the loopback ones only in addresses.

@@ -100,6 +100,8 @@ def load_npz(config: ValidateConfig) -> RawData:
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise DataError(f"{path}: not a readable NPZ archive ({exc})") from None
     xtr, xte = arrays["x_train"], arrays["x_test"]
+    if any(a.ndim == 0 for a in arrays.values()):
+        raise DataError(f"{path}: arrays must hold one entry per sample, found a scalar; {_shapes(arrays)}")
     if xtr.ndim == 3:  # (N, H, W) grey images -> (N, 1, H, W)
         xtr, xte = xtr[:, None], xte[:, None]
     if (
@@ -110,11 +112,7 @@ def load_npz(config: ValidateConfig) -> RawData:
         or not len(xtr)
         or not len(xte)
     ):
-        raise DataError(
-            f"{path}: inconsistent shapes x_train {arrays['x_train'].shape}, "
-            f"y_train {arrays['y_train'].shape}, x_test {arrays['x_test'].shape}, "
-            f"y_test {arrays['y_test'].shape}"
-        )
+        raise DataError(f"{path}: inconsistent shapes; {_shapes(arrays)}")
     default_range = (0.0, 255.0) if xtr.dtype == np.uint8 else (0.0, 1.0)
     return RawData(
         as_inputs(xtr, f"{path}: x_train"),
@@ -124,6 +122,10 @@ def load_npz(config: ValidateConfig) -> RawData:
         tuple(int(d) for d in xtr.shape[1:]),
         default_range,
     )
+
+
+def _shapes(arrays: dict[str, np.ndarray]) -> str:
+    return ", ".join(f"{k} {tuple(v.shape)}" for k, v in arrays.items())
 
 
 @LOADERS.register("table", "CSV or Parquet: feature columns + a label column")
