@@ -339,6 +339,8 @@ def read_params(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: params file not found") from None
+    except OSError as exc:  # a directory, no permission...
+        raise ConfigError(f"{path}: cannot read the params file ({exc.strerror or exc})") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if data is None:

@@ -244,10 +244,14 @@ def load_section(project: str | Path, name: str, params_file: str = "params.yaml
 
 
 def load_stage_configs(params_path: str | Path, stage: str) -> dict[str, StageConfig]:
-    """Reads a params file and validates every stage section in it, and those `stage` needs."""
+    """Reads a params file and validates every section in it, and those `stage` needs.
+
+    Every section is checked whichever stage runs: a bad value anywhere stops the first stage,
+    not one an hour later.
+    """
     params = read_params(params_path)
     wanted = get_stage(stage).sections
-    return load_configs(params, tuple(s for s in STAGE_NAMES if s in params or s in wanted))
+    return load_configs(params, tuple(s for s in SECTIONS if s in params or s in wanted))
 
 
 @contextmanager

@@ -268,7 +268,11 @@ def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np
     if len(body.inputs) > max_batch:
         raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(body.inputs)}")
     try:
-        x = np.asarray(body.inputs, dtype=np.float32)
+        raw = np.asarray(body.inputs, dtype=object)
+        # Only numbers: JSON true/false (or text) would otherwise be read as 1/0 without a word.
+        if not set(map(type, raw.flat)) <= {int, float}:
+            raise TypeError
+        x = raw.astype(np.float32)
     except (ValueError, TypeError, OverflowError):
         raise HTTPException(422, "inputs must be a (nested) list of numbers with a regular shape") from None
     if x.ndim == len(model.input_shape):

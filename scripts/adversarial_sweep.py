@@ -1,0 +1,544 @@
+"""An adversarial sweep of every entry point, one bad input per case, tallied.
+
+Entry points: params, data files, checkpoints, the model registry, HTTP bodies and headers,
+alert payloads, and a stage killed with SIGKILL.
+
+python scripts/adversarial_sweep.py [--workdir DIR]
+
+Each case feeds one bad input and classifies the outcome:
+- handled: a clear error (CLI: exit 1 or 2 and one `pruneops <cmd>: error:` line, no traceback;
+  library: the project's own error type; HTTP: a 4xx with a message), and nothing written
+  (no stage output, no temporary leftovers, production unchanged);
+- internal: a traceback, an `internal error` line, a signal, a 5xx, or a foreign exception;
+- silent: the bad input was accepted (exit 0 / 2xx / no error) where it must not be.
+It prints one line per case and the totals; the exit code is the number of cases not handled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS: list[tuple[str, str, str, str]] = []
+
+
+def record(entry: str, case: str, outcome: str, detail: str) -> None:
+    RESULTS.append((entry, case, outcome, detail))
+    print(f"{outcome:9} {entry:11} {case:44} {detail[:110]}", flush=True)
+
+
+def cli(root: Path, stage: str, params: Path | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pruneops.cli", "--root", str(root)]
+    if params is not None:
+        cmd += ["--params", str(params)]
+    return subprocess.run([*cmd, stage], capture_output=True, text=True, timeout=900, cwd=root)
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under the project's outputs, with size and modification time."""
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+        for d in ("artifacts", "metrics", "plots")
+        for p in (root / d).rglob("*")
+        if p.is_file()
+    }
+
+
+def run_and_classify(entry: str, case: str, root: Path, stage: str) -> None:
+    before = snapshot(root)
+    classify_cli(entry, case, root, cli(root, stage), stage, snapshot(root) != before)
+
+
+def classify_cli(
+    entry: str, case: str, root: Path, result: subprocess.CompletedProcess, stage: str, wrote: bool
+) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    if result.returncode < 0 or "Traceback" in result.stderr or "internal error" in result.stderr:
+        record(entry, case, "internal", f"exit {result.returncode}: {(lines or ['no output'])[-1]}")
+    elif result.returncode == 0:
+        record(entry, case, "silent", "accepted (exit 0)")
+    elif wrote:
+        record(entry, case, "silent", f"exit {result.returncode} but outputs written")
+    elif lines and lines[0].startswith(f"pruneops {stage}: error: "):
+        record(entry, case, "handled", f"exit {result.returncode}: {lines[0][len(stage) + 17 :]}")
+    else:
+        record(entry, case, "internal", f"exit {result.returncode}: {lines[:1]}")
+
+
+def base_params() -> dict:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["train"].update(epochs=2, model_kwargs={"widths": [8, 16]})
+    return params
+
+
+PARAM_CASES: list[tuple[str, str, Callable[[dict], object]]] = [
+    ("train.threads 1000000", "train", lambda p: p["train"].update(threads=1_000_000)),
+    ("train.epochs 10**12", "train", lambda p: p["train"].update(epochs=10**12)),
+    ("train.batch_size 0", "train", lambda p: p["train"].update(batch_size=0)),
+    ("train.lr nan", "train", lambda p: p["train"].update(lr=float("nan"))),
+    ("train.lr inf", "train", lambda p: p["train"].update(lr=float("inf"))),
+    ("train.seed -5", "train", lambda p: p["train"].update(seed=-5)),
+    ("train.epochs '3' (string)", "train", lambda p: p["train"].update(epochs="3")),
+    ("train.epochs true (bool)", "train", lambda p: p["train"].update(epochs=True)),
+    ("train.model unknown", "train", lambda p: p["train"].update(model="resnet999")),
+    ("train.model import path missing", "train", lambda p: p["train"].update(model="nopkg.mod:build")),
+    ("train.model_kwargs widths 10**9", "train", lambda p: p["train"].update(model_kwargs={"widths": [10**9]})),
+    ("train.model_kwargs unknown kwarg", "train", lambda p: p["train"].update(model_kwargs={"colour": "red"})),
+    ("validate.value_range [-inf, inf]", "validate", lambda p: p["validate"].update(value_range=[-1e400, 1e400])),
+    ("validate.value_range [1, 0]", "validate", lambda p: p["validate"].update(value_range=[1.0, 0.0])),
+    ("validate.classes [10**12]", "validate", lambda p: p["validate"].update(classes=[0, 10**12])),
+    ("validate.path with NUL byte", "validate", lambda p: p["validate"].update(dataset="npz", path="a\x00b.npz")),
+    ("validate.dataset unknown", "validate", lambda p: p["validate"].update(dataset="imagenet")),
+    ("validate.val_fraction 1.0", "validate", lambda p: p["validate"].update(val_fraction=1.0)),
+    ("export.parity_atol inf", "validate", lambda p: p["export"].update(parity_atol=float("inf"))),
+    ("quantize.method unknown", "validate", lambda p: p["quantize"].update(method="fp4")),
+    ("prune.scope for channel", "validate", lambda p: p["prune"].update(scope="layer")),
+    ("prune.target_value 1e400", "validate", lambda p: p["prune"].update(target_value=1e400)),
+    (
+        "prune.importance taylor on magnitude",
+        "validate",
+        lambda p: p["prune"].update(method="magnitude", importance="taylor"),
+    ),
+    ("benchmark.batch_sizes []", "validate", lambda p: p["benchmark"].update(batch_sizes=[])),
+    ("benchmark.batch_sizes [10**9]", "validate", lambda p: p["benchmark"].update(batch_sizes=[10**9])),
+    ("serve.reload_interval_s 0", "validate", lambda p: p["serve"].update(reload_interval_s=0)),
+    ("reprune.drift_check_cron garbage", "validate", lambda p: p["reprune"].update(drift_check_cron="every day")),
+    ("a section that is a list", "validate", lambda p: p.update(prune=[1, 2])),
+    ("an unknown section", "validate", lambda p: p.update(prunee={})),
+    ("key with newline and non-ASCII", "validate", lambda p: p["train"].update({"ép\noch": 1})),
+    ("missing train section", "train", lambda p: p.pop("train")),
+]
+
+RAW_PARAM_FILES: list[tuple[str, bytes]] = [
+    ("empty params file", b""),
+    ("truncated YAML", b"train:\n  epochs: [1, 2\n"),
+    ("non-UTF-8 bytes", b"train:\n  model: \xff\xfe\x00\n"),
+    ("a YAML list", b"- 1\n- 2\n"),
+    ("a directory", b""),
+]
+
+
+def sweep_params(work: Path, pipeline: Path) -> None:
+    for case, stage, mutate in PARAM_CASES:
+        root = Path(tempfile.mkdtemp(dir=work))
+        shutil.copytree(pipeline / "artifacts/validate", root / "artifacts/validate")  # what train reads
+        params = base_params()
+        mutate(params)
+        (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True))
+        run_and_classify("params", case, root, stage)
+    for case, content in RAW_PARAM_FILES:
+        root = Path(tempfile.mkdtemp(dir=work))
+        if case == "a directory":
+            (root / "params.yaml").mkdir()
+        else:
+            (root / "params.yaml").write_bytes(content)
+        run_and_classify("params", case, root, "validate")
+
+
+def _npz(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def _images(n: int, dtype="uint8") -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 255, (n, 8, 8)).astype(dtype)
+
+
+GOOD = {"x_train": _images(200), "y_train": np.arange(200) % 4, "x_test": _images(40), "y_test": np.arange(40) % 4}
+DATA_CASES: list[tuple[str, str, bytes]] = [
+    ("npz: random bytes", "npz", os.urandom(500)),
+    ("npz: truncated archive", "npz", _npz(**GOOD)[:3000]),
+    ("npz: missing y_test", "npz", _npz(**{k: v for k, v in GOOD.items() if k != "y_test"})),
+    ("npz: labels 1.5 (float)", "npz", _npz(**{**GOOD, "y_train": np.full(200, 1.5)})),
+    ("npz: labels -1", "npz", _npz(**{**GOOD, "y_train": np.full(200, -1)})),
+    ("npz: labels 2**40", "npz", _npz(**{**GOOD, "y_train": np.full(200, 2**40)})),
+    ("npz: labels as strings", "npz", _npz(**{**GOOD, "y_train": np.array(["a"] * 200)})),
+    ("npz: complex inputs", "npz", _npz(**{**GOOD, "x_train": _images(200).astype(np.complex64)})),
+    ("npz: NaN in inputs", "npz", _npz(**{**GOOD, "x_train": np.where(_images(200) > 250, np.nan, 1.0)})),
+    ("npz: 1e30 in float32 inputs", "npz", _npz(**{**GOOD, "x_train": np.full((200, 8, 8), 1e30, np.float32)})),
+    ("npz: scalar y_train", "npz", _npz(**{**GOOD, "y_train": np.array(3)})),
+    (
+        "npz: empty arrays",
+        "npz",
+        _npz(x_train=np.zeros((0, 8, 8)), y_train=np.zeros(0), x_test=np.zeros((0, 8, 8)), y_test=np.zeros(0)),
+    ),
+    ("npz: lengths disagree", "npz", _npz(**{**GOOD, "y_train": np.arange(150) % 4})),
+    ("npz: train/test shapes disagree", "npz", _npz(**{**GOOD, "x_test": _images(40)[:, :4]})),
+    ("npz: 3 samples", "npz", _npz(x_train=_images(3), y_train=np.arange(3), x_test=_images(2), y_test=np.arange(2))),
+    (
+        "npz: all test in train (leakage)",
+        "npz",
+        _npz(**{**GOOD, "x_test": GOOD["x_train"][:40], "y_test": GOOD["y_train"][:40]}),
+    ),
+    ("csv: text in a feature column", "table", b"label,a,b\n" + b"0,1,2\n1,x,3\n" * 20),
+    ("csv: string labels", "table", b"label,a\n" + b"cat,1\ndog,2\n" * 20),
+    ("csv: empty labels", "table", b"label,a\n" + b",1\n1,2\n" * 20),
+    ("csv: header only", "table", b"label,a,b\n"),
+    ("csv: non-UTF-8 bytes", "table", b"label,a\n" + b"0,\xff\xfe\n1,2\n" * 10),
+    ("csv: one row", "table", b"label,a\n0,1\n"),
+    ("csv: no label column", "table", b"a,b\n" + b"1,2\n3,4\n" * 10),
+    ("csv: inf values", "table", b"label,a\n" + b"0,inf\n1,-inf\n" * 20),
+]
+
+
+def sweep_data(work: Path) -> None:
+    for case, kind, content in DATA_CASES:
+        root = Path(tempfile.mkdtemp(dir=work))
+        data = root / ("data.npz" if kind == "npz" else "data.csv")
+        data.write_bytes(content)
+        params = base_params()
+        params["validate"].update(dataset=kind, path=str(data))
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
+        run_and_classify("data", case, root, "validate")
+
+
+def _pipeline(work: Path) -> Path:
+    root = work / "pipeline"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(base_params()))
+    for stage in ("validate", "train"):
+        assert cli(root, stage).returncode == 0, stage
+    return root
+
+
+def sweep_checkpoints(work: Path, pipeline: Path) -> None:
+    def flip(path: Path, n: int) -> None:
+        data = bytearray(path.read_bytes())
+        for i in range(len(data) - n, len(data)):
+            data[i] ^= 0x5A
+        path.write_bytes(bytes(data))
+
+    cases: list[tuple[str, Callable[[Path], None]]] = [
+        ("2,000 flipped bytes, header intact", lambda p: flip(p, 2000)),
+        ("one flipped byte", lambda p: flip(p, 1)),
+        ("truncated to half", lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])),
+        ("empty file", lambda p: p.write_bytes(b"")),
+        ("random bytes", lambda p: p.write_bytes(os.urandom(4096))),
+        ("checksum file removed", lambda p: Path(f"{p}.sha256").unlink()),
+        ("checksum file edited", lambda p: Path(f"{p}.sha256").write_text("0" * 64)),
+        ("untrained weights, valid checksum", _untrained),
+    ]
+    for case, damage in cases:
+        root = Path(tempfile.mkdtemp(dir=work))
+        for part in ("artifacts", "params.yaml"):
+            src = pipeline / part
+            shutil.copytree(src, root / part) if src.is_dir() else shutil.copy(src, root / part)
+        damage(root / "artifacts/train/model.safetensors")
+        run_and_classify("checkpoint", case, root, "sensitivity")
+
+
+def _untrained(path: Path) -> None:
+    from pruneops.checkpoint import load_checkpoint, save_checkpoint
+    from pruneops.models import create_model
+
+    trained = load_checkpoint(path)
+    save_checkpoint(path, create_model(trained.spec), trained.spec, trained.extra)
+
+
+def sweep_registry(work: Path) -> None:
+    from pruneops.errors import PruneOpsError
+    from pruneops.model_registry import ModelRegistry
+    from tests.conftest import tiny_onnx
+
+    def nan_model(path: Path) -> None:
+        import onnx
+        from onnx import numpy_helper
+
+        tiny_onnx(path, 1)
+        model = onnx.load(str(path))
+        model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full((4, 3), np.nan, np.float32), "W"))
+        onnx.save(model, str(path))
+
+    cases: list[tuple[str, Callable[[Path], None], str | None]] = [
+        ("junk bytes as model.onnx", lambda p: p.write_bytes(b"junk"), None),
+        ("empty model.onnx", lambda p: p.write_bytes(b""), None),
+        ("model whose logits are NaN", nan_model, None),
+        ("reference stats: truncated JSON", lambda p: tiny_onnx(p, 2), '{"bin_edges": [0,'),
+        (
+            "reference stats: wrong shapes",
+            lambda p: tiny_onnx(p, 2),
+            json.dumps(
+                {
+                    "bin_edges": [0, 0.5, 1],
+                    "histograms": [[1.0]],
+                    "quantile_levels": [0, 1],
+                    "quantiles": [[0, 1]],
+                    "classes": [0],
+                    "class_frequencies": [1],
+                    "feature_groups": {"a": [0]},
+                }
+            ),
+        ),
+        (
+            "reference stats: NaN histogram",
+            lambda p: tiny_onnx(p, 2),
+            json.dumps(
+                {
+                    "bin_edges": [0, 1],
+                    "histograms": [[float("nan")]] * 4,
+                    "quantile_levels": [0, 1],
+                    "quantiles": [[0, 1]] * 4,
+                    "classes": [0, 1, 2],
+                    "class_frequencies": [0.3, 0.3, 0.4],
+                    "feature_groups": {"a": [0]},
+                }
+            ).replace("NaN", "NaN"),
+        ),
+    ]
+    for case, make, reference in cases:
+        root = Path(tempfile.mkdtemp(dir=work))
+        registry = ModelRegistry(root / "models")
+        registry.promote(registry.register(tiny_onnx(root / "good.onnx", 0), {}, version="good").version)
+        make(root / "bad.onnx")
+        ref = None
+        if reference is not None:
+            ref = root / "ref.json"
+            ref.write_text(reference)
+        registry.register(root / "bad.onnx", {}, version="bad", reference_stats=ref)
+        try:
+            registry.promote("bad")
+            record("registry", case, "silent", "promoted")
+        except PruneOpsError as exc:
+            ok = registry.production().version == "good"
+            record("registry", case, "handled" if ok else "silent", str(exc)[-100:])
+        except Exception as exc:  # noqa: BLE001
+            record("registry", case, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def _serving(work: Path):
+    from fastapi.testclient import TestClient
+
+    from pruneops.model_registry import ModelRegistry
+    from pruneops.serving.app import ServingConfig, create_app
+    from tests.conftest import digits_onnx
+
+    root = Path(tempfile.mkdtemp(dir=work))
+    data_dir, onnx_path, test = digits_onnx(root)
+    registry = ModelRegistry(root / "models")
+    registry.promote(registry.register(onnx_path, {}, version="v1").version)
+    config = ServingConfig(
+        production=root / "models/production",
+        reference_stats=data_dir / "reference_stats.json",
+        feedback_path=root / "feedback.npz",
+        feedback_flush_every=1,
+        reload_interval_s=3600,
+    )
+    return TestClient(create_app(config), raise_server_exceptions=False), test
+
+
+def sweep_http(work: Path) -> None:
+    client, test = _serving(work)
+    with client:
+        x = test.x[:1].tolist()
+        ok = client.post("/predict", json={"inputs": x}).json()["prediction_ids"][0]
+        big = b'{"inputs": [' + b"0.5," * 12_000_000 + b"0.5]}"
+        cases: list[tuple[str, str, dict]] = [
+            ("48 MB JSON body", "/predict", {"content": big}),
+            (
+                "48 MB chunked body",
+                "/predict",
+                {"content": (big[i : i + 1 << 20] for i in range(0, len(big), 1 << 20))},
+            ),
+            ("invalid JSON", "/predict", {"content": b'{"inputs": [1,'}),
+            ("empty body", "/predict", {"content": b""}),
+            ("inputs: string", "/predict", {"json": {"inputs": "abc"}}),
+            ("inputs: ragged", "/predict", {"json": {"inputs": [[1, 2], [3]]}}),
+            ("inputs: wrong shape", "/predict", {"json": {"inputs": [[0.1, 0.2]]}}),
+            ("inputs: NaN", "/predict", {"content": b'{"inputs": [[[[NaN,0,0,0,0,0,0,0]]]]}'}),
+            (
+                "inputs: 1e400 (overflows float32)",
+                "/predict",
+                {"content": b'{"inputs": [[' + b"[1e400,0,0,0,0,0,0,0]," * 7 + b"[0,0,0,0,0,0,0,0]]]}"},
+            ),
+            (
+                "inputs: 10**400 integer",
+                "/predict",
+                {"content": b'{"inputs": [[' + b"[1" + b"0" * 400 + b",0,0,0,0,0,0,0]," * 7 + b"[0,0,0,0,0,0,0,0]]]}"},
+            ),
+            ("inputs: booleans", "/predict", {"json": {"inputs": [[[[True] * 8] * 8]]}}),
+            ("inputs: nested 5,000 deep", "/predict", {"content": b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}"}),
+            ("inputs: batch of 10,000", "/predict", {"json": {"inputs": [x[0]] * 10_000}}),
+            ("inputs: non-ASCII text", "/predict", {"json": {"inputs": [["ünïcödé ☃"]]}}),
+            ("wrong content-type", "/predict", {"content": b"inputs=1", "headers": {"content-type": "text/plain"}}),
+            ("feedback: label 10**30", "/feedback", {"json": {"prediction_id": ok, "label": 10**30}}),
+            ("feedback: label -1", "/feedback", {"json": {"prediction_id": ok, "label": -1}}),
+            ("feedback: label 1.5", "/feedback", {"json": {"prediction_id": ok, "label": 1.5}}),
+            ("feedback: label 'seven'", "/feedback", {"json": {"prediction_id": ok, "label": "seven"}}),
+            ("feedback: unknown id", "/feedback", {"json": {"prediction_id": "nope", "label": 1}}),
+            ("feedback: 10 KB id", "/feedback", {"json": {"prediction_id": "x" * 10_000, "label": 1}}),
+        ]
+        for case, path, kwargs in cases:
+            _http_case(client, "http", case, path, kwargs)
+        # A valid request with an odd header must simply work (it used to be a 500).
+        odd = client.post("/predict", json={"inputs": x}, headers={"x-custom": b"caf\xe9\xff"})
+        record(
+            "http",
+            "valid body, non-ASCII header bytes",
+            "handled" if odd.status_code == 200 else "internal",
+            str(odd.status_code),
+        )
+        after = client.post("/feedback", json={"prediction_id": ok, "label": 3})
+        record(
+            "http",
+            "feedback still works after all that",
+            "handled" if after.status_code == 200 else "internal",
+            str(after.status_code),
+        )
+
+
+def _http_case(client, entry: str, case: str, path: str, kwargs: dict) -> None:
+    started = time.perf_counter()
+    try:
+        r = client.post(path, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        record(entry, case, "internal", f"{type(exc).__name__}: {str(exc)[:80]}")
+        return
+    took = time.perf_counter() - started
+    if r.status_code >= 500:
+        record(entry, case, "internal", f"{r.status_code} {r.text[:80]}")
+    elif r.status_code < 400:
+        record(entry, case, "silent", f"{r.status_code} accepted")
+    else:
+        record(entry, case, "handled", f"{r.status_code} in {took:.2f}s: {r.text[:70]}")
+
+
+def sweep_receiver() -> None:
+    from fastapi.testclient import TestClient
+
+    from pruneops.serving.receiver import create_receiver
+
+    def trigger(alert: dict) -> str:
+        if alert.get("fingerprint") == "fail":
+            raise ConnectionError("Prefect API unreachable")
+        return "run-1"
+
+    client = TestClient(create_receiver("s3cret", trigger, cooldown_s=0), raise_server_exceptions=False)
+    auth = {"Authorization": "Bearer s3cret"}
+    alert = {"status": "firing", "fingerprint": "a", "labels": {"alertname": "x"}}
+    cases: list[tuple[str, str, dict]] = [
+        ("no Authorization header", "/alerts", {"json": {"alerts": [alert]}}),
+        ("wrong token", "/alerts", {"json": {"alerts": [alert]}, "headers": {"Authorization": "Bearer nope"}}),
+        (
+            "Basic instead of Bearer",
+            "/alerts",
+            {"json": {"alerts": [alert]}, "headers": {"Authorization": "Basic czNjcmV0"}},
+        ),
+        (
+            "non-ASCII header bytes",
+            "/alerts",
+            {"json": {"alerts": [alert]}, "headers": {"Authorization": b"Bearer s3cr\xe9t\xff"}},
+        ),
+        ("GET /decisions without token", "/decisions", {}),
+        ("payload: not JSON", "/alerts", {"content": b"{", "headers": auth}),
+        ("payload: alerts is a string", "/alerts", {"json": {"alerts": "x"}, "headers": auth}),
+        ("payload: alerts missing", "/alerts", {"json": {"status": "firing"}, "headers": auth}),
+        (
+            "payload: labels not strings",
+            "/alerts",
+            {"json": {"alerts": [{**alert, "labels": {"a": [1]}}]}, "headers": auth},
+        ),
+        ("payload: 100,000 alerts", "/alerts", {"json": {"alerts": [alert] * 100_000}, "headers": auth}),
+        (
+            "payload: 10 KB fingerprint",
+            "/alerts",
+            {"json": {"alerts": [{**alert, "fingerprint": "f" * 10_000}]}, "headers": auth},
+        ),
+        (
+            "trigger unconfirmed (Prefect down)",
+            "/alerts",
+            {"json": {"alerts": [{**alert, "fingerprint": "fail"}]}, "headers": auth},
+        ),
+        ("payload: 5 MB body", "/alerts", {"content": b" " * 5_000_000, "headers": auth}),
+    ]
+    for case, path, kwargs in cases:
+        if path == "/decisions":
+            r = client.get(path)
+            outcome = "handled" if r.status_code == 401 else "silent"
+            record("receiver", case, outcome, str(r.status_code))
+        elif case.startswith("trigger unconfirmed"):
+            r = client.post(path, **kwargs)
+            outcome = "handled" if r.status_code == 503 else ("internal" if r.status_code >= 500 else "silent")
+            record("receiver", case, outcome, f"{r.status_code} (5xx expected: Alertmanager retries)")
+        else:
+            _http_case(client, "receiver", case, path, kwargs)
+
+
+def sweep_kill(work: Path, pipeline: Path) -> None:
+    """SIGKILL a stage mid-run: the previous outputs stay, the next run sweeps the leftovers and works."""
+    root = Path(tempfile.mkdtemp(dir=work))
+    for part in ("artifacts", "params.yaml"):
+        src = pipeline / part
+        shutil.copytree(src, root / part) if src.is_dir() else shutil.copy(src, root / part)
+    params = base_params()
+    params["train"].update(epochs=60, patience=60)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    before = (root / "artifacts/train/model.safetensors").read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "pruneops.cli", "--root", str(root), "train"], cwd=root)
+    time.sleep(8.0)  # mid-training (60 epochs take longer)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    intact = (root / "artifacts/train/model.safetensors").read_bytes() == before
+    left = list((root / "artifacts").glob(".*tmp*"))
+    record(
+        "kill -9",
+        "train killed mid-epoch: previous model intact",
+        "handled" if intact else "silent",
+        f"{len(left)} twin(s) left",
+    )
+    params["train"].update(epochs=1, patience=1)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    rerun = cli(root, "train")
+    swept = not list((root / "artifacts").glob(".*tmp*"))
+    ok = rerun.returncode == 0 and swept
+    record(
+        "kill -9",
+        "next run sweeps the leftovers and succeeds",
+        "handled" if ok else "silent",
+        f"exit {rerun.returncode}, swept {swept}",
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="pruneops-sweep-"))
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    started = time.time()
+    pipeline = _pipeline(work)
+    sweep_params(work, pipeline)
+    sweep_data(work)
+    sweep_checkpoints(work, pipeline)
+    sweep_registry(work)
+    sweep_http(work)
+    sweep_receiver()
+    sweep_kill(work, pipeline)
+    totals = Counter(outcome for _, _, outcome, _ in RESULTS)
+    by_entry = Counter(entry for entry, _, _, _ in RESULTS)
+    print(
+        f"\n{len(RESULTS)} cases in {time.time() - started:.0f} s: " + ", ".join(f"{k} {v}" for k, v in totals.items())
+    )
+    print("per entry point: " + ", ".join(f"{k} {v}" for k, v in by_entry.items()))
+    return len(RESULTS) - totals["handled"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
