@@ -1,0 +1,491 @@
+"""A latency model measured on the machine that will serve (NetAdapt-style lookup table).
+
+Every Conv and Linear layer of a model is timed alone, as a one-operator ONNX graph in ONNX
+Runtime with the benchmark's thread count, at the shapes pruning can give it; the table keeps
+those times keyed by layer shape and batch, tagged with the machine. A unit's width changes some
+layers' input or output channels (found once per unit by pruning a probe copy by one channel);
+a model's predicted latency is `a + b * sum(layer times)`, with `a` and `b` calibrated on two
+real exports of the model (dense and uniformly pruned), which absorb the activations, pooling
+and layout work the table does not time. Widths at which a unit's layers are no faster than at
+a larger width (ONNX Runtime computes channels in blocks of 8 or 16 here) are not "efficient":
+the allocator only stops units at efficient widths.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import platform
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pruneops.pruning.importance import IMPORTANCES
+from pruneops.pruning.units import UnitPruner, round_keep
+
+FIELDS = ("cin", "cout", "groups")
+
+
+def machine_fingerprint(threads: int) -> dict[str, Any]:
+    """What a latency measurement depends on besides the model."""
+    import onnxruntime
+
+    from pruneops.benchmark import cpu_name
+
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "onnxruntime": onnxruntime.__version__,
+        "threads": threads,
+    }
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What one Conv2d/Linear costs depends on: its channels, kernel and input size."""
+
+    kind: str  # "conv" | "linear"
+    cin: int
+    cout: int
+    groups: int = 1
+    kernel: tuple[int, int] = (1, 1)
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    spatial: tuple[int, ...] = ()  # conv: (H, W) of the input; linear: leading dims per sample
+
+    def key(self, batch: int) -> str:
+        """The table key of this shape at a batch size."""
+        return json.dumps([batch, *asdict(self).values()], separators=(",", ":"))
+
+    def with_fields(self, values: dict[str, int]) -> LayerShape:
+        """This shape with some of `cin`, `cout`, `groups` replaced (at least 1 each)."""
+        return replace(self, **{k: max(1, int(v)) for k, v in values.items()})
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return tuple(v) if isinstance(v, tuple) else (int(v), int(v))
+
+
+@torch.no_grad()
+def layer_shapes(model: nn.Module, input_shape: list[int] | tuple[int, ...]) -> dict[str, LayerShape]:
+    """Shape of every Conv2d and Linear layer of `model` on one sample, by module name."""
+    shapes: dict[str, LayerShape] = {}
+
+    def hook(name: str):
+        def record(module: nn.Module, inputs: tuple, _: torch.Tensor) -> None:
+            x = inputs[0]
+            if isinstance(module, nn.Conv2d):
+                shapes[name] = LayerShape(
+                    "conv",
+                    module.in_channels,
+                    module.out_channels,
+                    module.groups,
+                    _pair(module.kernel_size),
+                    _pair(module.stride),
+                    _pair(module.padding) if not isinstance(module.padding, str) else (0, 0),
+                    _pair(module.dilation),
+                    tuple(int(d) for d in x.shape[2:]),
+                )
+            else:
+                shapes[name] = LayerShape(
+                    "linear", module.in_features, module.out_features, spatial=tuple(int(d) for d in x.shape[1:-1])
+                )
+
+        return record
+
+    handles = [
+        m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        model(torch.zeros(1, *input_shape))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return shapes
+
+
+def _layer_graph(shape: LayerShape, batch: int) -> tuple[bytes, dict[str, np.ndarray]]:
+    """A one-operator ONNX model of `shape` and a feed for it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    if shape.kind == "conv":
+        x_shape = [batch, shape.cin, *shape.spatial]
+        weight = rng.standard_normal((shape.cout, shape.cin // shape.groups, *shape.kernel)).astype(np.float32)
+        node = helper.make_node(
+            "Conv",
+            ["x", "w", "b"],
+            ["y"],
+            group=shape.groups,
+            strides=list(shape.stride),
+            pads=[*shape.padding, *shape.padding],
+            dilations=list(shape.dilation),
+        )
+        inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.zeros(shape.cout, np.float32), "b")]
+        nodes = [node]
+    else:
+        x_shape = [batch, *shape.spatial, shape.cin]
+        weight = rng.standard_normal((shape.cin, shape.cout)).astype(np.float32)
+        inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.zeros(shape.cout, np.float32), "b")]
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "layer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    feed = {"x": rng.standard_normal(x_shape).astype(np.float32)}
+    return model.SerializeToString(), feed
+
+
+def time_model_bytes(model: bytes | str, feed: dict[str, np.ndarray], threads: int, repeats: int, warmup: int) -> float:
+    """Median milliseconds of one run of an ONNX model (bytes or path) with the benchmark's settings."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+    for _ in range(warmup):
+        session.run(None, feed)
+    times = np.empty(repeats)
+    for i in range(repeats):
+        started = time.perf_counter()
+        session.run(None, feed)
+        times[i] = time.perf_counter() - started
+    return float(np.median(times) * 1e3)
+
+
+@dataclass
+class LatencyTable:
+    """Measured milliseconds per layer shape and batch, on one machine (JSON on disk)."""
+
+    machine: dict[str, Any]
+    entries: dict[str, float] = field(default_factory=dict)
+    repeats: int = 30
+    warmup: int = 5
+    measured: int = 0  # entries measured by this process
+
+    def layer_ms(self, shape: LayerShape, batch: int) -> float:
+        """The time of `shape` at `batch`, measured now if the table lacks it."""
+        key = shape.key(batch)
+        if key not in self.entries:
+            model, feed = _layer_graph(shape, batch)
+            repeats = max(5, self.repeats // max(1, batch // 8))  # large batches take longer per run
+            self.entries[key] = time_model_bytes(model, feed, self.machine["threads"], repeats, self.warmup)
+            self.measured += 1
+        return self.entries[key]
+
+    def save(self, path: Path) -> None:
+        """Writes the table as JSON."""
+        path.write_text(json.dumps({"machine": self.machine, "entries": self.entries}, indent=0) + "\n")
+
+    @classmethod
+    def load(cls, path: Path, machine: dict[str, Any]) -> tuple[LatencyTable, bool]:
+        """The table at `path` if it was measured on `machine`; else an empty one (and False)."""
+        data = json.loads(Path(path).read_text())
+        if data.get("machine") != machine:
+            return cls(machine), False
+        return cls(machine, {k: float(v) for k, v in data["entries"].items()}), True
+
+
+@dataclass(frozen=True)
+class UnitLayers:
+    """How one unit's width moves its layers: per (layer, field), the change per removed channel/head."""
+
+    name: str
+    size: int
+    deltas: tuple[tuple[str, str, int], ...]
+
+
+def probe_unit_layers(model: nn.Module, example: torch.Tensor, name: str, size: int, input_shape) -> UnitLayers:
+    """Prunes a copy of `model` by one channel (head) of `name` and reads which layer fields moved."""
+    before = layer_shapes(model, input_shape)
+    twin = copy.deepcopy(model)
+    UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_({name: size - 1})
+    after = layer_shapes(twin, input_shape)
+    deltas = []
+    for layer, shape in before.items():
+        moved = after.get(layer)
+        for f in FIELDS:
+            change = getattr(shape, f) - getattr(moved, f)
+            if change:
+                deltas.append((layer, f, change))
+    return UnitLayers(name, size, tuple(deltas))
+
+
+def width_grid(size: int, points: int = 48) -> list[int]:
+    """Widths to consider for a unit: every one up to 16, then a step that keeps about `points`."""
+    step = max(2, -(-size // points))
+    step += step % 2
+    return sorted({*range(1, min(size, 16) + 1), *range(step, size + 1, step), size})
+
+
+@dataclass
+class LatencyModel:
+    """Predicts a pruned model's latency from the table: `a + b * sum(layer ms)` per batch size."""
+
+    base: dict[str, LayerShape]
+    units: dict[str, UnitLayers]
+    table: LatencyTable
+    calibration: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def shapes(self, widths: dict[str, int]) -> dict[str, LayerShape]:
+        """Every layer's shape with the units at `widths` (units left out stay whole)."""
+        changes: dict[tuple[str, str], int] = {}
+        for name, width in widths.items():
+            unit = self.units.get(name)
+            if unit is None:
+                continue
+            for layer, f, delta in unit.deltas:
+                changes[(layer, f)] = changes.get((layer, f), 0) + delta * (unit.size - width)
+        out = {}
+        for layer, shape in self.base.items():
+            moved = {f: getattr(shape, f) - changes[(layer, f)] for f in FIELDS if (layer, f) in changes}
+            out[layer] = shape.with_fields(moved) if moved else shape
+        return out
+
+    def layer_sum(self, widths: dict[str, int], batch: int) -> float:
+        """Summed table time of every layer at these widths."""
+        return sum(self.table.layer_ms(s, batch) for s in self.shapes(widths).values())
+
+    def predict(self, widths: dict[str, int], batch: int) -> float:
+        """Predicted milliseconds of the whole model at these widths."""
+        a, b = self.calibration.get(batch, (0.0, 1.0))
+        return a + b * self.layer_sum(widths, batch)
+
+    def unit_curve(self, name: str, batch: int) -> dict[int, float]:
+        """Summed table time of the model's layers with only `name` at each grid width."""
+        return {w: self.layer_sum({name: w}, batch) for w in width_grid(self.units[name].size)}
+
+    def efficient_widths(self, name: str, batch: int, margin: float = 0.02) -> list[int]:
+        """Grid widths faster than every larger one by `margin` (the fast steps of the staircase).
+
+        The margin keeps timing noise from making a slower-looking width an extra "step".
+        """
+        curve = self.unit_curve(name, batch)
+        best, keep = float("inf"), []
+        for width in sorted(curve, reverse=True):
+            if curve[width] < best * (1.0 - margin):
+                keep.append(width)
+                best = curve[width]
+        return sorted(keep)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the sensitivity stage writes (`latency.json`)."""
+        return {
+            "machine": self.table.machine,
+            "base": {n: asdict(s) for n, s in self.base.items()},
+            "units": {n: {"size": u.size, "deltas": [list(d) for d in u.deltas]} for n, u in self.units.items()},
+            "calibration": {str(b): list(ab) for b, ab in self.calibration.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], table: LatencyTable) -> LatencyModel:
+        """Rebuilds the model written by `to_json` over a table."""
+
+        def shape(d: dict) -> LayerShape:
+            return LayerShape(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+        return cls(
+            base={n: shape(d) for n, d in data["base"].items()},
+            units={n: UnitLayers(n, u["size"], tuple(tuple(d) for d in u["deltas"])) for n, u in data["units"].items()},
+            table=table,
+            calibration={int(b): tuple(ab) for b, ab in data["calibration"].items()},
+        )
+
+
+def measure_model_ms(model: nn.Module, input_shape, batch: int, threads: int, repeats: int = 50) -> float:
+    """Median milliseconds of the real exported model (the ground truth the prediction is checked on)."""
+    import tempfile
+
+    from pruneops.onnx_utils import INPUT_NAME, export_onnx_file
+
+    with tempfile.TemporaryDirectory(prefix="pruneops-latency-") as tmp:
+        path = Path(tmp) / "m.onnx"
+        export_onnx_file(model, list(input_shape), path, 18)
+        feed = {INPUT_NAME: np.random.default_rng(0).random((batch, *input_shape), dtype=np.float32)}
+        return time_model_bytes(str(path), feed, threads, max(10, repeats // max(1, batch // 8)), 10)
+
+
+def build_latency_model(
+    model: nn.Module,
+    example: torch.Tensor,
+    input_shape,
+    units: Iterable[tuple[str, int]],
+    table: LatencyTable,
+    batches: Iterable[int],
+) -> LatencyModel:
+    """Probes the units, fills the table on every unit's width grid and calibrates on real exports.
+
+    The calibration exports the dense model and copies with every unit at 3/4, 1/2 and 1/4 of its
+    width, and fits `a`, `b` of `a + b * sum(layer ms)` to their measured times (least squares).
+    """
+    units = list(units)
+    latency = LatencyModel(
+        layer_shapes(model, input_shape),
+        {n: probe_unit_layers(model, example, n, s, input_shape) for n, s in units},
+        table,
+    )
+    threads = table.machine["threads"]
+    points = []
+    for keep in (1.0, 0.75, 0.5, 0.25):
+        widths = {n: max(1, round(s * keep)) for n, s in units}
+        twin = copy.deepcopy(model)
+        if keep < 1.0:
+            UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
+        points.append((widths if keep < 1.0 else {}, twin))
+    for batch in batches:
+        for name, _ in units:
+            latency.unit_curve(name, batch)  # fills the table on the grid
+        sums = np.array([latency.layer_sum(w, batch) for w, _ in points])
+        measured = np.array([measure_model_ms(twin, input_shape, batch, threads) for _, twin in points])
+        latency.calibration[batch] = fit_calibration(sums, measured)
+    return latency
+
+
+def fit_calibration(sums: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """`a`, `b` with `measured ~ a + b * sums` (least squares; an offset alone when the sums do not vary)."""
+    if np.ptp(sums) < 1e-9:
+        return float(np.mean(measured - sums)), 1.0
+    b, a = np.polyfit(sums, measured, 1)
+    return float(a), float(b)
+
+
+def keep_counts(ratios: dict[str, float], sizes: dict[str, int]) -> dict[str, int]:
+    """Widths that an allocation of ratios gives (as the pruning method rounds them)."""
+    return {n: round_keep(sizes[n], r, None) for n, r in ratios.items()}
+
+
+def informative_points(curve: dict, chance_drop: float | None) -> list[tuple[float, float]]:
+    """A unit's measured (ratio, drop) points, (0, 0) first, with the drop made non-decreasing.
+
+    Points whose accuracy fell to chance are left out: at chance every ratio looks alike, so they
+    say nothing about how much of the unit can go (the allocator would otherwise cut deepest).
+    """
+    points, best = [(0.0, 0.0)], 0.0
+    for ratio, drop in zip(curve["ratios"], curve["accuracy_drop"], strict=True):
+        if chance_drop is not None and drop >= chance_drop:
+            break
+        best = max(best, drop)
+        points.append((ratio, best))
+    return points
+
+
+def drop_at(points: list[tuple[float, float]], ratio: float) -> float | None:
+    """Interpolated drop at `ratio`; None beyond the last informative point."""
+    if ratio <= 0.0:
+        return 0.0
+    for (r0, d0), (r1, d1) in itertools.pairwise(points):
+        if r0 <= ratio <= r1:
+            return d0 if r1 == r0 else d0 + (d1 - d0) * (ratio - r0) / (r1 - r0)
+    return None
+
+
+@dataclass(frozen=True)
+class LatencyAllocation:
+    """Per-unit widths that meet a latency target, their predicted latency and summed isolated drop."""
+
+    widths: dict[str, int]
+    ratios: dict[str, float]
+    target_ms: float
+    batch: int
+    predicted_ms: float
+    dense_predicted_ms: float
+    summed_isolated_drop: float
+    steps: int
+
+
+def _candidates(latency: LatencyModel, sweep: dict, batch: int, max_ratio: float, chance_drop: float | None):
+    """Per unit: the efficient widths it may stop at, each with its interpolated isolated drop."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name, unit in latency.units.items():
+        curve = sweep["units"].get(name)
+        if curve is None:
+            continue
+        points = informative_points(curve, chance_drop)
+        options = []
+        for width in latency.efficient_widths(name, batch):
+            ratio = 1.0 - width / unit.size
+            drop = drop_at(points, ratio)
+            if ratio <= max_ratio + 1e-9 and drop is not None:
+                options.append((width, drop))
+        out[name] = sorted(options, reverse=True)  # widest first: where every unit starts
+    return out
+
+
+def allocate_latency(
+    latency: LatencyModel, sweep: dict, target_ms: float, batch: int, max_ratio: float, chance_drop: float | None
+) -> LatencyAllocation:
+    """Widths meeting `target_ms` (predicted at `batch`) with the least summed isolated accuracy drop.
+
+    NetAdapt-style descent over the table: from full width, repeatedly moves the unit whose next
+    efficient width saves the most predicted milliseconds per point of isolated accuracy drop,
+    predicting the whole model each time (the layers between two pruned units shrink in both
+    dimensions, which per-unit sums would miss).
+
+    Raises:
+        ConfigError: No allocation the sweep and `max_unit_ratio` allow gets down to the target.
+    """
+    from pruneops.errors import ConfigError
+
+    options = _candidates(latency, sweep, batch, max_ratio, chance_drop)
+    position = {n: 0 for n, opts in options.items() if opts}
+    widths = {n: options[n][0][0] for n in position}
+    current = latency.predict(widths, batch)
+    dense = latency.predict({}, batch)
+    steps = 0
+    while current > target_ms:
+        best = None
+        for name, i in position.items():
+            if i + 1 >= len(options[name]):
+                continue
+            width, drop = options[name][i + 1]
+            saved = current - latency.predict({**widths, name: width}, batch)
+            if saved <= 0:
+                continue
+            cost = max(drop - options[name][i][1], 0.0)
+            key = (cost / saved, -saved)
+            if best is None or key < best[0]:
+                best = (key, name, width)
+        if best is None:
+            raise ConfigError(
+                f"prune.target_value: {target_ms:.4f} ms at batch {batch} is out of reach (the least the sweep's "
+                f"informative ratios and prune.max_unit_ratio {max_ratio} allow is {current:.4f} ms predicted, "
+                f"dense {dense:.4f} ms); ask for less, raise max_unit_ratio or add sensitivity.ratios"
+            )
+        _, name, width = best
+        position[name] += 1
+        widths[name] = width
+        current = latency.predict(widths, batch)
+        steps += 1
+    drops = {n: options[n][position[n]][1] for n in position}
+    return LatencyAllocation(
+        widths={n: w for n, w in widths.items() if w < latency.units[n].size},
+        ratios={n: 1.0 - w / latency.units[n].size for n, w in widths.items()},
+        target_ms=target_ms,
+        batch=batch,
+        predicted_ms=current,
+        dense_predicted_ms=dense,
+        summed_isolated_drop=sum(drops.values()),
+        steps=steps,
+    )
