@@ -14,7 +14,7 @@ work=$(mktemp -d /tmp/pruneops-smoke.XXXX)
 cleanup() { "$engine" rm -f "$name" >/dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-[ -f artifacts/export/pruned_int8.onnx ] || make run
+[ -f artifacts/export/pruned_deployed.onnx ] || make run
 .venv/bin/pruneops publish --registry "$work/models" >/dev/null
 chmod -R a+rX "$work"
 

@@ -30,10 +30,10 @@ python3 - "$work/benchmark.json" <<'PY'
 import json, sys
 
 models = json.load(open(sys.argv[1]))["models"]
-dense, pruned = models["dense_fp32"], models["pruned_int8"]
+dense, pruned = models["dense_fp32"], models["pruned_deployed"]
 mac_ratio = dense["macs"] / pruned["macs"]
 drop = dense["test_accuracy"] - pruned["test_accuracy"]
-print(json.dumps({"dense_acc": dense["test_accuracy"], "pruned_int8_acc": pruned["test_accuracy"], "mac_ratio": mac_ratio}))
+print(json.dumps({"dense_acc": dense["test_accuracy"], "deployed_acc": pruned["test_accuracy"], "mac_ratio": mac_ratio}))
 # prune.target_ratio 0.5 halves the channel counts (MAC-weighted): ideally 4x fewer MACs, less
 # the stem's input side and the classifier, which are not pruned.
 if not (mac_ratio > 3.5 and drop < 0.02):

@@ -27,13 +27,16 @@ if TYPE_CHECKING:
 def _model_rows(variant, directory: Path) -> list[dict]:
     export = Layout(directory).stage_dir("export")
     manifest = read_json(export / "manifest.json")["models"]
-    picks = [("dense_fp32", "fp32"), ("pruned_int8", "int8")] if variant.kind == "dense" else []
+    keys = ("dense_fp32", "pruned_deployed") if variant.kind == "dense" else ("pruned_fp32", "pruned_deployed")
     rows = []
-    for file_key, precision in picks or [("pruned_fp32", "fp32"), ("pruned_int8", "int8")]:
+    for file_key in keys:
         m = manifest[file_key]
+        # The deployed model's row: "int8" or "fp32", whichever the quantize stage chose here.
+        precision = m["precision"] if file_key == "pruned_deployed" else "fp32"
         rows.append(
             {
-                "name": f"{variant.name} {precision}",
+                "name": f"{variant.name} {'deployed' if file_key == 'pruned_deployed' else 'fp32'}",
+                "deployed": file_key == "pruned_deployed",
                 "variant": variant.name,
                 "family": variant.family,
                 "label": variant.label or variant.name,
@@ -143,11 +146,12 @@ def _selected_lines(workload: WorkloadConfig, pick: dict | None, big: str) -> li
 
 
 def _same_budget_lines(workload: WorkloadConfig, items: list[dict]) -> list[str]:
-    by_key = {(r["variant"], r["precision"]): r for r in items}
+    by_key = {(r["variant"], r["deployed"]): r for r in items}
     lines = []
     for variant in (v for v in workload.variants if v.match_macs_of):
-        for precision in ("fp32", "int8"):
-            mine, other = by_key.get((variant.name, precision)), by_key.get((variant.match_macs_of, precision))
+        for deployed in (False, True):
+            mine, other = by_key.get((variant.name, deployed)), by_key.get((variant.match_macs_of, deployed))
+            precision = "deployed" if deployed else "fp32"
             if mine is None or other is None:
                 continue
             verdict = "equal or better" if mine["test_accuracy"] >= other["test_accuracy"] else "**worse**"

@@ -106,6 +106,8 @@ class TrainConfig(FitParams):
 
     model: Text = "cnn"
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # The output layer (never pruned); null finds it from the forward pass.
+    classifier: Text | None = None
 
     @field_validator("model")
     @classmethod
@@ -123,7 +125,7 @@ class SensitivityConfig(StageConfig):
     # Re-estimate BatchNorm statistics on this many training samples before scoring each trial:
     # without it a pruned residual group collapses to chance, every ratio looks equally bad and
     # the allocation learns nothing (adaptive BN, Li et al. 2020, "EagleEye"). 0 turns it off.
-    bn_recalibration_samples: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    bn_recalibration_samples: Annotated[int, Field(ge=0, le=10_000_000)] = 512
     batch_size: BatchSize = 256
     seed: Seed = 0
     threads: Threads = 2
@@ -141,19 +143,28 @@ class SensitivityConfig(StageConfig):
         return registered("pruneops.pruning.importance:IMPORTANCES", v)
 
 
+LATENCY_TARGETS = ("latency_ms", "latency_ratio")
+
+
 class PruneConfig(StageConfig):
     """`prune`: allocate per-unit ratios, then prune iteratively with fine-tuning between steps.
 
     `target` says what to reach and `target_value` how much: `ratio` (fraction of channels/heads,
     MAC-weighted, or of weights to remove), `macs` or `params` (the most one sample's forward pass
-    may cost, or the model may hold; structured methods). `target`, `scope`, `importance` and
-    `round_to` apply to some methods only (each method declares which); a key set for a method it
-    does not apply to is refused, not ignored.
+    may cost, or the model may hold), `latency_ms` or `latency_ratio` (predicted fp32 latency at
+    `target_batch` on this machine, in milliseconds or as a fraction of dense; structured methods).
+    `target`, `scope`, `importance` and `round_to` apply to some methods only (each method
+    declares which); a key set for a method it does not apply to is refused, not ignored.
+    `min_speedup` is the gate: a structured result must be measured at least this much faster
+    than dense at batch 1, and not slower at the benchmark's largest batch (null: measured and
+    reported, not gated).
     """
 
     method: str = "channel"
-    target: Literal["ratio", "macs", "params"] | None = "ratio"
+    target: Literal["ratio", "macs", "params", "latency_ms", "latency_ratio"] | None = "latency_ratio"
     target_value: Annotated[float, Field(ge=0.0, le=1e18)] | None = 0.5
+    target_batch: Annotated[int, Field(ge=1, le=4096)] | None = 1
+    min_speedup: Annotated[float, Field(ge=1.0, le=100.0)] | None = 1.05
     max_unit_ratio: Ratio = 0.8
     scope: Literal["global", "layer"] | None = None
     steps: Annotated[int, Field(ge=1, le=1000)] = 4
@@ -189,10 +200,7 @@ class PruneConfig(StageConfig):
         every = lookup("pruneops.pruning.methods:registered_methods", "all")
         if (self.target is None) != (self.target_value is None):
             raise ValueError("target_value: set together with prune.target (both, or both null)")
-        if self.target == "ratio" and self.target_value is not None and not self.target_value < 1.0:
-            raise ValueError(f"target_value: a ratio must be less than 1 (got {self.target_value})")
-        if self.target in ("macs", "params") and not method.structured:
-            raise ValueError(f"target: {self.target} targets need a structured method, not {self.method!r}")
+        self._check_target(method)
         for key in ("target", "scope", "importance", "round_to"):
             value = getattr(self, key)
             users = ", ".join(name for name, cls in every.items() if key in cls.options)
@@ -209,6 +217,19 @@ class PruneConfig(StageConfig):
                 f"not {self.importance!r}"
             )
         return self
+
+    def _check_target(self, method: Any) -> None:
+        value, latency = self.target_value, self.target in LATENCY_TARGETS
+        if self.target in ("ratio", "latency_ratio") and value is not None and not value < 1.0:
+            raise ValueError(f"target_value: a ratio must be less than 1 (got {value})")
+        if self.target == "latency_ratio" and not value > 0.0:
+            raise ValueError(f"target_value: a latency ratio must be more than 0 (got {value})")
+        if self.target in ("macs", "params", *LATENCY_TARGETS) and not method.structured:
+            raise ValueError(f"target: {self.target} targets need a structured method, not {self.method!r}")
+        if latency and self.target_batch is None:
+            raise ValueError(f"target_batch: required by target {self.target!r} (the batch size the latency is at)")
+        if not latency and self.target_batch is not None:
+            raise ValueError(f"target_batch: applies to latency targets only (target is {self.target!r}); set null")
 
     @property
     def criterion(self) -> str:

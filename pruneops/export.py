@@ -14,7 +14,7 @@ from pruneops.checkpoint import load_checkpoint
 from pruneops.config import ExportConfig
 from pruneops.data import load_prepared
 from pruneops.errors import ParityError
-from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
 from pruneops.profiling import count_macs, count_nonzero_params, count_params
 from pruneops.registry import Registry
@@ -70,14 +70,16 @@ class ExportReport(StageReport):
 
     dense_max_abs_diff: float
     pruned_max_abs_diff: float
-    int8_agreement: float
+    deployed_agreement: float
+    deployed_precision: str
     tensorrt: str
     export_dir: Path
 
     def summary(self) -> str:
         return (
             f"parity dense {self.dense_max_abs_diff:.1e}, pruned {self.pruned_max_abs_diff:.1e}, "
-            f"int8 top-1 agreement {100 * self.int8_agreement:.1f}%; tensorrt: {self.tensorrt} -> {self.export_dir}"
+            f"deployed ({self.deployed_precision}) top-1 agreement {100 * self.deployed_agreement:.1f}%; "
+            f"tensorrt: {self.tensorrt} -> {self.export_dir}"
         )
 
 
@@ -114,7 +116,8 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
         "dense_fp32": load_checkpoint(layout.stage_dir("train") / "model.safetensors"),
         "pruned_fp32": load_checkpoint(layout.stage_dir("finetune") / "model.safetensors"),
     }
-    int8_src = layout.stage_dir("quantize") / "model_int8.onnx"
+    deployed_src = layout.stage_dir("quantize") / "model.onnx"
+    quantized = read_json(layout.stage_dir("quantize") / "quantize.json")
     out_dir, metrics_path = layout.stage_dir("export"), layout.metrics("export")
     with staged_output_paths(out_dir, metrics_path) as staged:
         tmp = staged.dir(out_dir)
@@ -132,17 +135,18 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
                 "macs": count_macs(ckpt.model, meta.input_shape),
                 "max_abs_diff": diffs[name],
             }
-        shutil.copyfile(int8_src, tmp / "pruned_int8.onnx")
+        shutil.copyfile(deployed_src, tmp / "pruned_deployed.onnx")
         fp32_pred = ort_logits(make_session(tmp / "pruned_fp32.onnx"), x).argmax(1)
-        int8_pred = ort_logits(make_session(tmp / "pruned_int8.onnx"), x).argmax(1)
-        agreement = float((fp32_pred == int8_pred).mean())
-        manifest["pruned_int8"] = {
+        deployed_pred = ort_logits(make_session(tmp / "pruned_deployed.onnx"), x).argmax(1)
+        agreement = float((fp32_pred == deployed_pred).mean())
+        manifest["pruned_deployed"] = {
             **manifest["pruned_fp32"],
-            "file": "pruned_int8.onnx",
-            "precision": "int8",
+            "file": "pruned_deployed.onnx",
+            "precision": quantized["precision"],
+            "quantizer": quantized["method"],
             "top1_agreement_with_fp32": agreement,
         }
-        manifest["pruned_int8"].pop("max_abs_diff")
+        manifest["pruned_deployed"].pop("max_abs_diff")
         trt = {}
         if config.tensorrt:
             for name in ("dense_fp32", "pruned_fp32"):
@@ -157,6 +161,8 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
             {"input_shape": meta.input_shape, "num_classes": meta.num_classes, "models": manifest, "tensorrt": trt},
             tmp / "manifest.json",
         )
-        report = ExportReport(diffs["dense_fp32"], diffs["pruned_fp32"], agreement, trt_line, out_dir)
+        report = ExportReport(
+            diffs["dense_fp32"], diffs["pruned_fp32"], agreement, quantized["precision"], trt_line, out_dir
+        )
         dump_json(report.metrics(), staged.path(metrics_path))
     return report

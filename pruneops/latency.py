@@ -210,18 +210,23 @@ class LatencyTable:
 
 @dataclass(frozen=True)
 class UnitLayers:
-    """How one unit's width moves its layers: per (layer, field), the change per removed channel/head."""
+    """How one unit's width moves its layers: per (layer, field), the change per removed channel/head.
+
+    Changes are fractional where the removed channels split between layers (the two sides of a
+    concat lose channels in proportion, on average).
+    """
 
     name: str
     size: int
-    deltas: tuple[tuple[str, str, int], ...]
+    deltas: tuple[tuple[str, str, float], ...]
 
 
 def probe_unit_layers(model: nn.Module, example: torch.Tensor, name: str, size: int, input_shape) -> UnitLayers:
-    """Prunes a copy of `model` by one channel (head) of `name` and reads which layer fields moved."""
+    """Prunes a copy of `model` by half of unit `name` and reads which layer fields moved, per removed channel."""
+    removed = max(1, size // 2)
     before = layer_shapes(model, input_shape)
     twin = copy.deepcopy(model)
-    UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_({name: size - 1})
+    UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_({name: size - removed})
     after = layer_shapes(twin, input_shape)
     deltas = []
     for layer, shape in before.items():
@@ -229,7 +234,7 @@ def probe_unit_layers(model: nn.Module, example: torch.Tensor, name: str, size: 
         for f in FIELDS:
             change = getattr(shape, f) - getattr(moved, f)
             if change:
-                deltas.append((layer, f, change))
+                deltas.append((layer, f, change / removed))
     return UnitLayers(name, size, tuple(deltas))
 
 
@@ -251,7 +256,7 @@ class LatencyModel:
 
     def shapes(self, widths: dict[str, int]) -> dict[str, LayerShape]:
         """Every layer's shape with the units at `widths` (units left out stay whole)."""
-        changes: dict[tuple[str, str], int] = {}
+        changes: dict[tuple[str, str], float] = {}
         for name, width in widths.items():
             unit = self.units.get(name)
             if unit is None:
@@ -260,7 +265,7 @@ class LatencyModel:
                 changes[(layer, f)] = changes.get((layer, f), 0) + delta * (unit.size - width)
         out = {}
         for layer, shape in self.base.items():
-            moved = {f: getattr(shape, f) - changes[(layer, f)] for f in FIELDS if (layer, f) in changes}
+            moved = {f: round(getattr(shape, f) - changes[(layer, f)]) for f in FIELDS if (layer, f) in changes}
             out[layer] = shape.with_fields(moved) if moved else shape
         return out
 
@@ -314,17 +319,28 @@ class LatencyModel:
         )
 
 
-def measure_model_ms(model: nn.Module, input_shape, batch: int, threads: int, repeats: int = 50) -> float:
-    """Median milliseconds of the real exported model (the ground truth the prediction is checked on)."""
+def measured_latency(models: dict[str, nn.Module], input_shape, timing) -> dict[str, dict[int, float]]:
+    """Median ms per model and batch size of their real ONNX exports, timed interleaved round by round.
+
+    Args:
+        models: The models to export and time.
+        input_shape: One sample's shape.
+        timing: A `BenchmarkConfig` (threads, batch sizes, warm-up, repeats, rounds).
+    """
     import tempfile
 
-    from pruneops.onnx_utils import INPUT_NAME, export_onnx_file
+    from pruneops.benchmark import measure_latencies
+    from pruneops.onnx_utils import export_onnx_file, make_session
 
     with tempfile.TemporaryDirectory(prefix="pruneops-latency-") as tmp:
-        path = Path(tmp) / "m.onnx"
-        export_onnx_file(model, list(input_shape), path, 18)
-        feed = {INPUT_NAME: np.random.default_rng(0).random((batch, *input_shape), dtype=np.float32)}
-        return time_model_bytes(str(path), feed, threads, max(10, repeats // max(1, batch // 8)), 10)
+        sessions = {}
+        for name, model in models.items():
+            path = Path(tmp) / f"{name}.onnx"
+            export_onnx_file(model, list(input_shape), path, 18)
+            sessions[name] = make_session(path, timing.threads)
+        x = np.random.default_rng(0).random((max(timing.batch_sizes), *input_shape), dtype=np.float32)
+        samples = measure_latencies(sessions, x, timing)
+    return {n: {b: float(np.median(t)) for b, t in per.items()} for n, per in samples.items()}
 
 
 def build_latency_model(
@@ -346,20 +362,24 @@ def build_latency_model(
         {n: probe_unit_layers(model, example, n, s, input_shape) for n, s in units},
         table,
     )
-    threads = table.machine["threads"]
-    points = []
+    from pruneops.config import BenchmarkConfig
+
+    points: dict[str, tuple[dict[str, int], nn.Module]] = {}
     for keep in (1.0, 0.75, 0.5, 0.25):
-        widths = {n: max(1, round(s * keep)) for n, s in units}
+        widths = {n: max(1, round(s * keep)) for n, s in units} if keep < 1.0 else {}
         twin = copy.deepcopy(model)
-        if keep < 1.0:
+        if widths:
             UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
-        points.append((widths if keep < 1.0 else {}, twin))
+        points[f"keep{keep}"] = (widths, twin)
+    batches = sorted(set(batches))
+    timing = BenchmarkConfig(threads=table.machine["threads"], batch_sizes=batches, warmup=10, repeats=40, rounds=5)
+    measured = measured_latency({n: twin for n, (_, twin) in points.items()}, input_shape, timing)
     for batch in batches:
         for name, _ in units:
             latency.unit_curve(name, batch)  # fills the table on the grid
-        sums = np.array([latency.layer_sum(w, batch) for w, _ in points])
-        measured = np.array([measure_model_ms(twin, input_shape, batch, threads) for _, twin in points])
-        latency.calibration[batch] = fit_calibration(sums, measured)
+        sums = np.array([latency.layer_sum(widths, batch) for widths, _ in points.values()])
+        times = np.array([measured[n][batch] for n in points])
+        latency.calibration[batch] = fit_calibration(sums, times)
     return latency
 
 
@@ -413,6 +433,7 @@ class LatencyAllocation:
     dense_predicted_ms: float
     summed_isolated_drop: float
     steps: int
+    reached: bool
 
 
 def _candidates(latency: LatencyModel, sweep: dict, batch: int, max_ratio: float, chance_drop: float | None):
@@ -441,13 +462,9 @@ def allocate_latency(
     NetAdapt-style descent over the table: from full width, repeatedly moves the unit whose next
     efficient width saves the most predicted milliseconds per point of isolated accuracy drop,
     predicting the whole model each time (the layers between two pruned units shrink in both
-    dimensions, which per-unit sums would miss).
-
-    Raises:
-        ConfigError: No allocation the sweep and `max_unit_ratio` allow gets down to the target.
+    dimensions, which per-unit sums would miss). Where no allocation the sweep's informative
+    ratios and `max_ratio` allow reaches the target, it stops at the fastest one (`reached` False).
     """
-    from pruneops.errors import ConfigError
-
     options = _candidates(latency, sweep, batch, max_ratio, chance_drop)
     position = {n: 0 for n, opts in options.items() if opts}
     widths = {n: options[n][0][0] for n in position}
@@ -468,11 +485,7 @@ def allocate_latency(
             if best is None or key < best[0]:
                 best = (key, name, width)
         if best is None:
-            raise ConfigError(
-                f"prune.target_value: {target_ms:.4f} ms at batch {batch} is out of reach (the least the sweep's "
-                f"informative ratios and prune.max_unit_ratio {max_ratio} allow is {current:.4f} ms predicted, "
-                f"dense {dense:.4f} ms); ask for less, raise max_unit_ratio or add sensitivity.ratios"
-            )
+            break
         _, name, width = best
         position[name] += 1
         widths[name] = width
@@ -488,4 +501,5 @@ def allocate_latency(
         dense_predicted_ms=dense,
         summed_isolated_drop=sum(drops.values()),
         steps=steps,
+        reached=current <= target_ms,
     )

@@ -24,8 +24,8 @@ REFERENCE_STATS = "reference_stats.json"
 
 
 def pipeline_model(layout: Layout) -> Path:
-    """What the pipeline deploys: the exported pruned INT8 model."""
-    return layout.stage_dir("export") / "pruned_int8.onnx"
+    """What the pipeline deploys: the pruned model in the precision the quantize stage chose."""
+    return layout.stage_dir("export") / "pruned_deployed.onnx"
 
 
 def pipeline_reference_stats(layout: Layout) -> Path:

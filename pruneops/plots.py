@@ -110,6 +110,7 @@ def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
         )
         for family, color in colors.items():
             for precision, marker in (("fp32", "o"), ("int8", "s")):
+                # Deployed rows in fp32 (where no INT8 form was faster) are drawn as fp32.
                 pts = [r for r in items if r["family"] == family and r["precision"] == precision]
                 if pts:
                     ax.scatter(

@@ -1,8 +1,13 @@
-"""`prune` stage: iterative pruning to the target on a schedule, fine-tuning between steps."""
+"""`prune` stage: plan per-unit widths for the target, gate them on measured latency, prune iteratively.
+
+The plan comes from `pruneops.pruning.targets` (ratio, MAC/parameter budget, or latency from the
+table the sensitivity stage measured). For structured methods the planned widths are measured
+against dense before any training is spent on them, and the stage backs off when they are not
+faster (`prune.min_speedup`): a slower model never leaves it.
+"""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -10,15 +15,15 @@ import torch
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
-from pruneops.config import PruneConfig
+from pruneops.config import BenchmarkConfig, PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.errors import DataError
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.plots import plot_history, plot_sensitivity
-from pruneops.profiling import count_macs, count_params
-from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, layer_shapes, sparsity_report
-from pruneops.pruning.allocation import Allocation, allocate_for_target, ratio_for_budget
+from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, UnitPruner, layer_shapes, sparsity_report
 from pruneops.pruning.masks import save_masks
+from pruneops.pruning.targets import GateResult, Plan, gate, plan
+from pruneops.pruning.units import round_keep
 from pruneops.stages import StageReport
 from pruneops.training import FitSettings, calibration_subset, evaluate, fit_, recalibrate_batchnorm_
 
@@ -30,6 +35,8 @@ class PruneReport(StageReport):
     `summed_isolated_drop` is what the allocation minimised: the sum over units of the validation
     accuracy drop each chosen ratio caused alone in the sweep, before any fine-tuning. It ranks
     allocations; it is not a forecast of the final accuracy (it can exceed 1). None without one.
+    The latency fields compare the table's prediction for the planned widths with their measured
+    export (fp32, ONNX Runtime here, at `target_batch`); `gate` says what the measured gate did.
     """
 
     method: str
@@ -38,6 +45,11 @@ class PruneReport(StageReport):
     target_ratio: float
     achieved_ratio: float | None
     summed_isolated_drop: float | None
+    predicted_latency_ms: float | None
+    measured_latency_ms: float | None
+    latency_prediction_error: float | None
+    measured_speedups: dict[str, float] | None
+    gate: str
     steps: int
     params: int
     macs: int
@@ -52,10 +64,13 @@ class PruneReport(StageReport):
     checkpoint: Path
 
     def summary(self) -> str:
+        latency = ""
+        if self.measured_speedups:
+            latency = ", measured " + ", ".join(f"b{b} {s:.2f}x" for b, s in self.measured_speedups.items())
         return (
             f"{self.method}: {self.mac_reduction:.2f}x fewer MACs, {self.param_reduction:.2f}x fewer params, "
-            f"{100 * self.weight_zero_fraction:.1f}% zero weights, val accuracy {100 * self.val_accuracy:.2f}%; "
-            f"speed-up: {self.speedup} -> {self.checkpoint}"
+            f"{100 * self.weight_zero_fraction:.1f}% zero weights, val accuracy {100 * self.val_accuracy:.2f}%"
+            f"{latency}; gate: {self.gate} -> {self.checkpoint}"
         )
 
 
@@ -97,35 +112,28 @@ def make_context(config: PruneConfig, train: Split, example: torch.Tensor, ratio
     )
 
 
-def plan_target(
-    config: PruneConfig, sweep: dict | None, model: torch.nn.Module, train: Split, example: torch.Tensor, shape: list
-) -> tuple[float, Allocation | None]:
-    """The ratio to prune to and its allocation, for a ratio target or a MAC/parameter budget.
-
-    A budget is met by bisection on the ratio, each candidate pruned on a copy of the baseline
-    (no training) and counted.
-    """
-    if sweep is None and config.target in (None, "ratio"):
-        return config.target_value or 0.0, None
-    if config.target in (None, "ratio"):
-        ratio = 0.5 if config.target is None else config.target_value  # 2:4 is half of every group
-        return ratio, allocate_for_target(sweep, ratio, config.max_unit_ratio)
-
-    def size_at(ratio: float) -> float:
-        alloc = allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
-        twin = copy.deepcopy(model)
-        METHODS.get(config.method)(make_context(config, train, example, ratio, alloc and alloc.ratios)).apply_(twin, 1)
-        return count_macs(twin, shape) if config.target == "macs" else count_params(twin)
-
-    ratio = ratio_for_budget(size_at, config.target_value)
-    return ratio, allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
+def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape, target: Plan) -> GateResult:
+    """Measures the planned widths (as the method will round them) and backs off if they are not faster."""
+    sizes = {n: u.size for n, u in UnitPruner(model, example, IMPORTANCES.get("l2")).units().items()}
+    ratios = target.ratios if target.ratios is not None else dict.fromkeys(sizes, target.ratio)
+    widths = {
+        n: round_keep(s, ratios.get(n, 0.0), None if n.endswith(".heads") else config.round_to)
+        for n, s in sizes.items()
+    }
+    planned = {n: 1.0 - w / sizes[n] for n, w in widths.items()}
+    timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target_batch or 1})})
+    result = gate(model, example, shape, planned, sizes, config.min_speedup, timing)
+    if result.ratios is None:  # refused: every unit kept whole
+        return GateResult(result.decision, dict.fromkeys(sizes, 0.0), result.speedups, result.measured_ms)
+    return result
 
 
-def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> PruneReport:
-    """Prunes the baseline step by step to the target, fine-tuning after each step.
+def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None) -> PruneReport:
+    """Plans the target, gates the plan on measured latency, then prunes step by step with fine-tuning.
 
     Args:
         config: The `prune` section of params.
+        benchmark: The `benchmark` section: thread count and batch sizes the gate measures at.
         layout: Where to read and write; defaults to the current directory.
 
     Returns:
@@ -137,23 +145,41 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"
     ckpt = load_checkpoint(base_path)
-    model = ckpt.model
+    model, example = ckpt.model, torch.from_numpy(val.x[:1])
+    check_recorded_accuracy(ckpt, evaluate(model, val)[0], len(val), base_path)
     sweep = load_sweep(layout, config)
-    example = torch.from_numpy(val.x[:1])
-    target_ratio, allocation = plan_target(config, sweep, model, train, example, meta.input_shape)
-    ratios = allocation.ratios if allocation is not None else None
-    ctx = make_context(config, train, example, target_ratio, ratios)
-    method = METHODS.get(config.method)(ctx)
-    schedule = SCHEDULES.get(config.schedule)(config.steps)
+    method_cls = METHODS.get(config.method)
+
+    def make_method(ratio: float, ratios: dict | None):
+        return method_cls(make_context(config, train, example, ratio, ratios))
+
+    target = plan(
+        config, sweep, model, make_method, meta.input_shape, layout.stage_dir("sensitivity"), benchmark.threads
+    )
+    gated = _gate(config, benchmark, model, example, meta.input_shape, target) if method_cls.structured else None
+    ratios = gated.ratios if gated is not None else target.ratios
+    ctx = make_context(config, train, example, target.ratio, ratios)
+    ctx.warnings.extend(target.warnings)
+    if gated is not None and gated.decision.startswith(("backed off", "refused")):
+        ctx.warnings.append(f"prune gate {gated.decision}")
+    method = method_cls(ctx)
+    history = _prune(config, model, method, train, val, meta.input_shape)
+    report = _report(config, target, gated, history, method, ctx, layout)
+    _write(layout, config, ckpt, model, method, sweep, target, ratios, history, report, meta.input_shape)
+    return report
+
+
+def _prune(config: PruneConfig, model, method, train: Split, val: Split, shape) -> list[dict]:
+    """The schedule's steps, each followed by adaptive BN (when on) and fine-tuning; the history."""
     reference = layer_shapes(model)
 
     def record(step: int, fraction: float) -> dict:
-        g = sparsity_report(model, meta.input_shape, reference)["global"]
+        g = sparsity_report(model, shape, reference)["global"]
         acc, loss = evaluate(model, val)
         return {
             "step": step,
             "fraction_of_target": fraction,
-            "ratio": target_ratio * fraction,
+            "ratio": method.ctx.target_ratio * fraction,
             "weight_zero_fraction": g["weight_zero_fraction"],
             "params": g["params"],
             "nonzero_params": g["nonzero_params"],
@@ -168,10 +194,10 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         fit_(model, train, val, settings, after_backward=method.after_backward, after_step=method.after_step, desc=desc)
 
     history = [record(0, 0.0)]
-    check_recorded_accuracy(ckpt, history[0]["val_accuracy"], len(val), base_path)
     if method.needs_warmup:
         # Movement scores come from training: gather them before the first step prunes.
         tune(max(config.epochs_per_step, 1), config.seed, "prune warm-up")
+    schedule = SCHEDULES.get(config.schedule)(config.steps)
     bar = tqdm(list(enumerate(schedule, 1)), desc="prune", unit="step", disable=None, leave=False)
     # Removing channels changes every later layer's input statistics; re-estimating BatchNorm's
     # running stats (adaptive BN) gives each step's fine-tuning a sound start at no training cost.
@@ -185,16 +211,28 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         history.append(record(step, fraction))
         bar.set_postfix(val_acc=f"{history[-1]['val_accuracy']:.4f}", macs=history[-1]["macs"])
     bar.close()
+    return history
 
+
+def _report(config, target: Plan, gated: GateResult | None, history, method, ctx, layout: Layout) -> PruneReport:
     final, first = history[-1], history[0]
-    out_dir, metrics_path, plots_dir = layout.stage_dir("prune"), layout.metrics("prune"), layout.plots("prune")
-    report = PruneReport(
+    measured = predicted = error = None
+    if gated is not None and target.predicted_ms is not None:
+        measured = gated.measured_ms.get(str(config.target_batch))
+        predicted = target.predicted_ms
+        error = predicted / measured - 1.0 if measured else None
+    return PruneReport(
         method=config.method,
         target=config.target,
         target_value=config.target_value,
-        target_ratio=target_ratio,
-        achieved_ratio=allocation.achieved_ratio if allocation else None,
-        summed_isolated_drop=allocation.summed_isolated_drop if allocation else None,
+        target_ratio=target.ratio,
+        achieved_ratio=target.allocation.achieved_ratio if target.allocation else None,
+        summed_isolated_drop=target.allocation.summed_isolated_drop if target.allocation else None,
+        predicted_latency_ms=predicted,
+        measured_latency_ms=measured,
+        latency_prediction_error=error,
+        measured_speedups=gated.speedups if gated is not None else None,
+        gate=gated.decision if gated is not None else "not applied (unstructured: no dense-kernel speed-up)",
         steps=config.steps,
         params=final["params"],
         macs=final["macs"],
@@ -206,17 +244,32 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
         val_accuracy=final["val_accuracy"],
         speedup=method.speedup,
         warnings=tuple(ctx.warnings),
-        checkpoint=out_dir / "model.safetensors",
+        checkpoint=layout.stage_dir("prune") / "model.safetensors",
     )
+
+
+def _write(layout, config, ckpt, model, method, sweep, target: Plan, ratios, history, report, shape) -> None:
+    out_dir, metrics_path, plots_dir = layout.stage_dir("prune"), layout.metrics("prune"), layout.plots("prune")
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         tmp = staged.dir(out_dir)
         save_checkpoint(tmp / "model.safetensors", model, ckpt.spec, {"stage": "prune", "method": config.method})
         masks = method.masks()
         if masks:
             save_masks(masks, tmp / "masks.safetensors")
-        dump_json(sparsity_report(model, meta.input_shape, reference), tmp / "sparsity.json")
-        if allocation is not None:
-            dump_json({"granularity": sweep["granularity"], **asdict(allocation)}, tmp / "allocation.json")
+        dump_json(sparsity_report(model, shape, layer_shapes(ckpt.model)), tmp / "sparsity.json")
+        if sweep is not None:
+            allocation = asdict(target.allocation) if target.allocation is not None else {}
+            dump_json(
+                {
+                    "granularity": sweep["granularity"],
+                    **allocation,
+                    "target_ratio": target.ratio,
+                    "ratios": ratios or {},
+                    "predicted_ms": target.predicted_ms,
+                    "target_ms": target.target_ms,
+                },
+                tmp / "allocation.json",
+            )
         dump_json(report.metrics(), staged.path(metrics_path))
         plots = staged.dir(plots_dir)
         dump_json(history, plots / "history.json")
@@ -233,4 +286,3 @@ def prune_iteratively(config: PruneConfig, layout: Layout | None = None) -> Prun
             plots / "history.png",
         )
         plot_sensitivity(sweep["units"] if sweep else {}, ratios or {}, plots / "allocation.png")
-    return report

@@ -1,4 +1,4 @@
-"""`quantize` stage: ONNX Runtime INT8 of the fine-tuned model, chosen by measurement."""
+"""`quantize` stage: ONNX Runtime INT8 of the fine-tuned model, or fp32, chosen by measurement."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pruneops.config import QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import QualityGateError
 from pruneops.io import Layout, dump_json, staged_output_paths
-from pruneops.onnx_utils import INPUT_NAME, export_onnx_file, file_size, make_session, median_latency_ms, ort_accuracy
+from pruneops.onnx_utils import INPUT_NAME, export_onnx_file, file_size, make_session, ort_accuracy
 from pruneops.registry import Registry
 from pruneops.stages import StageReport
 
@@ -53,6 +53,12 @@ def quantize_static_qdq(src: Path, dst: Path, calib: np.ndarray, config: Quantiz
     )
 
 
+@QUANTIZERS.register("fp32", "no quantization: the fp32 model (chosen when no INT8 form is faster here)")
+def keep_fp32(src: Path, dst: Path, calib: np.ndarray, config: QuantizeConfig) -> None:
+    """The fp32 model as it is."""
+    shutil.copyfile(src, dst)
+
+
 @QUANTIZERS.register("dynamic", "int8 weights, activations quantized at run time (fast for Linear)")
 def quantize_dynamic_int8(src: Path, dst: Path, calib: np.ndarray, config: QuantizeConfig) -> None:
     """Dynamic quantization: weights int8 offline, activations per batch at run time."""
@@ -63,9 +69,10 @@ def quantize_dynamic_int8(src: Path, dst: Path, calib: np.ndarray, config: Quant
 
 @dataclass(frozen=True)
 class QuantizeReport(StageReport):
-    """The chosen INT8 model and every candidate's figures."""
+    """The chosen model (INT8, or fp32 where no INT8 form is faster) and every candidate's figures."""
 
     method: str
+    precision: str
     fp32_val_accuracy: float
     val_accuracy: float
     test_accuracy: float
@@ -98,12 +105,36 @@ def _preprocess(src: Path, dst: Path) -> None:
     quant_pre_process(str(cleaned), str(dst), skip_symbolic_shape=True)
 
 
-def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> QuantizeReport:
-    """Quantizes the fine-tuned model to INT8 with ONNX Runtime and measures the result.
+def _measure_candidates(paths: dict[str, Path], val, one: np.ndarray, config: QuantizeConfig) -> dict[str, dict]:
+    """Validation accuracy, size, and batch-1 latency timed interleaved (fair to every candidate)."""
+    from pruneops.benchmark import measure_latencies
+    from pruneops.config import BenchmarkConfig
 
-    Candidates (`static`, `dynamic`, or both for `auto`) are compared on validation accuracy
-    and batch-1 latency on this machine; `auto` keeps the fastest whose validation accuracy is
-    within `accuracy_tolerance` of fp32. Test accuracy is measured on the chosen model.
+    sessions = {n: make_session(path, config.threads) for n, path in paths.items()}
+    rounds = 4
+    timing = BenchmarkConfig(
+        batch_sizes=[1], warmup=10, repeats=max(1, config.latency_repeats // rounds), rounds=rounds
+    )
+    samples = measure_latencies(sessions, one, timing)
+    return {
+        n: {
+            "precision": "fp32" if n == "fp32" else "int8",
+            "val_accuracy": ort_accuracy(sessions[n], val.x, val.y),
+            "latency_ms_b1": float(np.median(samples[n][1])),
+            "size_bytes": file_size(paths[n]),
+        }
+        for n in paths
+    }
+
+
+def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> QuantizeReport:
+    """Quantizes the fine-tuned model with ONNX Runtime and keeps the fastest model within tolerance.
+
+    Candidates (`static`, `dynamic` and `fp32` for `auto`, or the one named) are compared on
+    validation accuracy and batch-1 latency measured here, interleaved; the fastest whose
+    validation accuracy is within `accuracy_tolerance` of fp32 is kept. fp32 is always a
+    candidate of `auto`, so INT8 ships only where it is faster on this machine. Test accuracy is
+    measured on the chosen model.
 
     Raises:
         QualityGateError: No candidate is within the accuracy tolerance.
@@ -114,64 +145,56 @@ def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> Quan
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     model = load_checkpoint(layout.stage_dir("finetune") / "model.safetensors").model
     names = QUANTIZERS.names() if config.method == "auto" else [config.method]
-    for name in names:
-        QUANTIZERS.get(name)
     rng = np.random.default_rng(0)
     calib = train.x[rng.choice(len(train), min(config.calibration_samples, len(train)), replace=False)]
-    one = val.x[:1]
-
     work = Path(tempfile.mkdtemp(prefix="pruneops-quant-"))
     try:
-        fp32 = work / "fp32.onnx"
+        fp32 = work / "reference.onnx"
         export_onnx_file(model, meta.input_shape, work / "raw.onnx", config.opset)
         _preprocess(work / "raw.onnx", fp32)
-        sess = make_session(fp32, config.threads)
-        fp32_val = ort_accuracy(sess, val.x, val.y)
-        fp32_test = ort_accuracy(sess, test.x, test.y)
-        fp32_lat = median_latency_ms(sess, one, config.latency_repeats)
-        candidates: dict[str, dict] = {}
+        paths = {"reference": fp32}
         for name in names:
-            dst = work / f"{name}.onnx"
-            QUANTIZERS.get(name)(fp32, dst, calib, config)
-            s = make_session(dst, config.threads)
-            candidates[name] = {
-                "val_accuracy": ort_accuracy(s, val.x, val.y),
-                "latency_ms_b1": median_latency_ms(s, one, config.latency_repeats),
-                "size_bytes": file_size(dst),
-            }
-            candidates[name]["within_tolerance"] = (
-                fp32_val - candidates[name]["val_accuracy"] <= config.accuracy_tolerance
-            )
+            paths[name] = work / f"candidate-{name}.onnx"
+            QUANTIZERS.get(name)(fp32, paths[name], calib, config)
+        measured = _measure_candidates(paths, val, val.x[:1], config)
+        reference = measured.pop("reference")
+        candidates = {
+            n: {**c, "within_tolerance": reference["val_accuracy"] - c["val_accuracy"] <= config.accuracy_tolerance}
+            for n, c in measured.items()
+        }
         eligible = [n for n in names if candidates[n]["within_tolerance"]]
         if not eligible:
-            figures = ", ".join(f"{n} {100 * (c['val_accuracy'] - fp32_val):+.2f} pts" for n, c in candidates.items())
+            figures = ", ".join(
+                f"{n} {100 * (c['val_accuracy'] - reference['val_accuracy']):+.2f} pts" for n, c in candidates.items()
+            )
             raise QualityGateError(
-                f"no INT8 candidate within quantize.accuracy_tolerance={config.accuracy_tolerance} of fp32 "
+                f"no candidate within quantize.accuracy_tolerance={config.accuracy_tolerance} of fp32 "
                 f"validation accuracy ({figures})"
             )
         chosen = min(eligible, key=lambda n: candidates[n]["latency_ms_b1"])
-        chosen_path = work / f"{chosen}.onnx"
-        test_acc = ort_accuracy(make_session(chosen_path, config.threads), test.x, test.y)
-        out_dir, metrics_path = layout.stage_dir("quantize"), layout.metrics("quantize")
         report = QuantizeReport(
             method=chosen,
-            fp32_val_accuracy=fp32_val,
+            precision=candidates[chosen]["precision"],
+            fp32_val_accuracy=reference["val_accuracy"],
             val_accuracy=candidates[chosen]["val_accuracy"],
-            test_accuracy=test_acc,
-            fp32_test_accuracy=fp32_test,
+            test_accuracy=ort_accuracy(make_session(paths[chosen], config.threads), test.x, test.y),
+            fp32_test_accuracy=ort_accuracy(make_session(fp32, config.threads), test.x, test.y),
             latency_ms_b1=candidates[chosen]["latency_ms_b1"],
-            fp32_latency_ms_b1=fp32_lat,
+            fp32_latency_ms_b1=reference["latency_ms_b1"],
             size_bytes=candidates[chosen]["size_bytes"],
             candidates=candidates,
-            model_path=out_dir / "model_int8.onnx",
+            model_path=layout.stage_dir("quantize") / "model.onnx",
         )
-        with staged_output_paths(out_dir, metrics_path) as staged:
-            tmp = staged.dir(out_dir)
-            shutil.copyfile(chosen_path, tmp / "model_int8.onnx")
-            dump_json(
-                {"selection": "fastest within tolerance on validation", **report.metrics()}, tmp / "quantize.json"
-            )
-            dump_json(report.metrics(), staged.path(metrics_path))
+        _write(layout, paths[chosen], report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def _write(layout: Layout, chosen: Path, report: QuantizeReport) -> None:
+    out_dir, metrics_path = layout.stage_dir("quantize"), layout.metrics("quantize")
+    with staged_output_paths(out_dir, metrics_path) as staged:
+        tmp = staged.dir(out_dir)
+        shutil.copyfile(chosen, tmp / "model.onnx")
+        dump_json({"selection": "fastest within tolerance on validation", **report.metrics()}, tmp / "quantize.json")
+        dump_json(report.metrics(), staged.path(metrics_path))

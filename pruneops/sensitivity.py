@@ -10,12 +10,13 @@ import torch
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint
-from pruneops.config import PruneConfig, SensitivityConfig
+from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig, SensitivityConfig
 from pruneops.data import Split, load_prepared
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
 from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, round_keep
+from pruneops.pruning.allocation import chance_drop, informative
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks
@@ -127,18 +128,43 @@ def _record(
     curve["loss_increase"].append(loss - base_loss)
 
 
+def uninformative_units(curves: dict[str, dict], at_chance: float) -> list[str]:
+    """What to say about units whose every measured ratio fell to chance."""
+    return [
+        f"unit {name} falls to chance at every ratio swept: how much of it can go is unknown, so it is left "
+        "whole; set sensitivity.bn_recalibration_samples (adaptive BN) or sweep smaller sensitivity.ratios"
+        for name, curve in curves.items()
+        if curve["ratios"] and informative(curve, at_chance) == 0
+    ]
+
+
+def measure_latency(
+    base: torch.nn.Module, val: Split, curves: dict[str, dict], shape: list[int], threads: int, batches: list[int]
+):
+    """The latency model of the baseline's units on this machine (see `pruneops.latency`)."""
+    from pruneops.latency import LatencyTable, build_latency_model, machine_fingerprint
+
+    table = LatencyTable(machine_fingerprint(threads))
+    units = [(n, c["size"]) for n, c in curves.items()]
+    return build_latency_model(base, torch.from_numpy(val.x[:1]), shape, units, table, batches)
+
+
 def analyze_sensitivity(
-    config: SensitivityConfig, prune: PruneConfig, layout: Layout | None = None
+    config: SensitivityConfig, prune: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None
 ) -> SensitivityReport:
-    """Measures each unit's validation accuracy drop when pruned alone.
+    """Measures each unit's validation accuracy drop when pruned alone (and, for latency targets, its cost).
 
     Structured methods sweep units (channel groups, attention heads) and weight them by MACs;
     unstructured methods sweep each layer's weights by magnitude and weight them by count. The
-    `prune` stage allocates per-unit ratios for its target from this sweep.
+    `prune` stage allocates per-unit ratios for its target from this sweep. With
+    `prune.use_sensitivity` off nothing is swept. With a latency target, the latency table of
+    every unit is measured here on this machine (`latency.json`, `latency_table.json`), at the
+    benchmark's thread count and batch sizes.
 
     Args:
         config: The `sensitivity` section of params.
-        prune: The `prune` section: only its method is read (it decides the granularity).
+        prune: The `prune` section: its method decides the granularity, its target whether to time.
+        benchmark: The `benchmark` section: the thread count and batch sizes latency is timed at.
         layout: Where to read and write; defaults to the current directory.
 
     Returns:
@@ -150,50 +176,73 @@ def analyze_sensitivity(
     base_path = layout.stage_dir("train") / "model.safetensors"
     checkpoint = load_checkpoint(base_path)
     base = checkpoint.model
-    criterion = IMPORTANCES.get(config.importance)
     structured = METHODS.get(prune.method).structured
-    if criterion.needs_grad:
-        accumulate_grads_(base, train, 4, 64)
     base_acc, base_loss = evaluate(base, val, config.batch_size)
     check_recorded_accuracy(checkpoint, base_acc, len(val), base_path)
-    calibration = calibration_subset(train.x, config.bn_recalibration_samples, config.seed)
-    warnings: list[str] = []
-    if structured:
-        curves, weights, warnings = sweep_units(
-            base, val, criterion, config.ratios, meta.input_shape, config.batch_size, (base_acc, base_loss), calibration
+    chance = float(np.bincount(val.y).max() / len(val))
+    at_chance = chance_drop(base_acc, chance, len(val))
+    curves, weights, warnings = {}, {}, []
+    if prune.use_sensitivity:
+        curves, weights, warnings = _sweep(
+            config, base, train, val, meta.input_shape, structured, (base_acc, base_loss)
         )
-    else:
-        curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, (base_acc, base_loss), calibration)
-    granularity = "units" if structured else "layers"
-    evaluations = sum(len(c["ratios"]) for c in curves.values())
+        warnings += uninformative_units(curves, at_chance)
+    latency = None
+    if structured and prune.target in LATENCY_TARGETS:
+        batches = sorted({prune.target_batch or 1, *benchmark.batch_sizes})
+        latency = measure_latency(base, val, curves, meta.input_shape, benchmark.threads, batches)
+    sweep = {
+        "baseline_val_accuracy": base_acc,
+        "baseline_val_loss": base_loss,
+        "chance_accuracy": chance,
+        "chance_drop": at_chance,
+        "val_samples": len(val),
+        "importance": config.importance,
+        "granularity": "units" if structured else "layers",
+        "units": curves,
+        "weights": weights,
+    }
+    report = SensitivityReport(
+        len(curves),
+        sum(len(c["ratios"]) for c in curves.values()),
+        sweep["granularity"],
+        base_acc,
+        tuple(warnings),
+        layout.stage_dir("sensitivity") / "sensitivity.json",
+    )
+    _write(layout, sweep, latency, report)
+    return report
+
+
+def _sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, structured: bool, baseline):
+    criterion = IMPORTANCES.get(config.importance)
+    if criterion.needs_grad:
+        accumulate_grads_(base, train, 4, 64)
+    calibration = calibration_subset(train.x, config.bn_recalibration_samples, config.seed)
+    if structured:
+        return sweep_units(base, val, criterion, config.ratios, shape, config.batch_size, baseline, calibration)
+    curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, baseline, calibration)
+    return curves, weights, []
+
+
+def _write(layout: Layout, sweep: dict, latency, report: SensitivityReport) -> None:
     out_dir, metrics_path, plots_dir = (
         layout.stage_dir("sensitivity"),
         layout.metrics("sensitivity"),
         layout.plots("sensitivity"),
     )
-    report = SensitivityReport(
-        len(curves), evaluations, granularity, base_acc, tuple(warnings), out_dir / "sensitivity.json"
-    )
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         tmp = staged.dir(out_dir)
-        dump_json(
-            {
-                "baseline_val_accuracy": base_acc,
-                "baseline_val_loss": base_loss,
-                "importance": config.importance,
-                "granularity": granularity,
-                "units": curves,
-                "weights": weights,
-            },
-            tmp / "sensitivity.json",
-        )
+        dump_json(sweep, tmp / "sensitivity.json")
+        if latency is not None:
+            dump_json(latency.to_json(), tmp / "latency.json")
+            latency.table.save(tmp / "latency_table.json")
         dump_json(report.metrics(), staged.path(metrics_path))
         plots = staged.dir(plots_dir)
         rows = [
             {"unit": n, "ratio": r, "accuracy_drop": d}
-            for n, c in curves.items()
+            for n, c in sweep["units"].items()
             for r, d in zip(c["ratios"], c["accuracy_drop"], strict=True)
         ]
         dump_json(rows, plots / "curves.json")
-        plot_sensitivity(curves, {}, plots / "sensitivity.png")
-    return report
+        plot_sensitivity(sweep["units"], {}, plots / "sensitivity.png")

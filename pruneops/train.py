@@ -57,7 +57,7 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     layout = layout or Layout()
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
-    spec = ModelSpec(config.model, meta.input_shape, meta.num_classes, dict(config.model_kwargs))
+    spec = ModelSpec(config.model, meta.input_shape, meta.num_classes, dict(config.model_kwargs), config.classifier)
     seed_everything(config.seed)
     model = create_model(spec)
     fit = fit_(model, train, val, fit_settings(config), desc="train")

@@ -84,7 +84,7 @@ def test_every_recipe_is_measured_together(bench_run):
     root, _, report, lines = bench_run
     rows = {r["name"]: r for r in report.rows["digits-cnn"]}
     assert set(rows) == {
-        f"{v} {p}" for v in ("dense", "naive90", "tp75", "ours-tp-budget", "ours50") for p in ("fp32", "int8")
+        f"{v} {p}" for v in ("dense", "naive90", "tp75", "ours-tp-budget", "ours50") for p in ("fp32", "deployed")
     }
     dense = rows["dense fp32"]
     assert dense["speedup_b1"] == pytest.approx(1.0) and dense["mac_reduction"] == pytest.approx(1.0)
@@ -111,7 +111,7 @@ def test_report_files_and_selection_on_validation(bench_run):
     root, _, report, _ = bench_run
     text = report.markdown.read_text()
     assert "pruneops bench --config t.yaml" in text and "## digits-cnn" in text
-    assert "same MAC budget, int8" in text and "target speedup_b1" in text
+    assert "same MAC budget, deployed" in text and "target speedup_b1" in text
     assert report.plot.stat().st_size > 10_000
     saved = json.loads(report.results.read_text())
     assert saved["machine"]["cores"] >= 1

@@ -194,7 +194,7 @@ def test_publish_promotes_only_the_first_model_unless_forced(pipeline_dir, tmp_p
     assert (first.path / REFERENCE_STATS).read_bytes() == (
         root / "artifacts/validate/reference_stats.json"
     ).read_bytes()
-    assert first.metadata["metrics"]["models"]["pruned_int8"]["test_accuracy"] > 0.5
+    assert first.metadata["metrics"]["models"]["pruned_deployed"]["test_accuracy"] > 0.5
 
 
 def test_temporary_outputs_of_a_killed_stage_are_swept_by_the_next_run(tmp_path):

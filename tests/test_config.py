@@ -5,6 +5,8 @@ from pruneops.config import ConfigError, PruneConfig, QuantizeConfig, TrainConfi
 from pruneops.stages import SECTIONS, STAGES, check_sections, load_configs
 from tests.conftest import ROOT
 
+RATIO = {"target": "ratio", "target_value": 0.5, "target_batch": None}
+
 
 def test_project_params_are_valid_for_every_section():
     configs = load_configs(read_params(ROOT / "params.yaml"))
@@ -21,6 +23,7 @@ def test_params_yaml_lists_every_key_of_each_stage():
     ("raw", "fragment"),
     [
         ({"target_value": 1.0}, "prune.target_value: a ratio must be less than 1 (got 1.0)"),
+        ({**RATIO, "target_value": 1.0}, "prune.target_value: a ratio must be less than 1 (got 1.0)"),
         ({"target_value": -0.1}, "prune.target_value: must be greater than or equal to 0"),
         ({"target_value": "half"}, "prune.target_value: must be a valid number"),
         ({"steps": 0}, "prune.steps: must be greater than or equal to 1"),
@@ -44,28 +47,28 @@ def test_bad_values_give_one_line_naming_key_and_allowed(raw, fragment):
     assert exc.value.exit_code == 2
 
 
+SCOPE = "prune.scope: does not apply to method 'channel' (it applies to: magnitude, movement)"
+ROUND = "prune.round_to: does not apply to method 'magnitude' (it applies to: channel, head)"
+NO_TARGET = {"target": None, "target_value": None, "target_batch": None}
+
+
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
+        ({"method": "channel", "scope": "layer"}, SCOPE),
+        ({**RATIO, "method": "magnitude", "round_to": 8}, ROUND),
+        ({**RATIO, "method": "semi_structured", "importance": None}, "prune.target: does not apply to method"),
+        ({**NO_TARGET, "method": "semi_structured"}, "prune.importance: does not apply"),
+        ({**RATIO, "method": "movement", "target_value": 0.8}, "prune.importance: does not apply to method 'movement'"),
         (
-            {"method": "channel", "scope": "layer"},
-            "prune.scope: does not apply to method 'channel' (it applies to: magnitude, movement)",
-        ),
-        (
-            {"method": "magnitude", "round_to": 8},
-            "prune.round_to: does not apply to method 'magnitude' (it applies to: channel, head)",
-        ),
-        ({"method": "semi_structured", "importance": None}, "prune.target: does not apply to method 'semi_structured'"),
-        ({"method": "semi_structured", "target": None, "target_value": None}, "prune.importance: does not apply"),
-        (
-            {"method": "movement", "target": "ratio", "target_value": 0.8},
-            "prune.importance: does not apply to method 'movement'",
-        ),
-        (
-            {"method": "magnitude", "importance": "taylor"},
-            "prune.importance: method 'magnitude' ranks weights by l1 or l2",
+            {**RATIO, "method": "magnitude", "importance": "taylor"},
+            "prune.importance: method 'magnitude' ranks weights",
         ),
         ({"method": "channel", "importance": None}, "prune.importance: required by method 'channel'"),
+        ({"method": "magnitude", "importance": "l2"}, "prune.target: latency_ratio targets need a structured method"),
+        ({"target": "latency_ms", "target_value": 1.0, "target_batch": None}, "prune.target_batch: required by target"),
+        ({**RATIO, "target_batch": 1}, "prune.target_batch: applies to latency targets only"),
+        ({"target_value": 0.0}, "prune.target_value: a latency ratio must be more than 0"),
     ],
 )
 def test_keys_that_do_not_apply_to_the_method_are_refused_at_load(raw, fragment):
@@ -76,11 +79,12 @@ def test_keys_that_do_not_apply_to_the_method_are_refused_at_load(raw, fragment)
 
 def test_every_method_accepts_exactly_its_own_keys():
     for raw in (
-        {"method": "semi_structured", "target": None, "target_value": None, "importance": None},
-        {"method": "movement", "importance": None, "scope": "layer"},
-        {"method": "magnitude", "importance": "l1", "scope": "global"},
+        {"method": "semi_structured", "target": None, "target_value": None, "target_batch": None, "importance": None},
+        {**RATIO, "method": "movement", "importance": None, "scope": "layer"},
+        {**RATIO, "method": "magnitude", "importance": "l1", "scope": "global"},
         {"method": "head", "round_to": 8, "importance": "taylor"},
-        {"method": "channel", "target": "macs", "target_value": 1e6},
+        {"method": "channel", "target": "macs", "target_value": 1e6, "target_batch": None},
+        {"method": "channel", "target": "latency_ms", "target_value": 0.05, "target_batch": 64},
     ):
         parse_section("prune", raw, PruneConfig)
 

@@ -52,15 +52,16 @@ def test_finetune_stage_keeps_accuracy_close(pipeline_dir):
     assert m["accuracy_delta_points"] == pytest.approx(100 * (m["test_accuracy"] - m["baseline_test_accuracy"]))
 
 
-def test_quantize_stage_measures_candidates(pipeline_dir):
+def test_quantize_stage_keeps_the_fastest_candidate_with_fp32_among_them(pipeline_dir):
     m = _metrics(pipeline_dir, "quantize")
-    assert set(m["candidates"]) == {"static", "dynamic"}
+    assert set(m["candidates"]) == {"static", "dynamic", "fp32"}
     chosen = m["candidates"][m["method"]]
-    assert chosen["within_tolerance"]
+    assert chosen["within_tolerance"] and m["candidates"]["fp32"]["within_tolerance"]
     assert all(chosen["latency_ms_b1"] <= c["latency_ms_b1"] for c in m["candidates"].values() if c["within_tolerance"])
     assert abs(m["test_accuracy"] - m["fp32_test_accuracy"]) < 0.05
-    model = onnx.load(pipeline_dir / "artifacts/quantize/model_int8.onnx")
-    assert any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger") for n in model.graph.node)
+    model = onnx.load(pipeline_dir / "artifacts/quantize/model.onnx")
+    quantized = any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger") for n in model.graph.node)
+    assert quantized == (m["precision"] == "int8") and m["precision"] == chosen["precision"]
 
 
 def test_export_stage_dynamic_batch_parity_and_tensorrt_note(pipeline_dir):
@@ -74,19 +75,26 @@ def test_export_stage_dynamic_batch_parity_and_tensorrt_note(pipeline_dir):
 
 def test_benchmark_stage_reports_every_model(pipeline_dir):
     m = _metrics(pipeline_dir, "benchmark")
-    assert set(m["models"]) == {"dense_fp32", "pruned_fp32", "pruned_int8"}
+    assert set(m["models"]) == {"dense_fp32", "pruned_fp32", "pruned_deployed"}
     for model in m["models"].values():
         for b in ("1", "8"):
             lat = model["latency"][b]
             assert 0 < lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"]
             assert lat["throughput"] == pytest.approx(int(b) / (lat["mean_ms"] / 1e3))
     dense = m["models"]["dense_fp32"]
-    assert m["speedup_b1_pruned_int8_vs_dense"] == pytest.approx(
-        dense["latency"]["1"]["p50_ms"] / m["models"]["pruned_int8"]["latency"]["1"]["p50_ms"]
+    deployed = m["models"]["pruned_deployed"]
+    assert m["speedup_b1_deployed_vs_dense"] == pytest.approx(
+        dense["latency"]["1"]["p50_ms"] / deployed["latency"]["1"]["p50_ms"]
     )
-    assert m["models"]["pruned_int8"]["size_bytes"] < dense["size_bytes"]
+    assert deployed["size_bytes"] < dense["size_bytes"]
+    slower = [
+        n
+        for n, model in m["models"].items()
+        if any(model["latency"][b]["p50_ms"] > dense["latency"][b]["p50_ms"] for b in ("1", "8"))
+    ]
+    assert m["slower_than_dense"] == slower
     table = (pipeline_dir / "artifacts/benchmark/benchmark.md").read_text()
-    assert "| pruned_int8 |" in table
+    assert f"| pruned_deployed ({deployed['precision']}) |" in table
     assert np.isfinite(json.loads((pipeline_dir / "plots/benchmark/frontier.json").read_text())[0]["latency_b1_ms"])
 
 

@@ -6,6 +6,7 @@ import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from pruneops.errors import ConfigError
@@ -23,12 +24,14 @@ class ModelSpec:
         input_shape: Shape of one input sample, e.g. `[1, 8, 8]`.
         num_classes: Number of output logits.
         kwargs: Extra keyword arguments of the factory.
+        classifier: Name of the output layer when finding it from the forward pass is not wanted.
     """
 
     name: str
     input_shape: list[int]
     num_classes: int
     kwargs: dict[str, Any] = field(default_factory=dict)
+    classifier: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -67,11 +70,61 @@ def create_model(spec: ModelSpec) -> nn.Module:
         raise ConfigError(f"train.model: {spec.name!r} could not be built ({type(exc).__name__}: {exc})") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"train.model: factory {spec.name!r} did not return a torch nn.Module")
+    # What `classifier_of` needs to find the output layer by running the model.
+    model._pruneops_input_shape = tuple(spec.input_shape)
+    model._pruneops_classifier = spec.classifier
+    if spec.classifier is not None and not isinstance(dict(model.named_modules()).get(spec.classifier), nn.Linear):
+        raise ConfigError(f"train.classifier: {spec.classifier!r} is not a Linear layer of {spec.name!r}")
     return model
 
 
+WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
+
+
+@torch.no_grad()
+def output_layer_name(model: nn.Module, input_shape: tuple[int, ...]) -> str | None:
+    """The Linear/Conv that produces the model's output, found by running it once.
+
+    The innermost weighted module whose output *is* the returned tensor; if a function comes
+    after the last module (a mean, a reshape), the weighted module that finished last.
+    """
+    finished: list[tuple[str, nn.Module, object]] = []
+    handles = [
+        m.register_forward_hook(lambda mod, _, out, name=n: finished.append((name, mod, out)))
+        for n, m in model.named_modules()
+        if n
+    ]
+    was_training = model.training
+    model.eval()
+    try:
+        output = model(torch.zeros(1, *input_shape))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    weighted = [(n, out) for n, m, out in finished if isinstance(m, WEIGHTED)]
+    exact = [n for n, out in weighted if out is output]
+    if exact:
+        return exact[0]
+    return weighted[-1][0] if weighted else None
+
+
 def classifier_of(model: nn.Module) -> nn.Module:
-    """The output layer, whose outputs are never pruned: `model.classifier` or the last Linear."""
+    """The output layer, whose outputs are never pruned.
+
+    `train.classifier` when given; else the layer that produces the output in a forward pass
+    (not "the last registered Linear": a head registered before a squeeze-and-excitation Linear
+    is still the head); models built outside `create_model` fall back to `model.classifier` or
+    the last Linear.
+    """
+    modules = dict(model.named_modules())
+    name = getattr(model, "_pruneops_classifier", None) or getattr(model, "_pruneops_output_layer", None)
+    shape = getattr(model, "_pruneops_input_shape", None)
+    if name is None and shape is not None:
+        name = output_layer_name(model, shape)
+        model._pruneops_output_layer = name  # the name survives pruning; the forward pass is run once
+    if name is not None and name in modules:
+        return modules[name]
     head = getattr(model, "classifier", None)
     if isinstance(head, nn.Module):
         return head

@@ -18,8 +18,19 @@ def _monotone(values: list[float]) -> list[float]:
     return out
 
 
+def chance_drop(baseline: float, chance: float, samples: int) -> float:
+    """The accuracy drop at which a pruned model is no better than guessing (3 standard errors above chance)."""
+    return baseline - chance - 3.0 * (max(chance * (1.0 - chance), 1e-6) / max(samples, 1)) ** 0.5
+
+
+def informative(curve: dict, at_chance: float | None) -> int:
+    """How many of a curve's measured points are above chance (they come first: drops only grow)."""
+    drops = _monotone(curve["accuracy_drop"])
+    return len(drops) if at_chance is None else sum(1 for d in drops if d < at_chance)
+
+
 def allocate_ratios(
-    curves: dict[str, dict], sizes: dict[str, float], target: float, max_ratio: float
+    curves: dict[str, dict], sizes: dict[str, float], target: float, max_ratio: float, at_chance: float | None = None
 ) -> dict[str, float]:
     """Chooses a removal ratio per unit from its measured curve.
 
@@ -34,6 +45,9 @@ def allocate_ratios(
         sizes: Per unit, its weight in the constraint (channel count, or MAC cost).
         target: Global fraction to remove, in [0, 1).
         max_ratio: No unit loses more than this fraction.
+        at_chance: The drop at which accuracy is at chance (`chance_drop`). Points at or beyond it
+            are left out: every ratio at chance looks alike, so a unit would otherwise be cut to
+            its deepest ratio as soon as it is cut at all.
 
     Returns:
         Ratio per unit (0.0 for units left alone): measured ratios, except that the unit moved
@@ -43,9 +57,12 @@ def allocate_ratios(
     for name, c in curves.items():
         drops = _monotone(c["accuracy_drop"])
         loss = _monotone(c.get("loss_increase", [0.0] * len(drops)))
+        keep = informative(c, at_chance)
         # The loss term only breaks ties between equal accuracy drops.
         pts = [(0.0, 0.0)] + [
-            (r, d + 1e-3 * lo) for r, d, lo in zip(c["ratios"], drops, loss, strict=True) if 0 < r <= max_ratio
+            (r, d + 1e-3 * lo)
+            for r, d, lo in list(zip(c["ratios"], drops, loss, strict=True))[:keep]
+            if 0 < r <= max_ratio
         ]
         points[name] = pts
     position = {name: 0 for name in points}
@@ -114,7 +131,7 @@ def allocate_for_target(sweep: dict, target: float, max_ratio: float) -> Allocat
         ConfigError: The sweep cannot reach the target under the per-unit cap.
     """
     curves, weights = sweep["units"], sweep["weights"]
-    ratios = allocate_ratios(curves, weights, target, max_ratio)
+    ratios = allocate_ratios(curves, weights, target, max_ratio, sweep.get("chance_drop"))
     achieved = achieved_ratio(ratios, weights)
     if achieved + 1e-9 < target:
         top = max((max(c["ratios"], default=0.0) for c in curves.values()), default=0.0)

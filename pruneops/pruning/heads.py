@@ -19,49 +19,72 @@ from pruneops.registry import Registry
 
 @dataclass
 class HeadSite:
-    """One attention layer as head removal sees it."""
+    """One attention layer as head removal sees it.
+
+    `projections` are the layers whose output rows hold the heads: Q, K and V as three Linears
+    (`parts` 1), or one fused `qkv` Linear whose rows stack Q, K and V (`parts` 3); `out` takes the
+    heads' context as input columns.
+    """
 
     module: nn.Module
-    q: nn.Linear
-    k: nn.Linear
-    v: nn.Linear
+    projections: tuple[nn.Linear, ...]
     out: nn.Linear
     head_dim: int
     set_num_heads: Callable[[int], None]
+    parts: int = 1
 
     @property
     def num_heads(self) -> int:
         """Current number of heads."""
-        return self.q.out_features // self.head_dim
+        return self.projections[0].out_features // (self.head_dim * self.parts)
 
     def head_matrix(self, grad: bool = False) -> torch.Tensor | None:
-        """Per head, its Q/K/V rows and output columns flattened: shape (num_heads, -1).
+        """Per head, its projection rows and output columns flattened: shape (num_heads, -1).
 
         Args:
             grad: The same arrangement of the gradients (None when there are none).
         """
         h, d = self.num_heads, self.head_dim
-        mats = [p.weight.grad if grad else p.weight for p in (self.q, self.k, self.v, self.out)]
+        mats = [p.weight.grad if grad else p.weight for p in (*self.projections, self.out)]
         if any(m is None for m in mats):
             return None
-        parts = [m.reshape(h, -1) for m in mats[:3]]
-        parts.append(mats[3].reshape(-1, h, d).transpose(0, 1).reshape(h, -1))
+        parts = [m.reshape(self.parts, h, d, -1).transpose(0, 1).reshape(h, -1) for m in mats[:-1]]
+        parts.append(mats[-1].reshape(-1, h, d).transpose(0, 1).reshape(h, -1))
         return torch.cat(parts, dim=1).detach()
 
 
 HEAD_ADAPTERS: Registry[Callable[[nn.Module], HeadSite | None]] = Registry("attention adapter")
 
 
-@HEAD_ADAPTERS.register("pruneops", "the token transformer's MultiHeadSelfAttention")
+def _linears(module: nn.Module, names: tuple[str, ...]) -> tuple[nn.Linear, ...] | None:
+    found = tuple(getattr(module, n, None) for n in names)
+    return found if all(isinstance(m, nn.Linear) for m in found) else None
+
+
+@HEAD_ADAPTERS.register("pruneops", "the token transformer's MultiHeadSelfAttention (q, k, v, out)")
 def own_attention(module: nn.Module) -> HeadSite | None:
     """Our attention: `q`, `k`, `v`, `out` and `num_heads`/`head_dim` attributes."""
-    if not all(isinstance(getattr(module, n, None), nn.Linear) for n in ("q", "k", "v", "out")):
+    layers = _linears(module, ("q", "k", "v", "out"))
+    if layers is None or not hasattr(module, "num_heads") or not hasattr(module, "head_dim"):
         return None
-    if not hasattr(module, "num_heads") or not hasattr(module, "head_dim"):
+    return HeadSite(module, layers[:3], layers[3], module.head_dim, lambda n: setattr(module, "num_heads", n))
+
+
+@HEAD_ADAPTERS.register("fused_qkv", "one fused qkv Linear and an output proj, with num_heads (timm's ViT layout)")
+def fused_qkv_attention(module: nn.Module) -> HeadSite | None:
+    """timm-style attention: `qkv` (3 x heads x head_dim rows), `proj`, and a `num_heads` attribute."""
+    layers = _linears(module, ("qkv", "proj"))
+    heads = getattr(module, "num_heads", None)
+    if layers is None or not isinstance(heads, int) or heads < 1 or layers[0].out_features % (3 * heads):
         return None
-    return HeadSite(
-        module, module.q, module.k, module.v, module.out, module.head_dim, lambda n: setattr(module, "num_heads", n)
-    )
+    head_dim = layers[0].out_features // (3 * heads)
+    if layers[1].in_features != heads * head_dim:
+        return None
+
+    def set_heads(n: int) -> None:
+        module.num_heads = n
+
+    return HeadSite(module, (layers[0],), layers[1], head_dim, set_heads, parts=3)
 
 
 @HEAD_ADAPTERS.register("bert", "HuggingFace BERT-family attention (self.query/key/value, output.dense)")
@@ -70,14 +93,15 @@ def bert_attention(module: nn.Module) -> HeadSite | None:
     core, output = getattr(module, "self", None), getattr(module, "output", None)
     if core is None or output is None or not hasattr(core, "attention_head_size"):
         return None
-    if not all(isinstance(getattr(core, n, None), nn.Linear) for n in ("query", "key", "value")):
+    layers = _linears(core, ("query", "key", "value"))
+    if layers is None or not isinstance(getattr(output, "dense", None), nn.Linear):
         return None
 
     def set_heads(n: int) -> None:
         core.num_attention_heads = n
         core.all_head_size = n * core.attention_head_size
 
-    return HeadSite(module, core.query, core.key, core.value, output.dense, core.attention_head_size, set_heads)
+    return HeadSite(module, layers, output.dense, core.attention_head_size, set_heads)
 
 
 def head_sites(model: nn.Module) -> dict[str, HeadSite]:
@@ -99,15 +123,17 @@ def remove_heads_(site: HeadSite, heads: Iterable[int]) -> None:
     keep = [h for h in range(site.num_heads) if h not in drop]
     if not keep:
         raise ValueError("cannot remove every head of an attention layer")
-    d = site.head_dim
-    rows = torch.tensor([h * d + i for h in keep for i in range(d)], dtype=torch.long)
-    for proj in (site.q, site.k, site.v):
+    d, h = site.head_dim, site.num_heads
+    cols = torch.tensor([k * d + i for k in keep for i in range(d)], dtype=torch.long)
+    # In a fused projection each part (Q, K, V) holds every head: keep the same heads in each.
+    rows = torch.tensor([p * h * d + c for p in range(site.parts) for c in cols.tolist()], dtype=torch.long)
+    for proj in site.projections:
         proj.weight = nn.Parameter(proj.weight[rows].clone())
         if proj.bias is not None:
             proj.bias = nn.Parameter(proj.bias[rows].clone())
         proj.out_features = len(rows)
-    site.out.weight = nn.Parameter(site.out.weight[:, rows].clone())
-    site.out.in_features = len(rows)
+    site.out.weight = nn.Parameter(site.out.weight[:, cols].clone())
+    site.out.in_features = len(cols)
     site.set_num_heads(len(keep))
 
 

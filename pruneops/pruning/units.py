@@ -36,7 +36,7 @@ def ignored_layers(model: nn.Module) -> list[nn.Module]:
     """Layers whose output channels are never pruned: the classifier and attention projections."""
     ignored = [classifier_of(model)]
     for site in head_sites(model).values():
-        ignored += [site.q, site.k, site.v, site.out]
+        ignored += [*site.projections, site.out]
     return ignored
 
 

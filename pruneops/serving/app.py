@@ -176,7 +176,7 @@ class ServingState:
         """Exports what is served, and measures drift against the data this model was trained on."""
         if model.reference_stats is not None and model.reference_stats != self.monitor.reference:
             self.monitor.set_reference(model.reference_stats)
-        m = model.metadata.get("metrics", {}).get("models", {}).get("pruned_int8", {})
+        m = model.metadata.get("metrics", {}).get("models", {}).get("pruned_deployed", {})
         self.metrics.model_info.clear()
         self.metrics.model_info.labels(
             model.version, str(model.metadata.get("sparsity", "")), str(m.get("params", "")), str(m.get("macs", ""))

@@ -59,7 +59,7 @@ def stub_pipeline(monkeypatch, onnx_models, tmp_path):
         choice["overrides"].append(overrides)
         exp = tmp_path / "experiments" / name
         (exp / "artifacts/export").mkdir(parents=True)
-        shutil.copyfile(root / f"{choice['model']}.onnx", exp / "artifacts/export/pruned_int8.onnx")
+        shutil.copyfile(root / f"{choice['model']}.onnx", exp / "artifacts/export/pruned_deployed.onnx")
         shutil.copytree(data_dir, exp / "artifacts/validate")
         shutil.copy(Path(project_dir) / "params.yaml", exp / "params.yaml")
         return FakeExperiment(name, exp)

@@ -117,16 +117,16 @@ class SEBlock(nn.Module):
 
 
 class SENet(nn.Module):
-    """Stem and SE blocks; the classifier is registered first, before any SE Linear."""
+    """Stem and SE blocks; the head (`fc`) is registered first, before any SE Linear."""
 
     def __init__(self, in_channels: int, num_classes: int, width: int):
         super().__init__()
-        self.classifier = nn.Linear(4 * width, num_classes)
+        self.fc = nn.Linear(4 * width, num_classes)
         self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         self.blocks = nn.Sequential(SEBlock(width, 2 * width, 1), SEBlock(2 * width, 4 * width, 2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.blocks(self.stem(x)).mean((2, 3)))
+        return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
 
 
 def se_net(input_shape, num_classes, width: int = 16) -> SENet:

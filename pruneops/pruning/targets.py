@@ -1,0 +1,181 @@
+"""From a prune target to per-unit widths, and the measured gate that keeps a slower model from shipping.
+
+- `plan`: a ratio target allocates from the sweep; a MAC or parameter budget bisects the ratio on
+  copies of the baseline; a latency target (`latency_ms`, `latency_ratio`) descends the latency
+  table of the sensitivity stage (`pruneops.latency.allocate_latency`).
+- `gate`: the planned widths are pruned into a copy, exported and timed against the dense model
+  here (interleaved, batch 1 and the benchmark's largest batch). If the copy is not faster by
+  `min_speedup` at batch 1 (or is slower at the large batch), the stage backs off: first to the
+  same widths rounded up to this machine's channel block (16), then to no pruning at all; the
+  report says which. A slower model never leaves the stage.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig
+from pruneops.errors import ConfigError
+from pruneops.latency import measured_latency
+from pruneops.profiling import count_macs, count_params
+from pruneops.pruning.allocation import Allocation, allocate_for_target, ratio_for_budget
+from pruneops.pruning.importance import IMPORTANCES
+from pruneops.pruning.units import UnitPruner, round_keep
+
+CHANNEL_BLOCK = 16  # ONNX Runtime's NCHWc block on AVX-512 (8 on AVX2): whole blocks cost no more
+
+
+@dataclass
+class Plan:
+    """Where pruning is headed: the ratio the method prunes to and per-unit ratios.
+
+    For latency targets also the table's prediction for the planned widths, dense, and the target.
+    """
+
+    ratio: float
+    allocation: Allocation | None = None
+    ratios: dict[str, float] | None = None
+    predicted_ms: float | None = None
+    dense_predicted_ms: float | None = None
+    target_ms: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_ratio_or_budget(
+    config: PruneConfig, sweep: dict | None, size_at: Callable[[float, Allocation | None], float]
+) -> Plan:
+    """A ratio target, or a MAC/parameter budget met by bisection on the ratio."""
+    if config.target in (None, "ratio"):
+        ratio = 0.5 if config.target is None else config.target_value  # 2:4 is half of every group
+        allocation = allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
+        return Plan(ratio, allocation, allocation.ratios if allocation else None)
+
+    def budget_size(ratio: float) -> float:
+        allocation = allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
+        return size_at(ratio, allocation)
+
+    ratio = ratio_for_budget(budget_size, config.target_value)
+    allocation = allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
+    return Plan(ratio, allocation, allocation.ratios if allocation else None)
+
+
+def plan_latency(config: PruneConfig, sweep: dict, sensitivity_dir: Path, threads: int) -> Plan:
+    """Per-unit widths for a latency target from the sensitivity stage's latency table.
+
+    Raises:
+        ConfigError: No latency table (rerun sensitivity), or the target is out of reach.
+    """
+    from pruneops.io import read_json
+    from pruneops.latency import LatencyModel, LatencyTable, allocate_latency, machine_fingerprint
+
+    path = sensitivity_dir / "latency.json"
+    if not path.is_file():
+        raise ConfigError(f"prune.target: {config.target} needs the latency table; rerun `pruneops sensitivity`")
+    machine = machine_fingerprint(threads)
+    table, same = LatencyTable.load(sensitivity_dir / "latency_table.json", machine)
+    warnings = [] if same else ["the latency table was measured on another machine: layers re-measured here"]
+    latency = LatencyModel.from_json(read_json(path), table)
+    batch = config.target_batch
+    dense = latency.predict({}, batch)
+    target = config.target_value if config.target == "latency_ms" else config.target_value * dense
+    allocation = allocate_latency(latency, sweep, target, batch, config.max_unit_ratio, sweep.get("chance_drop"))
+    if not allocation.reached:
+        warnings.append(
+            f"latency target {target:.4f} ms at batch {batch} is out of reach here: the fastest allocation the "
+            f"sweep and prune.max_unit_ratio {config.max_unit_ratio} allow is predicted at "
+            f"{allocation.predicted_ms:.4f} ms (dense {dense:.4f} ms); pruned that far"
+        )
+    ratio = max(allocation.ratios.values(), default=0.0)
+    return Plan(ratio, None, allocation.ratios, allocation.predicted_ms, dense, target, warnings)
+
+
+def plan(
+    config: PruneConfig,
+    sweep: dict | None,
+    model: nn.Module,
+    make_method: Callable[[float, dict | None], object],
+    input_shape: list[int],
+    sensitivity_dir: Path,
+    threads: int,
+) -> Plan:
+    """The plan for any target kind (see the module docstring)."""
+    if config.target in LATENCY_TARGETS:
+        if sweep is None:
+            raise ConfigError(f"prune.target: {config.target} allocates from the sweep; set prune.use_sensitivity")
+        return plan_latency(config, sweep, sensitivity_dir, threads)
+
+    def size_at(ratio: float, allocation: Allocation | None) -> float:
+        twin = copy.deepcopy(model)
+        make_method(ratio, allocation.ratios if allocation else None).apply_(twin, 1.0)
+        return count_macs(twin, input_shape) if config.target == "macs" else count_params(twin)
+
+    return plan_ratio_or_budget(config, sweep, size_at)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """What the measured gate decided."""
+
+    decision: str  # "passed" | "backed off: ..." | "refused: ..."
+    ratios: dict[str, float] | None  # the ratios to prune to (None: prune nothing)
+    speedups: dict[str, float]  # measured speed-up of the planned widths per batch size
+    measured_ms: dict[str, float]
+
+
+def _pruned_copy(model: nn.Module, example: torch.Tensor, widths: dict[str, int]) -> nn.Module:
+    twin = copy.deepcopy(model)
+    UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
+    return twin
+
+
+def _rounded(widths: dict[str, int], sizes: dict[str, int]) -> dict[str, int]:
+    return {n: min(sizes[n], -(-w // CHANNEL_BLOCK) * CHANNEL_BLOCK) for n, w in widths.items()}
+
+
+def gate(
+    model: nn.Module,
+    example: torch.Tensor,
+    input_shape,
+    ratios: dict[str, float],
+    sizes: dict[str, int],
+    min_speedup: float | None,
+    benchmark: BenchmarkConfig,
+) -> GateResult:
+    """Measures the planned widths against dense and backs off until they are faster (see the module docstring).
+
+    With `min_speedup` None the widths are measured and reported, and kept whatever they measure.
+    """
+    timing = BenchmarkConfig(
+        threads=benchmark.threads, batch_sizes=sorted({1, *benchmark.batch_sizes}), warmup=5, repeats=30, rounds=3
+    )
+    big = max(timing.batch_sizes)
+    widths = {n: round_keep(sizes[n], r, None) for n, r in ratios.items() if n in sizes}
+    ladder = [("passed", widths)]
+    if any(w % CHANNEL_BLOCK for w in widths.values()):
+        ladder.append((f"backed off: widths rounded up to multiples of {CHANNEL_BLOCK}", _rounded(widths, sizes)))
+    candidates = {"dense": model, **{f"plan{i}": _pruned_copy(model, example, w) for i, (_, w) in enumerate(ladder)}}
+    times = measured_latency(candidates, input_shape, timing)  # exported and timed interleaved
+    dense = times["dense"]
+    first = times["plan0"]
+    speedups = {str(b): dense[b] / first[b] for b in timing.batch_sizes}
+    measured = {str(b): first[b] for b in timing.batch_sizes}
+    if min_speedup is None:
+        return GateResult("off (prune.min_speedup: null): measured, not gated", ratios, speedups, measured)
+    for i, (decision, w) in enumerate(ladder):
+        t = times[f"plan{i}"]
+        if dense[1] / t[1] >= min_speedup and t[big] <= dense[big]:
+            kept = {n: 1.0 - w[n] / sizes[n] for n in w}
+            return GateResult(decision, kept, speedups, measured)
+    return GateResult(
+        f"refused: the planned widths measured {speedups['1']:.2f}x at batch 1 and {speedups[str(big)]:.2f}x at "
+        f"batch {big} (< {min_speedup:g}x, or slower): nothing is pruned and the dense model passes on",
+        None,
+        speedups,
+        measured,
+    )
