@@ -154,6 +154,21 @@ def _layer_graph(shape: LayerShape, batch: int) -> tuple[bytes, dict[str, np.nda
     return model.SerializeToString(), feed
 
 
+def _elementwise_graph(dims: list[int]) -> tuple[bytes, dict[str, np.ndarray]]:
+    """A one-Relu ONNX model: what running any one-operator graph on this input costs."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "overhead",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model.SerializeToString(), {"x": np.random.default_rng(0).standard_normal(dims).astype(np.float32)}
+
+
 def time_model_bytes(model: bytes | str, feed: dict[str, np.ndarray], threads: int, repeats: int, warmup: int) -> float:
     """Median milliseconds of one run of an ONNX model (bytes or path) with the benchmark's settings."""
     import onnxruntime as ort
@@ -186,13 +201,27 @@ class LatencyTable:
     measured: int = 0  # entries measured by this process
 
     def layer_ms(self, shape: LayerShape, batch: int) -> float:
-        """The time of `shape` at `batch`, measured now if the table lacks it."""
+        """The compute time of `shape` at `batch`, measured now if the table lacks it.
+
+        A one-operator graph also pays for the call and for moving its input and output; that
+        cost (timed on an element-wise graph with the same input) is taken off, so that the
+        table sums what the layers compute rather than how many graphs were run.
+        """
         key = shape.key(batch)
         if key not in self.entries:
             model, feed = _layer_graph(shape, batch)
             repeats = max(5, self.repeats // max(1, batch // 8))  # large batches take longer per run
-            self.entries[key] = time_model_bytes(model, feed, self.machine["threads"], repeats, self.warmup)
+            raw = time_model_bytes(model, feed, self.machine["threads"], repeats, self.warmup)
+            self.entries[key] = max(raw - self._overhead(shape, batch, repeats), 0.01 * raw)
             self.measured += 1
+        return self.entries[key]
+
+    def _overhead(self, shape: LayerShape, batch: int, repeats: int) -> float:
+        dims = [batch, shape.cin, *shape.spatial] if shape.kind == "conv" else [batch, *shape.spatial, shape.cin]
+        key = json.dumps(["overhead", *dims])
+        if key not in self.entries:
+            model, feed = _elementwise_graph(dims)
+            self.entries[key] = time_model_bytes(model, feed, self.machine["threads"], repeats, self.warmup)
         return self.entries[key]
 
     def save(self, path: Path) -> None:
@@ -353,30 +382,31 @@ def build_latency_model(
 ) -> LatencyModel:
     """Probes the units, fills the table on every unit's width grid and calibrates on real exports.
 
-    The calibration exports the dense model and copies with every unit at 3/4, 1/2 and 1/4 of its
-    width, and fits `a`, `b` of `a + b * sum(layer ms)` to their measured times (least squares).
+    The calibration exports the dense model and copies with every unit at the first efficient
+    width above 3/4, 1/2, 1/3 and 1/4 of its size (the widths the allocator stops at), and fits
+    `a`, `b` of `a + b * sum(layer ms)` to their measured times (least squares).
     """
+    from pruneops.config import BenchmarkConfig
+
     units = list(units)
     latency = LatencyModel(
         layer_shapes(model, input_shape),
         {n: probe_unit_layers(model, example, n, s, input_shape) for n, s in units},
         table,
     )
-    from pruneops.config import BenchmarkConfig
-
-    points: dict[str, tuple[dict[str, int], nn.Module]] = {}
-    for keep in (1.0, 0.75, 0.5, 0.25):
-        widths = {n: max(1, round(s * keep)) for n, s in units} if keep < 1.0 else {}
-        twin = copy.deepcopy(model)
-        if widths:
-            UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
-        points[f"keep{keep}"] = (widths, twin)
     batches = sorted(set(batches))
-    timing = BenchmarkConfig(threads=table.machine["threads"], batch_sizes=batches, warmup=10, repeats=40, rounds=5)
-    measured = measured_latency({n: twin for n, (_, twin) in points.items()}, input_shape, timing)
     for batch in batches:
         for name, _ in units:
             latency.unit_curve(name, batch)  # fills the table on the grid
+    points: dict[str, tuple[dict[str, int], nn.Module]] = {"dense": ({}, model)}
+    for keep in (0.75, 0.5, 1 / 3, 0.25):
+        widths = {n: min(w for w in latency.efficient_widths(n, batches[0]) if w >= keep * s) for n, s in units}
+        twin = copy.deepcopy(model)
+        UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
+        points[f"keep{keep:.2f}"] = (widths, twin)
+    timing = BenchmarkConfig(threads=table.machine["threads"], batch_sizes=batches, warmup=10, repeats=40, rounds=5)
+    measured = measured_latency({n: twin for n, (_, twin) in points.items()}, input_shape, timing)
+    for batch in batches:
         sums = np.array([latency.layer_sum(widths, batch) for widths, _ in points.values()])
         times = np.array([measured[n][batch] for n in points])
         latency.calibration[batch] = fit_calibration(sums, times)

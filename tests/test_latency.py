@@ -41,6 +41,7 @@ def _units(model, example):
     ids=lambda s: s.name.rsplit(":", 1)[-1],
 )
 def test_unit_maps_predict_exactly_the_shapes_real_pruning_gives(spec):
+    torch.manual_seed(0)  # which side of a concat loses a channel follows the weights
     model = create_model(spec).eval()
     example = torch.zeros(1, *SHAPE)
     sizes = _units(model, example)

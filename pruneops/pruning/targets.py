@@ -45,6 +45,7 @@ class Plan:
     dense_predicted_ms: float | None = None
     target_ms: float | None = None
     warnings: list[str] = field(default_factory=list)
+    aim_ms: float | None = None  # what the table was asked for (the target, or a corrected aim)
 
 
 def plan_ratio_or_budget(
@@ -65,11 +66,20 @@ def plan_ratio_or_budget(
     return Plan(ratio, allocation, allocation.ratios if allocation else None)
 
 
-def plan_latency(config: PruneConfig, sweep: dict, sensitivity_dir: Path, threads: int) -> Plan:
+def plan_latency(
+    config: PruneConfig, sweep: dict, sensitivity_dir: Path, threads: int, aim_ms: float | None = None
+) -> Plan:
     """Per-unit widths for a latency target from the sensitivity stage's latency table.
 
+    Args:
+        config: The prune section (its target, in ms or as a ratio of dense).
+        sweep: The sensitivity sweep.
+        sensitivity_dir: Where `latency.json` and `latency_table.json` are.
+        threads: ONNX Runtime threads (the table's machine fingerprint includes them).
+        aim_ms: What to ask the table for instead of the target (a correction after a measurement).
+
     Raises:
-        ConfigError: No latency table (rerun sensitivity), or the target is out of reach.
+        ConfigError: No latency table (rerun sensitivity).
     """
     from pruneops.io import read_json
     from pruneops.latency import LatencyModel, LatencyTable, allocate_latency, machine_fingerprint
@@ -84,15 +94,10 @@ def plan_latency(config: PruneConfig, sweep: dict, sensitivity_dir: Path, thread
     batch = config.target_batch
     dense = latency.predict({}, batch)
     target = config.target_value if config.target == "latency_ms" else config.target_value * dense
-    allocation = allocate_latency(latency, sweep, target, batch, config.max_unit_ratio, sweep.get("chance_drop"))
-    if not allocation.reached:
-        warnings.append(
-            f"latency target {target:.4f} ms at batch {batch} is out of reach here: the fastest allocation the "
-            f"sweep and prune.max_unit_ratio {config.max_unit_ratio} allow is predicted at "
-            f"{allocation.predicted_ms:.4f} ms (dense {dense:.4f} ms); pruned that far"
-        )
+    aim = aim_ms if aim_ms is not None else target
+    allocation = allocate_latency(latency, sweep, aim, batch, config.max_unit_ratio, sweep.get("chance_drop"))
     ratio = max(allocation.ratios.values(), default=0.0)
-    return Plan(ratio, None, allocation.ratios, allocation.predicted_ms, dense, target, warnings)
+    return Plan(ratio, None, allocation.ratios, allocation.predicted_ms, dense, target, warnings, aim)
 
 
 def plan(
@@ -125,7 +130,8 @@ class GateResult:
     decision: str  # "passed" | "backed off: ..." | "refused: ..."
     ratios: dict[str, float] | None  # the ratios to prune to (None: prune nothing)
     speedups: dict[str, float]  # measured speed-up of the planned widths per batch size
-    measured_ms: dict[str, float]
+    measured_ms: dict[str, float]  # the planned widths, per batch size
+    dense_ms: dict[str, float] = field(default_factory=dict)  # dense, measured in the same run
 
 
 def _pruned_copy(model: nn.Module, example: torch.Tensor, widths: dict[str, int]) -> nn.Module:
@@ -165,17 +171,19 @@ def gate(
     first = times["plan0"]
     speedups = {str(b): dense[b] / first[b] for b in timing.batch_sizes}
     measured = {str(b): first[b] for b in timing.batch_sizes}
+    dense_ms = {str(b): dense[b] for b in timing.batch_sizes}
     if min_speedup is None:
-        return GateResult("off (prune.min_speedup: null): measured, not gated", ratios, speedups, measured)
+        return GateResult("off (prune.min_speedup: null): measured, not gated", ratios, speedups, measured, dense_ms)
     for i, (decision, w) in enumerate(ladder):
         t = times[f"plan{i}"]
         if dense[1] / t[1] >= min_speedup and t[big] <= dense[big]:
             kept = {n: 1.0 - w[n] / sizes[n] for n in w}
-            return GateResult(decision, kept, speedups, measured)
+            return GateResult(decision, kept, speedups, measured, dense_ms)
     return GateResult(
         f"refused: the planned widths measured {speedups['1']:.2f}x at batch 1 and {speedups[str(big)]:.2f}x at "
         f"batch {big} (< {min_speedup:g}x, or slower): nothing is pruned and the dense model passes on",
         None,
         speedups,
         measured,
+        dense_ms,
     )
