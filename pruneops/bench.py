@@ -26,18 +26,29 @@ from pruneops.config import BenchmarkConfig, parse_section, read_params
 from pruneops.errors import ConfigError, PruneOpsError
 from pruneops.experiments import apply_overrides, run_experiment, tool_env
 from pruneops.io import Layout, dump_json, read_json
+from pruneops.stages import project_importable
 
 # What every variant adds: its own `benchmark` stage only has to work (bench times all together).
 QUICK_BENCHMARK = {"benchmark.warmup": 2, "benchmark.repeats": 10, "benchmark.rounds": 1}
-# A dense variant runs the same stages with nothing pruned and nothing trained.
-DENSE = {"prune.target_value": 0.0, "prune.epochs_per_step": 0, "finetune.epochs": 0}
+# A dense variant runs the same stages with nothing pruned, nothing swept and nothing trained.
+DENSE = {
+    "prune.target": "ratio",
+    "prune.target_value": 0.0,
+    "prune.target_batch": None,
+    "prune.min_speedup": None,
+    "prune.use_sensitivity": False,
+    "prune.epochs_per_step": 0,
+    "finetune.epochs": 0,
+}
 
 
 class VariantConfig(BaseModel):
     """One recipe: dotted params overrides on top of the workload's params.
 
     `match_macs_of` names an earlier variant: this one prunes to that variant's MACs
-    (`prune.target: macs`), for a comparison at the same compute budget.
+    (`prune.target: macs`), for a comparison at the same compute budget. `match_latency_of`
+    likewise prunes to that variant's measured batch-1 latency, as a ratio of dense measured in
+    the same run (`prune.target: latency_ratio`): a comparison at the same milliseconds.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -48,6 +59,7 @@ class VariantConfig(BaseModel):
     label: str = ""
     set: dict[str, Any] = Field(default_factory=dict)
     match_macs_of: str | None = None
+    match_latency_of: str | None = None
 
 
 class WorkloadConfig(BaseModel):
@@ -98,7 +110,7 @@ def workload_params(base: dict[str, Any], workload: WorkloadConfig, root: Path) 
     return apply_overrides(params, {})
 
 
-def prepare_repo(repo: Path, params: dict[str, Any]) -> None:
+def prepare_repo(repo: Path, params: dict[str, Any], root: Path) -> None:
     """Makes `repo` a git + DVC project with these params and its generated `dvc.yaml`, committed."""
     from pruneops.dvcfile import write_dvc_yaml
 
@@ -111,23 +123,34 @@ def prepare_repo(repo: Path, params: dict[str, Any]) -> None:
     for ignore in (".gitignore", ".dvcignore"):  # experiment worktrees and kept results
         (repo / ignore).write_text("/state/\n/results/\n__pycache__/\n")
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    write_dvc_yaml(repo)
+    with project_importable(root):
+        write_dvc_yaml(repo)
     subprocess.run(["git", "add", "-A"], cwd=repo, env=env, check=True)
     if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=repo, env=env).returncode:
         subprocess.run(["git", "commit", "-qm", "workload params"], cwd=repo, env=env, check=True)
 
 
-def variant_overrides(variant: VariantConfig, macs_of: dict[str, int]) -> dict[str, Any]:
-    """The variant's overrides, with what its kind and MAC matching add.
+def variant_overrides(variant: VariantConfig, done: dict[str, dict]) -> dict[str, Any]:
+    """The variant's overrides, with what its kind and MAC or latency matching add.
+
+    Args:
+        variant: The variant.
+        done: Each finished earlier variant's metrics (by stage).
 
     Raises:
-        ConfigError: It matches the MACs of a variant that failed or is not earlier.
+        ConfigError: It matches a variant that failed or is not earlier.
     """
     overrides = {**QUICK_BENCHMARK, **(DENSE if variant.kind == "dense" else {}), **variant.set}
+    for other in (variant.match_macs_of, variant.match_latency_of):
+        if other is not None and other not in done:
+            raise ConfigError(f"{variant.name}: matches {other!r}, which is not a finished earlier variant")
     if variant.match_macs_of is not None:
-        if variant.match_macs_of not in macs_of:
-            raise ConfigError(f"match_macs_of {variant.match_macs_of!r}: no measured earlier variant of that name")
-        overrides.update({"prune.target": "macs", "prune.target_value": float(macs_of[variant.match_macs_of])})
+        macs = done[variant.match_macs_of]["prune"]["macs"]
+        overrides.update({"prune.target": "macs", "prune.target_value": float(macs), "prune.target_batch": None})
+    if variant.match_latency_of is not None:
+        prune = done[variant.match_latency_of]["prune"]
+        ratio = prune["measured_ms"]["1"] / prune["dense_ms"]["1"]
+        overrides.update({"prune.target": "latency_ratio", "prune.target_value": ratio, "prune.target_batch": 1})
     return overrides
 
 
@@ -138,14 +161,16 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def run_variant(repo: Path, variant: VariantConfig, overrides: dict[str, Any], log: Callable[[str], None]) -> Path:
+def run_variant(
+    repo: Path, variant: VariantConfig, overrides: dict[str, Any], log: Callable[[str], None], pythonpath=()
+) -> Path:
     """Runs one variant as a DVC experiment and keeps what the timing needs under `results/`."""
 
     def stage_lines(line: str) -> None:  # which stages ran and which the run-cache restored
         if line.startswith("Running stage") or "skipping run" in line or "didn't change" in line:
             log(f"{variant.name}: {line}")
 
-    experiment = run_experiment(repo, overrides, variant.name, log=stage_lines)
+    experiment = run_experiment(repo, overrides, variant.name, log=stage_lines, pythonpath=pythonpath)
     try:
         keep = repo / "results" / variant.name
         shutil.rmtree(keep, ignore_errors=True)
@@ -163,27 +188,30 @@ def run_variant(repo: Path, variant: VariantConfig, overrides: dict[str, Any], l
 
 
 def prepare_workload(
-    work: Path, workload: WorkloadConfig, params: dict[str, Any], log: Callable[[str], None]
+    work: Path, workload: WorkloadConfig, params: dict[str, Any], log: Callable[[str], None], root: Path
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """Runs every variant of a workload; a failing one is reported and the others go on.
+
+    The project root is importable in every run (a workload's model may be given by import path).
 
     Returns:
         Each finished variant's results directory, and why each failed variant failed.
     """
-    prepare_repo(work, params)
+    prepare_repo(work, params, root)
     dirs: dict[str, Path] = {}
     failed: dict[str, str] = {}
-    macs_of: dict[str, int] = {}
+    done: dict[str, dict] = {}
     for variant in workload.variants:
         try:
-            overrides = variant_overrides(variant, macs_of)
-            dirs[variant.name] = run_variant(work, variant, overrides, lambda line: log(f"[{workload.name}] {line}"))
+            overrides = variant_overrides(variant, done)
+            dirs[variant.name] = run_variant(
+                work, variant, overrides, lambda line: log(f"[{workload.name}] {line}"), (root,)
+            )
         except PruneOpsError as exc:
             failed[variant.name] = str(exc)
             log(f"[{workload.name}] {variant.name}: skipped: {exc}")
             continue
-        manifest = read_json(Layout(dirs[variant.name]).stage_dir("export") / "manifest.json")
-        macs_of[variant.name] = manifest["models"]["pruned_fp32"]["macs"]
+        done[variant.name] = read_json(dirs[variant.name] / "metrics.json")
     return dirs, failed
 
 
@@ -213,16 +241,18 @@ def run_benchmarks(
     rows: dict[str, list[dict]] = {}
     selected: dict[str, dict] = {}
     failed: dict[str, dict[str, str]] = {}
+    predictions: dict[str, list[dict]] = {}
     for workload in config.workloads:
         work = (root / config.work_dir / workload.name).resolve()
-        params = workload_params(base_params, workload, root)
-        dirs, failed[workload.name] = prepare_workload(work, workload, params, log)
+        with project_importable(root):
+            params = workload_params(base_params, workload, root)
+        dirs, failed[workload.name] = prepare_workload(work, workload, params, log, root.resolve())
         log(f"[{workload.name}] timing {2 * len(dirs)} models, interleaved")
-        rows[workload.name] = measure_workload(work, workload, dirs, timing)
+        rows[workload.name], predictions[workload.name] = measure_workload(work, workload, dirs, timing)
         pick = select_point(rows[workload.name], workload.max_accuracy_drop_points)
         if pick is not None:
             selected[workload.name] = pick
-    paths = write_report(config, rows, selected, failed, timing, command, root / config.out_dir)
+    paths = write_report(config, rows, selected, failed, timing, command, root / config.out_dir, predictions)
     return BenchReport(rows, selected, failed, *paths)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pruneops.benchmark import (
     Column,
     latency_columns,
@@ -65,12 +67,40 @@ def _relative_to_dense(models: dict[str, dict], big: str) -> None:
         m["slower_than_dense"] = m["speedup_b1"] < 1.0 or m[f"throughput_gain_b{big}"] < 1.0
 
 
+def paired_bootstrap_ci(correct: np.ndarray, reference: np.ndarray, draws: int = 2000, seed: int = 0) -> list[float]:
+    """95% interval (points) of the accuracy change against `reference`, resampling the same test images.
+
+    Args:
+        correct: Per test image, whether the model got it right.
+        reference: The same for the reference model.
+        draws: Bootstrap resamples.
+        seed: Seed of the resampling.
+    """
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(correct), size=(draws, len(correct)))
+    diffs = (correct[idx].mean(axis=1) - reference[idx].mean(axis=1)) * 100
+    return [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
+
+
+def _latency_prediction(variant, directory: Path) -> dict | None:
+    prune = read_json(directory / "metrics.json").get("prune", {})
+    if prune.get("predicted_latency_ms") is None:
+        return None
+    return {
+        "variant": variant.name,
+        "label": variant.label or variant.name,
+        "predicted_ms": prune["predicted_latency_ms"],
+        "measured_ms": prune["measured_latency_ms"],
+        "error": prune["latency_prediction_error"],
+    }
+
+
 def measure_workload(
     work: Path, workload: WorkloadConfig, dirs: dict[str, Path], timing: BenchmarkConfig
 ) -> list[dict]:
-    """Accuracy, size, MACs and interleaved ONNX Runtime latency of every model of a workload."""
+    """Accuracy (with paired-bootstrap intervals), size, MACs and interleaved latency of every model."""
     from pruneops.data import load_split
-    from pruneops.onnx_utils import make_session, ort_accuracy
+    from pruneops.onnx_utils import make_session, ort_logits
 
     first = next(iter(dirs.values()), None)
     if first is None:
@@ -79,12 +109,18 @@ def measure_workload(
     models = {r["name"]: r for v in workload.variants if v.name in dirs for r in _model_rows(v, dirs[v.name])}
     sessions = {n: make_session(m["path"], timing.threads) for n, m in models.items()}
     samples = measure_latencies(sessions, test.x, timing)
+    correct = {}
     for name, m in models.items():
-        m["val_accuracy"] = ort_accuracy(sessions[name], val.x, val.y)
-        m["test_accuracy"] = ort_accuracy(sessions[name], test.x, test.y)
+        m["val_accuracy"] = float((ort_logits(sessions[name], val.x).argmax(1) == val.y).mean())
+        correct[name] = ort_logits(sessions[name], test.x).argmax(1) == test.y
+        m["test_accuracy"] = float(correct[name].mean())
         m["latency"] = {str(b): latency_summary(t, b) for b, t in samples[name].items()}
     _relative_to_dense(models, str(max(timing.batch_sizes)))
-    return list(models.values())
+    dense = next(n for n, m in models.items() if m["family"] == "dense" and m["precision"] == "fp32")
+    for name, m in models.items():
+        m["test_delta_ci_points"] = paired_bootstrap_ci(correct[name], correct[dense])
+    predictions = [p for v in workload.variants if v.name in dirs for p in [_latency_prediction(v, dirs[v.name])] if p]
+    return list(models.values()), predictions
 
 
 def select_point(rows: list[dict], max_drop_points: float) -> dict | None:
@@ -103,7 +139,13 @@ def bench_columns(batch_sizes: list[int]) -> list[Column]:
         ),
         ("val acc (%)", lambda r: f"{100 * r['val_accuracy']:.2f}"),
         ("test acc (%)", lambda r: f"{100 * r['test_accuracy']:.2f}"),
-        ("Δ test (pts)", lambda r: f"{-r['test_drop_points']:+.2f}"),
+        (
+            "Δ test (pts) [95% CI]",
+            lambda r: (
+                f"{-r['test_drop_points']:+.2f} [{r['test_delta_ci_points'][0]:+.2f}, "
+                f"{r['test_delta_ci_points'][1]:+.2f}]"
+            ),
+        ),
         ("params (nonzero)", lambda r: f"{r['params']:,} ({r['nonzero_params']:,})"),
         ("MACs", lambda r: f"{r['macs']:,}"),
         ("size (KiB)", lambda r: f"{r['size_bytes'] / 1024:.1f}"),
@@ -125,7 +167,9 @@ def _selected_lines(workload: WorkloadConfig, pick: dict | None, big: str) -> li
         ]
     lines = [
         f"\n**Selected** (validation drop ≤ {budget} pt): {pick['label']} {pick['precision']}: test "
-        f"{100 * pick['test_accuracy']:.2f}% ({-pick['test_drop_points']:+.2f} pts), batch-1 {pick['speedup_b1']:.2f}× "
+        f"{100 * pick['test_accuracy']:.2f}% ({-pick['test_drop_points']:+.2f} pts, 95% CI "
+        f"[{pick['test_delta_ci_points'][0]:+.2f}, {pick['test_delta_ci_points'][1]:+.2f}]), "
+        f"batch-1 {pick['speedup_b1']:.2f}× "
         f"faster, batch-{big} throughput {pick[f'throughput_gain_b{big}']:.2f}×, file {pick['size_reduction']:.1f}× "
         f"smaller, {pick['mac_reduction']:.2f}× fewer MACs (speed-up / MAC reduction "
         f"{pick['speedup_per_mac_reduction']:.2f}).\n"
@@ -148,24 +192,46 @@ def _selected_lines(workload: WorkloadConfig, pick: dict | None, big: str) -> li
 def _same_budget_lines(workload: WorkloadConfig, items: list[dict]) -> list[str]:
     by_key = {(r["variant"], r["deployed"]): r for r in items}
     lines = []
-    for variant in (v for v in workload.variants if v.match_macs_of):
-        for deployed in (False, True):
-            mine, other = by_key.get((variant.name, deployed)), by_key.get((variant.match_macs_of, deployed))
-            precision = "deployed" if deployed else "fp32"
-            if mine is None or other is None:
+    for variant in workload.variants:
+        for what, other_name in (("MAC budget", variant.match_macs_of), ("measured latency", variant.match_latency_of)):
+            if other_name is None:
                 continue
-            verdict = "equal or better" if mine["test_accuracy"] >= other["test_accuracy"] else "**worse**"
-            lines.append(
-                f"- same MAC budget, {precision}: {mine['label']} {100 * mine['test_accuracy']:.2f}% test "
-                f"({100 * mine['val_accuracy']:.2f}% val, {mine['macs']:,} MACs) vs {other['label']} "
-                f"{100 * other['test_accuracy']:.2f}% test ({100 * other['val_accuracy']:.2f}% val, "
-                f"{other['macs']:,} MACs): {verdict}"
-            )
+            for deployed in (False, True):
+                mine, other = by_key.get((variant.name, deployed)), by_key.get((other_name, deployed))
+                if mine is None or other is None:
+                    continue
+                verdict = "equal or better" if mine["test_accuracy"] >= other["test_accuracy"] else "**worse**"
+                lines.append(
+                    f"- same {what}, {'deployed' if deployed else 'fp32'}: {mine['label']} "
+                    f"{100 * mine['test_accuracy']:.2f}% test ({100 * mine['val_accuracy']:.2f}% val, "
+                    f"{mine['latency']['1']['p50_ms']:.3f} ms, {mine['macs']:,} MACs) vs {other['label']} "
+                    f"{100 * other['test_accuracy']:.2f}% test ({100 * other['val_accuracy']:.2f}% val, "
+                    f"{other['latency']['1']['p50_ms']:.3f} ms, {other['macs']:,} MACs): {verdict}"
+                )
+    return lines
+
+
+def _prediction_lines(predictions: list[dict]) -> list[str]:
+    if not predictions:
+        return []
+    lines = ["", "Latency table, predicted vs measured (fp32, batch 1, the prune stage's planned widths):", ""]
+    lines += [
+        f"- {p['label']}: predicted {p['predicted_ms']:.4f} ms, measured {p['measured_ms']:.4f} ms "
+        f"({100 * p['error']:+.1f}%)"
+        for p in predictions
+    ]
     return lines
 
 
 def render_markdown(
-    config: BenchConfig, rows: dict, selected: dict, failed: dict, machine: dict, timing, command: str
+    config: BenchConfig,
+    rows: dict,
+    selected: dict,
+    failed: dict,
+    machine: dict,
+    timing,
+    command: str,
+    predictions: dict | None = None,
 ) -> str:
     """The report: command, machine, per-workload tables and the selected points."""
     big = str(max(timing.batch_sizes))
@@ -186,24 +252,41 @@ def render_markdown(
         parts += [f"## {workload.name}\n", render_table(items, bench_columns(timing.batch_sizes))]
         parts += [f"- {name}: not measured — {why}" for name, why in failed.get(workload.name, {}).items()]
         parts += _selected_lines(workload, selected.get(workload.name), big)
-        parts += [*_same_budget_lines(workload, items), ""]
+        parts += [*_same_budget_lines(workload, items), *_prediction_lines((predictions or {}).get(workload.name, []))]
+        parts.append("")
     return "\n".join(parts)
 
 
 def write_report(
-    config: BenchConfig, rows: dict, selected: dict, failed: dict, timing, command: str, out: Path
+    config: BenchConfig,
+    rows: dict,
+    selected: dict,
+    failed: dict,
+    timing,
+    command: str,
+    out: Path,
+    predictions: dict | None = None,
 ) -> tuple[Path, Path, Path]:
-    """Writes the plot, the results JSON and the markdown report under `out`."""
-    from pruneops.plots import plot_frontiers
+    """Writes the plots, the results JSON and the markdown report under `out`."""
+    from pruneops.plots import plot_frontiers, plot_latency_predictions
 
     plot = out / "benchmarks" / "frontier.png"
     plot_frontiers(rows, plot)
+    if any((predictions or {}).values()):
+        plot_latency_predictions(predictions, out / "benchmarks" / "latency_prediction.png")
     machine: dict[str, Any] = machine_info(timing.threads)
     results = out / "benchmarks" / "results.json"
     dump_json(
-        {"machine": machine, "timing": timing.model_dump(), "rows": rows, "selected": selected, "failed": failed},
+        {
+            "machine": machine,
+            "timing": timing.model_dump(),
+            "rows": rows,
+            "selected": selected,
+            "failed": failed,
+            "latency_predictions": predictions or {},
+        },
         results,
     )
     markdown = out / "benchmarks.md"
-    markdown.write_text(render_markdown(config, rows, selected, failed, machine, timing, command))
+    markdown.write_text(render_markdown(config, rows, selected, failed, machine, timing, command, predictions))
     return markdown, plot, results

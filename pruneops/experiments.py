@@ -29,7 +29,7 @@ import yaml
 from pruneops.config import read_params
 from pruneops.errors import ConfigError, PruneOpsError
 from pruneops.io import Layout, read_json
-from pruneops.stages import STAGE_NAMES, load_configs
+from pruneops.stages import STAGE_NAMES, load_configs, project_importable
 
 LOCK_FILE = "stages.lock"
 STALE_LOCK_S = 6 * 3600
@@ -43,11 +43,17 @@ class ExperimentFailed(PruneOpsError):
     """`dvc exp run` failed; the message carries the failing stage's error line."""
 
 
-def tool_env() -> dict[str, str]:
-    """The environment for dvc/git/pruneops: this interpreter's bin first, analytics off, a git identity."""
+def tool_env(pythonpath: tuple[Path, ...] = ()) -> dict[str, str]:
+    """The environment for dvc/git/pruneops: this interpreter's bin first, analytics off, a git identity.
+
+    Args:
+        pythonpath: Directories the stages must import from (where a model module lives).
+    """
     bin_dir = str(Path(sys.executable).parent)
+    paths = [str(Path(p).resolve()) for p in pythonpath] + [p for p in [os.environ.get("PYTHONPATH", "")] if p]
     env = {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
         "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
         "DVC_NO_ANALYTICS": "1",
         "GX_ANALYTICS_ENABLED": "false",
@@ -60,11 +66,13 @@ def tool_env() -> dict[str, str]:
     return env
 
 
-def run_logged(cmd: list[str], cwd: Path, log: Callable[[str], None], tail: int = 40) -> tuple[int, list[str]]:
+def run_logged(
+    cmd: list[str], cwd: Path, log: Callable[[str], None], tail: int = 40, env: dict[str, str] | None = None
+) -> tuple[int, list[str]]:
     """Runs `cmd`, passing each output line to `log` as it comes; returns (exit code, last lines)."""
     lines: list[str] = []
     with subprocess.Popen(
-        cmd, cwd=cwd, env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        cmd, cwd=cwd, env=env or tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     ) as proc:
         for line in proc.stdout:
             line = line.rstrip()
@@ -153,6 +161,18 @@ class Experiment:
         subprocess.run(["git", "worktree", "prune"], cwd=self.project, env=tool_env(), capture_output=True, check=False)
 
 
+@contextmanager
+def _importable(paths: tuple[Path, ...]) -> Iterator[None]:
+    added = [str(Path(p).resolve()) for p in paths]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for entry in added:
+            if entry in sys.path:
+                sys.path.remove(entry)
+
+
 def _dvc(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "dvc"), *args]
 
@@ -174,7 +194,11 @@ def _make_worktree(project: Path, name: str) -> tuple[Path, Path]:
 
 
 def run_experiment(
-    project: Path, overrides: dict[str, Any], name: str, log: Callable[[str], None] = print
+    project: Path,
+    overrides: dict[str, Any],
+    name: str,
+    log: Callable[[str], None] = print,
+    pythonpath: tuple[Path, ...] = (),
 ) -> Experiment:
     """Runs the pipeline with `overrides` as a DVC experiment in a worktree of `project`.
 
@@ -183,6 +207,7 @@ def run_experiment(
         overrides: Dotted params keys and values (validated before anything runs).
         name: The experiment's name (worktree directory and `dvc exp` name).
         log: Where `dvc exp run`'s output lines go.
+        pythonpath: Directories the stages import from besides the worktree (a model's module).
 
     Returns:
         The experiment, its outputs in its worktree (call `remove()` when done with them).
@@ -194,16 +219,18 @@ def run_experiment(
     from pruneops.dvcfile import write_dvc_yaml
 
     project = Path(project).resolve()
-    params = apply_overrides(read_params(project / "params.yaml"), overrides)
+    with project_importable(project), _importable(pythonpath):
+        params = apply_overrides(read_params(project / "params.yaml"), overrides)
     cache = subprocess.run(_dvc("cache", "dir"), cwd=project, env=tool_env(), capture_output=True, text=True)
     tree, root = _make_worktree(project, name)
     experiment = Experiment(name, root, tree, project)
     try:
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        write_dvc_yaml(root)
+        with _importable(pythonpath):
+            write_dvc_yaml(root)
         if cache.returncode == 0 and cache.stdout.strip():
             subprocess.run(_dvc("cache", "dir", "--local", cache.stdout.strip()), cwd=root, env=tool_env(), check=True)
-        code, tail = run_logged(_dvc("exp", "run", "--name", name), root, log)
+        code, tail = run_logged(_dvc("exp", "run", "--name", name), root, log, env=tool_env(pythonpath))
         if code != 0:
             errors = [line for line in tail if line.startswith("pruneops ") and "error" in line]
             raise ExperimentFailed(f"experiment {name} failed: {(errors or tail or ['no output'])[-1]}")

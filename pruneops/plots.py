@@ -140,3 +140,26 @@ def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_latency_predictions(predictions: dict[str, list[dict]], path: Path) -> None:
+    """Predicted vs measured batch-1 latency of the planned widths, every workload, with the ±15% band."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    points = [p for items in predictions.values() for p in items]
+    top = max(max(p["predicted_ms"], p["measured_ms"]) for p in points) * 1.15
+    ax.plot([0, top], [0, top], color="black", lw=1, label="exact")
+    ax.fill_between([0, top], [0, 0.85 * top], [0, 1.15 * top], color="grey", alpha=0.2, label="±15%")
+    for workload, items in predictions.items():
+        ax.scatter([p["measured_ms"] for p in items], [p["predicted_ms"] for p in items], s=30, label=workload)
+    ax.set_xlabel("measured latency (ms, fp32, batch 1)")
+    ax.set_ylabel("predicted by the latency table (ms)")
+    ax.set_title("Latency table: predicted vs measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

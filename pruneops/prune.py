@@ -50,6 +50,8 @@ class PruneReport(StageReport):
     measured_latency_ms: float | None
     latency_prediction_error: float | None
     measured_speedups: dict[str, float] | None
+    measured_ms: dict[str, float] | None
+    dense_ms: dict[str, float] | None
     gate: str
     steps: int
     params: int
@@ -284,6 +286,8 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
         measured_latency_ms=measured,
         latency_prediction_error=error,
         measured_speedups=gated.speedups if gated is not None else None,
+        measured_ms=gated.measured_ms if gated is not None else None,
+        dense_ms=gated.dense_ms if gated is not None else None,
         gate=gated.decision if gated is not None else "not applied (unstructured: no dense-kernel speed-up)",
         steps=config.steps,
         params=final["params"],
