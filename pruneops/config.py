@@ -258,20 +258,32 @@ class QuantizeConfig(StageConfig):
     latency_repeats: Annotated[int, Field(ge=1, le=1_000_000)] = 200
     threads: Threads = 1
     opset: Annotated[int, Field(ge=13, le=23)] = 18
+    exporter: str = "torchscript"
 
     @field_validator("method")
     @classmethod
     def _known_quantizer(cls, v: str) -> str:
         return v if v == "auto" else registered("pruneops.quantize:QUANTIZERS", v)
 
+    @field_validator("exporter")
+    @classmethod
+    def _known_exporter(cls, v: str) -> str:
+        return registered("pruneops.onnx_utils:EXPORTERS", v)
+
 
 class ExportConfig(StageConfig):
     """`export`: ONNX with a dynamic batch axis, parity-checked; TensorRT where present."""
 
     opset: Annotated[int, Field(ge=13, le=23)] = 18
+    exporter: str = "torchscript"
     parity_atol: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-4
     parity_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 128
     tensorrt: bool = True
+
+    @field_validator("exporter")
+    @classmethod
+    def _known_exporter(cls, v: str) -> str:
+        return registered("pruneops.onnx_utils:EXPORTERS", v)
 
 
 class BenchmarkConfig(StageConfig):

@@ -125,7 +125,7 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
         diffs = {}
         for name, ckpt in sources.items():
             path = tmp / f"{name}.onnx"
-            export_onnx_file(ckpt.model, meta.input_shape, path, config.opset)
+            export_onnx_file(ckpt.model, meta.input_shape, path, config.opset, config.exporter)
             diffs[name] = check_parity(ckpt.model, path, x, config.parity_atol, name)
             manifest[name] = {
                 "file": path.name,

@@ -10,11 +10,14 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from pruneops.registry import Registry
 
 if TYPE_CHECKING:
     from torch import nn
@@ -23,28 +26,69 @@ INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
 
 
-def export_onnx_file(model: nn.Module, input_shape: list[int], path: Path, opset: int) -> None:
-    """Exports `model` to ONNX with a dynamic batch axis (TorchDynamo exporter)."""
+# `quantize.exporter` / `export.exporter`. TorchScript tracing is the default: it exported the
+# test families 15-25x faster than TorchDynamo (0.4 s vs 6-10 s for the MobileNetV2-style model)
+# with identical ONNX Runtime outputs, and the pipeline exports many models (the latency
+# calibration and the prune gate export each candidate). TorchDynamo handles models that tracing
+# cannot (data-dependent Python control flow).
+EXPORTERS: Registry[Callable] = Registry("ONNX exporter")
+
+
+@EXPORTERS.register("torchscript", "torch.onnx.export with TorchScript tracing (fast)")
+def _export_torchscript(model: nn.Module, example, path: Path, opset: int) -> None:
+    import torch
+
+    torch.onnx.export(
+        model,
+        (example,),
+        str(path),
+        dynamo=False,
+        opset_version=opset,
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+    )
+
+
+@EXPORTERS.register("dynamo", "torch.onnx.export with TorchDynamo (torch.export)")
+def _export_dynamo(model: nn.Module, example, path: Path, opset: int) -> None:
+    import torch
+
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.onnx.export(
+        model,
+        (example,),
+        dynamo=True,
+        opset_version=opset,
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        dynamic_shapes=({0: batch},),
+        external_data=False,
+    )
+    program.save(str(path))
+
+
+def export_onnx_file(
+    model: nn.Module, input_shape: list[int], path: Path, opset: int, exporter: str = "torchscript"
+) -> None:
+    """Exports `model` to ONNX with a dynamic batch axis.
+
+    Args:
+        model: The model (put in eval mode).
+        input_shape: One sample's shape.
+        path: Where the `.onnx` file goes.
+        opset: The ONNX opset.
+        exporter: A key of `EXPORTERS` (`torchscript` or `dynamo`).
+    """
     import torch
 
     model.eval()
     example = torch.zeros(2, *input_shape)
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    # The exporter narrates every pass on stdout/stderr; keep stage output readable.
+    # The exporters narrate every pass on stdout/stderr; keep stage output readable.
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            model,
-            (example,),
-            dynamo=True,
-            opset_version=opset,
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_shapes=({0: batch},),
-            external_data=False,
-        )
-    program.save(str(path))
+        EXPORTERS.get(exporter)(model, example, Path(path), opset)
 
 
 def make_session(path: Path, threads: int = 1):

@@ -150,7 +150,7 @@ def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> Quan
     work = Path(tempfile.mkdtemp(prefix="pruneops-quant-"))
     try:
         fp32 = work / "reference.onnx"
-        export_onnx_file(model, meta.input_shape, work / "raw.onnx", config.opset)
+        export_onnx_file(model, meta.input_shape, work / "raw.onnx", config.opset, config.exporter)
         _preprocess(work / "raw.onnx", fp32)
         paths = {"reference": fp32}
         for name in names:

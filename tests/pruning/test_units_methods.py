@@ -177,3 +177,17 @@ def test_unmapped_concatenation_is_left_alone():
     units = UnitPruner(model, torch.zeros(1, *SHAPE), IMPORTANCES.get("l2")).units()
     assert "a.0" not in units and "b.0" not in units
     assert "fc" in units
+
+
+def test_both_exporters_give_the_same_outputs(tmp_path):
+    from pruneops.onnx_utils import EXPORTERS
+
+    torch.manual_seed(0)
+    model = create_model(ModelSpec("transformer", SHAPE, 10)).eval()
+    x = torch.randn(5, *SHAPE)
+    with torch.no_grad():
+        reference = model(x).numpy()
+    for name in EXPORTERS.names():
+        export_onnx_file(model, SHAPE, tmp_path / f"{name}.onnx", 18, name)
+        got = ort_logits(make_session(tmp_path / f"{name}.onnx"), x.numpy())
+        assert np.abs(got - reference).max() < 1e-4, name
