@@ -18,7 +18,6 @@ import itertools
 import json
 import os
 import platform
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pruneops.profiling import forward_with_hooks
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, round_keep
 
@@ -103,17 +103,7 @@ def layer_shapes(model: nn.Module, input_shape: list[int] | tuple[int, ...]) -> 
 
         return record
 
-    handles = [
-        m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))
-    ]
-    was_training = model.training
-    model.eval()
-    try:
-        model(torch.zeros(1, *input_shape))
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    forward_with_hooks(model, input_shape, hook, lambda m: isinstance(m, (nn.Conv2d, nn.Linear)))
     return shapes
 
 
@@ -171,23 +161,9 @@ def _elementwise_graph(dims: list[int]) -> tuple[bytes, dict[str, np.ndarray]]:
 
 def time_model_bytes(model: bytes | str, feed: dict[str, np.ndarray], threads: int, repeats: int, warmup: int) -> float:
     """Median milliseconds of one run of an ONNX model (bytes or path) with the benchmark's settings."""
-    import onnxruntime as ort
+    from pruneops.onnx_utils import make_session, time_session
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
-    for _ in range(warmup):
-        session.run(None, feed)
-    times = np.empty(repeats)
-    for i in range(repeats):
-        started = time.perf_counter()
-        session.run(None, feed)
-        times[i] = time.perf_counter() - started
-    return float(np.median(times) * 1e3)
+    return float(np.median(time_session(make_session(model, threads), feed, repeats, warmup)))
 
 
 @dataclass

@@ -91,8 +91,13 @@ def export_onnx_file(
         EXPORTERS.get(exporter)(model, example, Path(path), opset)
 
 
-def make_session(path: Path, threads: int = 1):
-    """An ONNX Runtime CPU session with full graph optimisation and a fixed thread count."""
+def make_session(path: Path | bytes, threads: int = 1):
+    """An ONNX Runtime CPU session with full graph optimisation and a fixed thread count.
+
+    Args:
+        path: An `.onnx` file, or a serialised model.
+        threads: ONNX Runtime's intra-op threads.
+    """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -101,7 +106,8 @@ def make_session(path: Path, threads: int = 1):
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def ort_logits(session, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
@@ -115,9 +121,9 @@ def ort_accuracy(session, x: np.ndarray, y: np.ndarray) -> float:
     return float((ort_logits(session, x).argmax(1) == y).mean())
 
 
-def time_session(session, x: np.ndarray, repeats: int, warmup: int) -> np.ndarray:
-    """Per-call latencies in milliseconds of `repeats` runs on `x`, after `warmup` runs."""
-    feed = {INPUT_NAME: np.ascontiguousarray(x)}
+def time_session(session, x: np.ndarray | dict[str, np.ndarray], repeats: int, warmup: int) -> np.ndarray:
+    """Per-call latencies in milliseconds of `repeats` runs on `x` (or a whole feed), after `warmup` runs."""
+    feed = x if isinstance(x, dict) else {INPUT_NAME: np.ascontiguousarray(x)}
     for _ in range(warmup):
         session.run(None, feed)
     times = np.empty(repeats)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -18,6 +20,28 @@ def count_nonzero_params(model: nn.Module) -> int:
 
 def _weight_count(w: torch.Tensor, nonzero: bool) -> int:
     return int(torch.count_nonzero(w)) if nonzero else w.numel()
+
+
+@torch.no_grad()
+def forward_with_hooks(
+    model: nn.Module,
+    input_shape: list[int] | tuple[int, ...],
+    make_hook: Callable[[str], Callable],
+    select: Callable[[nn.Module], bool] | None = None,
+) -> None:
+    """One eval-mode forward pass on a zero sample with `make_hook(name)` on each selected module.
+
+    The hooks are removed and the model's train/eval mode restored afterwards, even on error.
+    """
+    handles = [m.register_forward_hook(make_hook(n)) for n, m in model.named_modules() if select is None or select(m)]
+    was_training = model.training
+    model.eval()
+    try:
+        model(torch.zeros(1, *input_shape))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -45,15 +69,7 @@ def layer_macs(model: nn.Module, input_shape: list[int] | tuple[int, ...], nonze
 
         return hook
 
-    handles = [m.register_forward_hook(make_hook(n)) for n, m in model.named_modules()]
-    was_training = model.training
-    model.eval()
-    try:
-        model(torch.zeros(1, *input_shape))
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    forward_with_hooks(model, input_shape, make_hook)
     return macs
 
 
