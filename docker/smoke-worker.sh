@@ -29,15 +29,17 @@ echo "ok: dvc repro in the worker image, then a no-op repro ($(( $(date +%s) - s
 python3 - "$work/benchmark.json" <<'PY'
 import json, sys
 
-models = json.load(open(sys.argv[1]))["models"]
+bench = json.load(open(sys.argv[1]))
+models = bench["models"]
 dense, pruned = models["dense_fp32"], models["pruned_deployed"]
-mac_ratio = dense["macs"] / pruned["macs"]
+speedup = bench["speedup_b1_deployed_vs_dense"]
 drop = dense["test_accuracy"] - pruned["test_accuracy"]
-print(json.dumps({"dense_acc": dense["test_accuracy"], "deployed_acc": pruned["test_accuracy"], "mac_ratio": mac_ratio}))
-# prune.target_ratio 0.5 halves the channel counts (MAC-weighted): ideally 4x fewer MACs, less
-# the stem's input side and the classifier, which are not pruned.
-if not (mac_ratio > 3.5 and drop < 0.02):
-    sys.exit(f"FAIL: pruned model off target (MACs {mac_ratio:.2f}x fewer, accuracy drop {drop:.4f})")
+print(json.dumps({"dense_acc": dense["test_accuracy"], "deployed_acc": pruned["test_accuracy"], "speedup_b1": speedup}))
+# The default prunes to half of dense's measured batch-1 latency (2.3x-3.2x deployed in the runs
+# on the development machine); 1.5x leaves room for a container on a busy host, and any model
+# slower than dense at any batch size fails. 2 points is 7 of the 360 test images.
+if not (speedup > 1.5 and not bench["slower_than_dense"] and drop < 0.02):
+    sys.exit(f"FAIL: deployed model {speedup:.2f}x at batch 1, slower at {bench['slower_than_dense']}, drop {drop:.4f}")
 PY
 port=${SMOKE_PREFECT_PORT:-14200}
 # The server requires basic auth, as compose sets it up; the worker and the poller below send it.
