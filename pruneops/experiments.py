@@ -161,18 +161,6 @@ class Experiment:
         subprocess.run(["git", "worktree", "prune"], cwd=self.project, env=tool_env(), capture_output=True, check=False)
 
 
-@contextmanager
-def _importable(paths: tuple[Path, ...]) -> Iterator[None]:
-    added = [str(Path(p).resolve()) for p in paths]
-    sys.path[:0] = added
-    try:
-        yield
-    finally:
-        for entry in added:
-            if entry in sys.path:
-                sys.path.remove(entry)
-
-
 def _dvc(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "dvc"), *args]
 
@@ -219,14 +207,14 @@ def run_experiment(
     from pruneops.dvcfile import write_dvc_yaml
 
     project = Path(project).resolve()
-    with project_importable(project), _importable(pythonpath):
+    with project_importable(project, *pythonpath):
         params = apply_overrides(read_params(project / "params.yaml"), overrides)
     cache = subprocess.run(_dvc("cache", "dir"), cwd=project, env=tool_env(), capture_output=True, text=True)
     tree, root = _make_worktree(project, name)
     experiment = Experiment(name, root, tree, project)
     try:
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        with _importable(pythonpath):
+        with project_importable(*pythonpath):
             write_dvc_yaml(root)
         if cache.returncode == 0 and cache.stdout.strip():
             subprocess.run(_dvc("cache", "dir", "--local", cache.stdout.strip()), cwd=root, env=tool_env(), check=True)

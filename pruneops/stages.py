@@ -263,15 +263,16 @@ def load_stage_configs(params_path: str | Path, stage: str) -> dict[str, StageCo
 
 
 @contextmanager
-def project_importable(root: str | Path) -> Iterator[None]:
-    """Puts the project first on `sys.path`: a `train.model: package.module:factory` may live in it."""
-    entry = str(Path(root).resolve())
-    sys.path.insert(0, entry)
+def project_importable(*roots: str | Path) -> Iterator[None]:
+    """Puts the project (and any further roots) first on `sys.path`, where a model module may live."""
+    entries = [str(Path(root).resolve()) for root in roots]
+    sys.path[:0] = entries
     try:
         yield
     finally:
-        if entry in sys.path:
-            sys.path.remove(entry)
+        for entry in entries:
+            if entry in sys.path:
+                sys.path.remove(entry)
 
 
 def run_stage(stage: str, params_path: str | Path, root: str | Path = ".") -> StageReport:
