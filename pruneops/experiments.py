@@ -76,8 +76,9 @@ def run_logged(
     ) as proc:
         for line in proc.stdout:
             line = line.rstrip()
-            lines = [*lines[-(tail - 1) :], line]
             log(line)
+            if line.strip():  # the tail names the error: blank lines would hide it
+                lines = [*lines[-(tail - 1) :], line]
     return proc.returncode, lines
 
 
@@ -187,6 +188,7 @@ def run_experiment(
     name: str,
     log: Callable[[str], None] = print,
     pythonpath: tuple[Path, ...] = (),
+    replace: bool = False,
 ) -> Experiment:
     """Runs the pipeline with `overrides` as a DVC experiment in a worktree of `project`.
 
@@ -196,6 +198,8 @@ def run_experiment(
         name: The experiment's name (worktree directory and `dvc exp` name).
         log: Where `dvc exp run`'s output lines go.
         pythonpath: Directories the stages import from besides the worktree (a model's module).
+        replace: Remove an earlier experiment of the same name first (a re-run of a benchmark
+            after an interruption); without it, `dvc exp run` refuses the name.
 
     Returns:
         The experiment, its outputs in its worktree (call `remove()` when done with them).
@@ -218,6 +222,8 @@ def run_experiment(
             write_dvc_yaml(root)
         if cache.returncode == 0 and cache.stdout.strip():
             subprocess.run(_dvc("cache", "dir", "--local", cache.stdout.strip()), cwd=root, env=tool_env(), check=True)
+        if replace:  # absent is fine: the exit code is not checked
+            subprocess.run(_dvc("exp", "remove", name), cwd=root, env=tool_env(), capture_output=True)
         code, tail = run_logged(_dvc("exp", "run", "--name", name), root, log, env=tool_env(pythonpath))
         if code != 0:
             errors = [line for line in tail if line.startswith("pruneops ") and "error" in line]

@@ -3,12 +3,16 @@
 Every Conv and Linear layer of a model is timed alone, as a one-operator ONNX graph in ONNX
 Runtime with the benchmark's thread count, at the shapes pruning can give it; the table keeps
 those times keyed by layer shape and batch, tagged with the machine. A unit's width changes some
-layers' input or output channels (found once per unit by pruning a probe copy by one channel);
-a model's predicted latency is `a + b * sum(layer times)`, with `a` and `b` calibrated on two
-real exports of the model (dense and uniformly pruned), which absorb the activations, pooling
-and layout work the table does not time. Widths at which a unit's layers are no faster than at
-a larger width (ONNX Runtime computes channels in blocks of 8 or 16 here) are not "efficient":
-the allocator only stops units at efficient widths.
+layers' input or output channels (found once per unit by pruning a probe copy);
+one-operator timings miss what the whole graph does (layout conversions, fusions, per-call
+cost that dominate at tens of microseconds), so the model itself is also exported and timed:
+dense, four uniform cuts, and each unit alone at a few of its efficient widths. A prediction is
+`a + sum over layers of (in-context cost per unit of a feature) * feature`, the feature being
+the layer's MACs or its table time, fitted to those exports (non-negative least squares); the
+feature, or the plain line `a + b * sum(layer times)`, is chosen per batch size by
+leave-one-out error on the exports. Widths at which
+a unit's layers are no faster than at a larger width (ONNX Runtime computes channels in blocks
+of 8 or 16 here) are not "efficient": the allocator only stops units at efficient widths.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import os
 import platform
 from collections.abc import Iterable
@@ -32,6 +37,7 @@ from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, round_keep
 
 FIELDS = ("cin", "cout", "groups")
+UNIT_POINTS = 4  # exports per unit alone: each costs an export and a timed session
 
 
 def machine_fingerprint(threads: int) -> dict[str, Any]:
@@ -258,6 +264,12 @@ class LatencyModel:
     units: dict[str, UnitLayers]
     table: LatencyTable
     calibration: dict[int, tuple[float, float]] = field(default_factory=dict)
+    # Per batch: the feature ("mmacs" or "table"), intercept and each layer's in-context cost
+    # per unit of that feature, fitted (non-negative least squares) on whole-model exports timed
+    # in the sensitivity stage. A batch without one predicts with the calibration line.
+    layer_costs: dict[int, tuple[str, float, dict[str, float]]] = field(default_factory=dict)
+    # Refitted on plans measured in the prune stage: predicted savings are scaled by this.
+    savings_scale: dict[int, float] = field(default_factory=dict)
 
     def shapes(self, widths: dict[str, int]) -> dict[str, LayerShape]:
         """Every layer's shape with the units at `widths` (units left out stay whole)."""
@@ -279,9 +291,26 @@ class LatencyModel:
         return sum(self.table.layer_ms(s, batch) for s in self.shapes(widths).values())
 
     def predict(self, widths: dict[str, int], batch: int) -> float:
-        """Predicted milliseconds of the whole model at these widths."""
-        a, b = self.calibration.get(batch, (0.0, 1.0))
-        return a + b * self.layer_sum(widths, batch)
+        """Predicted milliseconds of the whole model at these widths.
+
+        With fitted layer costs at `batch`: `a + sum(cost per MAC * MACs)` over layers; without,
+        `a + b * sum(layer ms)` from the one-operator table. Either way the predicted saving
+        against dense is then scaled by `savings_scale` (1 until the prune stage measures plans).
+        """
+        if batch in self.layer_costs:
+            feature, intercept, costs = self.layer_costs[batch]
+            shapes = self.shapes(widths)
+            raw = intercept + sum(c * self.feature(feature, shapes[n], batch) for n, c in costs.items())
+            dense = intercept + sum(c * self.feature(feature, self.base[n], batch) for n, c in costs.items())
+        else:
+            a, b = self.calibration.get(batch, (0.0, 1.0))
+            raw = a + b * self.layer_sum(widths, batch)
+            dense = a + b * self.layer_sum({}, batch)
+        return dense - self.savings_scale.get(batch, 1.0) * (dense - raw)
+
+    def feature(self, kind: str, shape: LayerShape, batch: int) -> float:
+        """A layer's cost feature: its MACs (millions, one sample) or its one-operator table time."""
+        return layer_mmacs(shape) if kind == "mmacs" else self.table.layer_ms(shape, batch)
 
     def unit_curve(self, name: str, batch: int) -> dict[int, float]:
         """Summed table time of the model's layers with only `name` at each grid width."""
@@ -307,6 +336,9 @@ class LatencyModel:
             "base": {n: asdict(s) for n, s in self.base.items()},
             "units": {n: {"size": u.size, "deltas": [list(d) for d in u.deltas]} for n, u in self.units.items()},
             "calibration": {str(b): list(ab) for b, ab in self.calibration.items()},
+            "layer_costs": {
+                str(b): {"feature": f, "intercept": a, "costs": c} for b, (f, a, c) in self.layer_costs.items()
+            },
         }
 
     @classmethod
@@ -321,6 +353,10 @@ class LatencyModel:
             units={n: UnitLayers(n, u["size"], tuple(tuple(d) for d in u["deltas"])) for n, u in data["units"].items()},
             table=table,
             calibration={int(b): tuple(ab) for b, ab in data["calibration"].items()},
+            layer_costs={
+                int(b): (v["feature"], float(v["intercept"]), {n: float(c) for n, c in v["costs"].items()})
+                for b, v in data.get("layer_costs", {}).items()
+            },
         )
 
 
@@ -356,11 +392,12 @@ def build_latency_model(
     table: LatencyTable,
     batches: Iterable[int],
 ) -> LatencyModel:
-    """Probes the units, fills the table on every unit's width grid and calibrates on real exports.
+    """Probes the units, fills the table on every unit's width grid and measures real exports.
 
-    The calibration exports the dense model and copies with every unit at the first efficient
-    width above 3/4, 1/2, 1/3 and 1/4 of its size (the widths the allocator stops at), and fits
-    `a`, `b` of `a + b * sum(layer ms)` to their measured times (least squares).
+    Exported and timed together (interleaved): the dense model; copies with every unit at the
+    first efficient width above 3/4, 1/2, 1/3 and 1/4 of its size (on which the calibration line
+    `a + b * sum(layer ms)` is fitted); and, per unit, the model with only that unit at up to
+    `UNIT_POINTS` of its efficient widths. Then `select_cost_model` picks the predictor per batch.
     """
     from pruneops.config import BenchmarkConfig
 
@@ -374,19 +411,124 @@ def build_latency_model(
     for batch in batches:
         for name, _ in units:
             latency.unit_curve(name, batch)  # fills the table on the grid
-    points: dict[str, tuple[dict[str, int], nn.Module]] = {"dense": ({}, model)}
-    for keep in (0.75, 0.5, 1 / 3, 0.25):
-        widths = {n: min(w for w in latency.efficient_widths(n, batches[0]) if w >= keep * s) for n, s in units}
-        twin = copy.deepcopy(model)
-        UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
-        points[f"keep{keep:.2f}"] = (widths, twin)
-    timing = BenchmarkConfig(threads=table.machine["threads"], batch_sizes=batches, warmup=10, repeats=40, rounds=5)
-    measured = measured_latency({n: twin for n, (_, twin) in points.items()}, input_shape, timing)
+    points, models = {}, {}
+    for key, widths in _measurement_points(latency, units, batches).items():
+        twin = _pruned_or_none(model, example, widths)
+        if twin is not None:
+            points[key], models[key] = widths, twin
+    # Short runs per model: the fit averages over every export, and there are tens of them.
+    timing = BenchmarkConfig(threads=table.machine["threads"], batch_sizes=batches, warmup=3, repeats=15, rounds=2)
+    measured = measured_latency(models, input_shape, timing)
+    uniform = [k for k in points if not k.startswith("unit:")]
     for batch in batches:
-        sums = np.array([latency.layer_sum(widths, batch) for widths, _ in points.values()])
-        times = np.array([measured[n][batch] for n in points])
-        latency.calibration[batch] = fit_calibration(sums, times)
+        sums = np.array([latency.layer_sum(points[k], batch) for k in uniform])
+        latency.calibration[batch] = fit_calibration(sums, np.array([measured[k][batch] for k in uniform]))
+        times = {k: t[batch] for k, t in measured.items()}
+        best = select_cost_model(latency, points, times, batch)
+        if best == "line":
+            sums = np.array([latency.layer_sum(w, batch) for w in points.values()])
+            latency.calibration[batch] = fit_calibration(sums, np.array([times[k] for k in points]))
+        else:
+            latency.layer_costs[batch] = fit_layer_costs(latency, points, times, best, batch)
     return latency
+
+
+def layer_mmacs(shape: LayerShape) -> float:
+    """Millions of multiply-accumulates of one layer on one sample."""
+    per_output = shape.cin // shape.groups * shape.kernel[0] * shape.kernel[1]
+    positions = math.prod(shape.spatial) if shape.kind == "linear" else _conv_positions(shape)
+    return per_output * shape.cout * positions / 1e6
+
+
+def _conv_positions(shape: LayerShape) -> int:
+    out = [
+        (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
+        for size, pad, dil, k, stride in zip(
+            shape.spatial, shape.padding, shape.dilation, shape.kernel, shape.stride, strict=True
+        )
+    ]
+    return max(1, math.prod(out))
+
+
+def fit_layer_costs(
+    latency: LatencyModel, points: dict[str, dict[str, int]], measured: dict[str, float], feature: str, batch: int
+) -> tuple[str, float, dict[str, float]]:
+    """Intercept and per-layer cost per unit of `feature`, fitted to measured exports (non-negative least squares).
+
+    In context each layer costs what the whole graph makes it cost (layouts, fusions, per-call
+    overhead, the intercept); one coefficient per layer whose feature varies across the points.
+    """
+    from scipy.optimize import nnls
+
+    values = {
+        k: {n: latency.feature(feature, s, batch) for n, s in latency.shapes(w).items()} for k, w in points.items()
+    }
+    layers = [n for n in latency.base if len({round(v[n], 12) for v in values.values()}) > 1]
+    rows = np.array([[1.0, *(values[k][n] for n in layers)] for k in points])
+    coef, _ = nnls(rows, np.array([measured[k] for k in points]))
+    return feature, float(coef[0]), dict(zip(layers, (float(c) for c in coef[1:]), strict=True))
+
+
+def select_cost_model(
+    latency: LatencyModel, points: dict[str, dict[str, int]], measured: dict[str, float], batch: int
+) -> str:
+    """Which predictor fits the measured exports best when each is left out of its own fit.
+
+    The candidates: per-layer costs on MACs (`mmacs`), on one-operator table times (`table`), or
+    one line over the table sum (`line`); leave-one-out median relative error decides.
+    """
+    errors: dict[str, float] = {}
+    for feature in ("mmacs", "table", "line"):
+        misses = []
+        for out in (k for k in points if k != "dense"):
+            kept = {k: w for k, w in points.items() if k != out}
+            if feature == "line":
+                sums = np.array([latency.layer_sum(w, batch) for w in kept.values()])
+                a, b = fit_calibration(sums, np.array([measured[k] for k in kept]))
+                predicted = a + b * latency.layer_sum(points[out], batch)
+            else:
+                twin = replace(latency, layer_costs={batch: fit_layer_costs(latency, kept, measured, feature, batch)})
+                predicted = twin.predict(points[out], batch)
+            misses.append(abs(predicted / measured[out] - 1.0))
+        errors[feature] = float(np.median(misses)) if misses else float("inf")
+    return min(errors, key=errors.get)
+
+
+def _pruned_or_none(model: nn.Module, example: torch.Tensor, widths: dict[str, int]) -> nn.Module | None:
+    """A copy pruned to `widths` that still runs; None where a width empties a layer.
+
+    (One side of a concat at a few channels, say: such widths lie beyond what the allocator cuts.)
+    """
+    twin = copy.deepcopy(model)
+    if widths:
+        UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
+    try:
+        with torch.no_grad():  # (pruning itself traces with autograd)
+            twin.eval()(example)
+    except RuntimeError:
+        return None
+    return twin
+
+
+def _measurement_points(latency: LatencyModel, units: list[tuple[str, int]], batches: list[int]):
+    """Widths to export and time: dense, four uniform cuts, every unit alone at a few efficient widths."""
+    points: dict[str, dict[str, int]] = {"dense": {}}
+    for keep in (0.75, 0.5, 1 / 3, 0.25):
+        points[f"keep{keep:.2f}"] = {
+            n: min(w for w in latency.efficient_widths(n, batches[0]) if w >= keep * s) for n, s in units
+        }
+    for name, size in units:
+        widths = sorted({w for b in batches for w in latency.efficient_widths(name, b)} - {size})
+        for width in _spread(widths, UNIT_POINTS):
+            points[f"unit:{name}:{width}"] = {name: width}
+    return points
+
+
+def _spread(values: list[int], count: int) -> list[int]:
+    """At most `count` of `values` (sorted), evenly spaced, the largest included."""
+    if len(values) <= count:
+        return values
+    return sorted({values[round(i * (len(values) - 1) / (count - 1))] for i in range(count)})
 
 
 def fit_calibration(sums: np.ndarray, measured: np.ndarray) -> tuple[float, float]:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from pruneops.checkpoint import load_checkpoint
-from pruneops.config import QuantizeConfig
+from pruneops.config import BenchmarkConfig, QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import QualityGateError
 from pruneops.io import Layout, dump_json, staged_output_paths
@@ -81,6 +81,7 @@ class QuantizeReport(StageReport):
     fp32_latency_ms_b1: float
     size_bytes: int
     candidates: dict
+    warnings: tuple[str, ...]
     model_path: Path
 
     def summary(self) -> str:
@@ -105,36 +106,80 @@ def _preprocess(src: Path, dst: Path) -> None:
     quant_pre_process(str(cleaned), str(dst), skip_symbolic_shape=True)
 
 
-def _measure_candidates(paths: dict[str, Path], val, one: np.ndarray, config: QuantizeConfig) -> dict[str, dict]:
-    """Validation accuracy, size, and batch-1 latency timed interleaved (fair to every candidate)."""
+def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, batch_sizes: list[int]) -> dict[str, dict]:
+    """Validation accuracy, size, and median latency per batch size, timed interleaved.
+
+    Every batch size the benchmark serves is measured, not only batch 1: dynamic INT8 can win at
+    batch 1 and lose at batch 16 (a ViT here did), and that model would then ship slower than
+    fp32 where it is used. Larger batches get fewer repeats (each run is longer and steadier).
+    """
     from pruneops.benchmark import measure_latencies
-    from pruneops.config import BenchmarkConfig
 
     sessions = {n: make_session(path, config.threads) for n, path in paths.items()}
     rounds = 4
-    timing = BenchmarkConfig(
-        batch_sizes=[1], warmup=10, repeats=max(1, config.latency_repeats // rounds), rounds=rounds
-    )
-    samples = measure_latencies(sessions, one, timing)
+    per_round = max(1, config.latency_repeats // rounds)
+    latency: dict[str, dict[str, float]] = {n: {} for n in paths}
+    for b in batch_sizes:
+        repeats = per_round if b == 1 else max(5, int(per_round / b**0.5))
+        timing = BenchmarkConfig(batch_sizes=[b], warmup=10 if b == 1 else 3, repeats=repeats, rounds=rounds)
+        samples = measure_latencies(sessions, val.x, timing)
+        for n in paths:
+            latency[n][str(b)] = float(np.median(samples[n][b]))
     return {
         n: {
             "precision": "fp32" if n == "fp32" else "int8",
             "val_accuracy": ort_accuracy(sessions[n], val.x, val.y),
-            "latency_ms_b1": float(np.median(samples[n][1])),
+            "latency_ms_b1": latency[n]["1"],
+            "latency_ms": latency[n],
             "size_bytes": file_size(paths[n]),
         }
         for n in paths
     }
 
 
-def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> QuantizeReport:
+def _slower_than_fp32(candidate: dict, fp32: dict) -> list[str]:
+    """The batch sizes at which a candidate's median latency is above fp32's (as 'b16 1.07x')."""
+    return [
+        f"b{b} {ms / fp32['latency_ms'][b]:.2f}x"
+        for b, ms in candidate["latency_ms"].items()
+        if ms > fp32["latency_ms"][b]
+    ]
+
+
+def _choose(names: list[str], candidates: dict[str, dict], reference: dict) -> tuple[str, list[str]]:
+    """The fastest candidate at batch 1 among those within tolerance and no slower than fp32 at any batch.
+
+    With `auto`, fp32 is a candidate and wins wherever every INT8 form loses somewhere. A method
+    named in params ships as configured; if it measured slower than fp32, a warning says where.
+    """
+    eligible = [n for n in names if candidates[n]["within_tolerance"]]
+    if not eligible:
+        figures = ", ".join(
+            f"{n} {100 * (c['val_accuracy'] - reference['val_accuracy']):+.2f} pts" for n, c in candidates.items()
+        )
+        raise QualityGateError(f"no candidate within the accuracy tolerance of fp32 validation accuracy ({figures})")
+    fp32 = candidates.get("fp32", reference)
+    not_slower = [n for n in eligible if not _slower_than_fp32(candidates[n], fp32)]
+    chosen = min(not_slower or eligible, key=lambda n: candidates[n]["latency_ms_b1"])
+    slower = _slower_than_fp32(candidates[chosen], fp32)
+    warnings = [f"quantize.method={chosen} measured slower than fp32 at {', '.join(slower)}"] if slower else []
+    return chosen, warnings
+
+
+def quantize_model(config: QuantizeConfig, benchmark: BenchmarkConfig, layout: Layout | None = None) -> QuantizeReport:
     """Quantizes the fine-tuned model with ONNX Runtime and keeps the fastest model within tolerance.
 
     Candidates (`static`, `dynamic` and `fp32` for `auto`, or the one named) are compared on
-    validation accuracy and batch-1 latency measured here, interleaved; the fastest whose
-    validation accuracy is within `accuracy_tolerance` of fp32 is kept. fp32 is always a
-    candidate of `auto`, so INT8 ships only where it is faster on this machine. Test accuracy is
-    measured on the chosen model.
+    validation accuracy and on latency at batch 1 and every `benchmark.batch_sizes`, measured
+    here, interleaved; the fastest at batch 1 whose validation accuracy is within
+    `accuracy_tolerance` of fp32 and that is no slower than fp32 at any of those batch sizes is
+    kept. fp32 is always a candidate of `auto`, so INT8 ships only where it is not slower on this
+    machine. Test accuracy is measured on the chosen model.
+
+    Args:
+        config: The `quantize` section.
+        benchmark: The `benchmark` section: the batch sizes the chosen model must not lose at.
+        layout: Where the stage reads and writes.
 
     Raises:
         QualityGateError: No candidate is within the accuracy tolerance.
@@ -156,22 +201,17 @@ def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> Quan
         for name in names:
             paths[name] = work / f"candidate-{name}.onnx"
             QUANTIZERS.get(name)(fp32, paths[name], calib, config)
-        measured = _measure_candidates(paths, val, val.x[:1], config)
+        batch_sizes = sorted({1, *benchmark.batch_sizes})
+        measured = _measure_candidates(paths, val, config, batch_sizes)
         reference = measured.pop("reference")
         candidates = {
             n: {**c, "within_tolerance": reference["val_accuracy"] - c["val_accuracy"] <= config.accuracy_tolerance}
             for n, c in measured.items()
         }
-        eligible = [n for n in names if candidates[n]["within_tolerance"]]
-        if not eligible:
-            figures = ", ".join(
-                f"{n} {100 * (c['val_accuracy'] - reference['val_accuracy']):+.2f} pts" for n, c in candidates.items()
-            )
-            raise QualityGateError(
-                f"no candidate within quantize.accuracy_tolerance={config.accuracy_tolerance} of fp32 "
-                f"validation accuracy ({figures})"
-            )
-        chosen = min(eligible, key=lambda n: candidates[n]["latency_ms_b1"])
+        try:
+            chosen, warnings = _choose(names, candidates, reference)
+        except QualityGateError as e:
+            raise QualityGateError(f"quantize.accuracy_tolerance={config.accuracy_tolerance}: {e}") from None
         report = QuantizeReport(
             method=chosen,
             precision=candidates[chosen]["precision"],
@@ -183,6 +223,7 @@ def quantize_model(config: QuantizeConfig, layout: Layout | None = None) -> Quan
             fp32_latency_ms_b1=reference["latency_ms_b1"],
             size_bytes=candidates[chosen]["size_bytes"],
             candidates=candidates,
+            warnings=tuple(warnings),
             model_path=layout.stage_dir("quantize") / "model.onnx",
         )
         _write(layout, paths[chosen], report)

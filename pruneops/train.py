@@ -8,14 +8,15 @@ from pathlib import Path
 import torch
 
 from pruneops.checkpoint import save_checkpoint
-from pruneops.config import TrainConfig
+from pruneops.config import FitParams, TrainConfig
 from pruneops.data import load_prepared
+from pruneops.init_weights import load_init_weights_
 from pruneops.io import Layout, dump_json, staged_output_paths
-from pruneops.models import ModelSpec, create_model
+from pruneops.models import ModelSpec, classifier_of, create_model
 from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
 from pruneops.stages import StageReport
-from pruneops.training import FitSettings, evaluate, fit_, seed_everything
+from pruneops.training import FitResult, FitSettings, evaluate, fit_, seed_everything
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class TrainReport(StageReport):
     best_epoch: int
     epochs_run: int
     checkpoint: Path
+    init_weights: str | None = None  # the file the weights came from (None: trained from scratch)
+    reset_classifier: bool = False
+    warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
         return (
@@ -39,13 +43,24 @@ class TrainReport(StageReport):
         )
 
 
-def fit_settings(config: TrainConfig) -> FitSettings:
-    """The training-loop settings of a `FitParams` section."""
-    return FitSettings(config.epochs, config.batch_size, config.lr, config.weight_decay, config.patience, config.seed)
+def fit_settings(config: FitParams) -> FitSettings:
+    """The training-loop settings of a `FitParams` section (with the section's resolved defaults)."""
+    return FitSettings(
+        config.epochs,
+        config.batch_size,
+        config.resolved_lr,
+        config.weight_decay,
+        config.patience,
+        config.seed,
+        config.resolved_warmup_epochs,
+        config.frozen_epochs,
+    )
 
 
 def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainReport:
-    """Trains the configured architecture on the prepared splits and saves it as safetensors.
+    """Trains the configured architecture (from `init_weights` when given) and saves it as safetensors.
+
+    With `epochs: 0` the loaded weights are the baseline as they are: evaluated and recorded.
 
     Args:
         config: The `train` section of params.
@@ -60,8 +75,16 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     spec = ModelSpec(config.model, meta.input_shape, meta.num_classes, dict(config.model_kwargs), config.classifier)
     seed_everything(config.seed)
     model = create_model(spec)
-    fit = fit_(model, train, val, fit_settings(config), desc="train")
+    adopted = None
+    if config.init_weights:
+        adopted = load_init_weights_(model, Path(config.init_weights), config.init_strict, config.reset_classifier)
+    fit = FitResult()  # epochs 0: the weights adopted as they are
+    if config.epochs:
+        head = classifier_of(model) if config.freeze_backbone_epochs else None
+        fit = fit_(model, train, val, fit_settings(config), desc="train", frozen_except=head)
     val_acc, _ = evaluate(model, val)  # recorded: later stages refuse weights that no longer reach it
+    if not config.epochs:
+        fit.best_val_accuracy = val_acc
     test_acc, test_loss = evaluate(model, test)
     out_dir, metrics_path, plots_dir = layout.stage_dir("train"), layout.metrics("train"), layout.plots("train")
     report = TrainReport(
@@ -74,6 +97,9 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
         best_epoch=fit.best_epoch,
         epochs_run=len(fit.history),
         checkpoint=out_dir / "model.safetensors",
+        init_weights=config.init_weights,
+        reset_classifier=adopted.reset_classifier if adopted else False,
+        warnings=tuple(adopted.warnings) if adopted else (),
     )
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         extra = {"stage": "train", "val_accuracy": val_acc, "val_samples": len(val)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -28,6 +29,8 @@ class FitSettings:
     weight_decay: float = 1e-4
     patience: int = 5
     seed: int = 0
+    warmup_epochs: float = 0.0  # linear LR warm-up before the cosine decay
+    freeze_epochs: int = 0  # epochs during which only `frozen_except` trains
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,7 @@ def fit_(
     after_backward: Callable[[nn.Module], None] | None = None,
     after_step: Callable[[nn.Module], None] | None = None,
     desc: str = "train",
+    frozen_except: nn.Module | None = None,
 ) -> FitResult:
     """Trains `model` in place and leaves it with the weights of its best validation epoch.
 
@@ -174,6 +178,8 @@ def fit_(
         after_backward: Called after each backward pass (e.g. to accumulate movement scores).
         after_step: Called after each optimizer step (e.g. to re-apply pruning masks).
         desc: Label of the progress bar (shown on terminals only).
+        frozen_except: The module that alone trains for the first `settings.freeze_epochs`
+            epochs (a new classifier over pretrained features); the rest then joins.
 
     Returns:
         History per epoch and the best epoch (by validation accuracy, then loss).
@@ -196,7 +202,8 @@ def fit_(
     steps_per_epoch = max(1, -(-per_rank // batch_size))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=settings.epochs * steps_per_epoch)
+    sched = _schedule(opt, settings, steps_per_epoch)
+    trainable = {id(p) for p in frozen_except.parameters()} if frozen_except is not None else None
     gen = torch.Generator().manual_seed(settings.seed)
 
     result = FitResult()
@@ -204,29 +211,21 @@ def fit_(
     best_state = copy.deepcopy(model.state_dict())
     stale = 0
     bar = tqdm(range(1, settings.epochs + 1), desc=desc, unit="epoch", disable=None, leave=False)
+    hooks = (after_backward, after_step)
     for epoch in bar:
         model.train()
+        if trainable is not None:
+            # Frozen parameters get no gradient, so AdamW leaves them (and their decay) alone.
+            for p in params:
+                p.requires_grad_(epoch > settings.freeze_epochs or id(p) in trainable)
         order = torch.randperm(len(ys), generator=gen)[: per_rank * world][rank::world]
-        total, seen = 0.0, 0
-        for i in range(0, per_rank, batch_size):
-            idx = order[i : i + batch_size]
-            xb, yb = xs[idx], ys[idx]
-            loss = _loss(forward(xb), yb, xb, distillation)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if after_backward is not None:
-                after_backward(model)
-            opt.step()
-            sched.step()
-            if after_step is not None:
-                after_step(model)
-            total += loss.detach().item() * len(idx)
-            seen += len(idx)
+        batches = (order[i : i + batch_size] for i in range(0, per_rank, batch_size))
+        train_loss = _train_epoch(model, forward, (xs, ys), batches, (opt, sched), distillation, hooks)
         val_acc, val_loss = evaluate(model, val)
         result.history.append(
             {
                 "epoch": epoch,
-                "train_loss": total / seen,
+                "train_loss": train_loss,
                 "val_loss": val_loss,
                 "val_accuracy": val_acc,
                 "lr": opt.param_groups[0]["lr"],
@@ -242,5 +241,42 @@ def fit_(
             if stale >= settings.patience:
                 break
     bar.close()
+    for p in params:
+        p.requires_grad_(True)
     model.load_state_dict(best_state)
     return result
+
+
+def _train_epoch(model, forward, data, batches, optimizer, distillation, hooks) -> float:
+    """One pass over `batches` (index tensors into `data`); the mean training loss."""
+    (xs, ys), (opt, sched), (after_backward, after_step) = data, optimizer, hooks
+    total, seen = 0.0, 0
+    for idx in batches:
+        xb, yb = xs[idx], ys[idx]
+        loss = _loss(forward(xb), yb, xb, distillation)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if after_backward is not None:
+            after_backward(model)
+        opt.step()
+        sched.step()
+        if after_step is not None:
+            after_step(model)
+        total += loss.detach().item() * len(idx)
+        seen += len(idx)
+    return total / seen
+
+
+def _schedule(opt: torch.optim.Optimizer, settings: FitSettings, steps_per_epoch: int):
+    """Cosine decay over the whole run, after a linear warm-up when `warmup_epochs` > 0."""
+    total = max(1, settings.epochs * steps_per_epoch)
+    warm = min(total - 1, round(settings.warmup_epochs * steps_per_epoch))
+    if warm <= 0:
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / (total - warm)))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)

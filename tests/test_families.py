@@ -30,27 +30,62 @@ def test_train_classifier_overrides_the_output_layer_and_must_name_a_linear():
         create_model(ModelSpec("tests.models.families:se_net", [1, 8, 8], 10, classifier="stem"))
 
 
-def test_quantize_keeps_fp32_when_no_int8_form_is_faster(pipeline_dir, tmp_path, monkeypatch):
+def _scaled_latencies(real, factors: dict[str, dict[int, float]]):
+    """measure_latencies, with each INT8 candidate's samples set to fp32's times a factor per batch size."""
+
+    def scaled(sessions, x, config):
+        samples = real(sessions, x, config)
+        return {n: {b: samples["reference"][b] * factors.get(n, {}).get(b, 1.0) for b in samples[n]} for n in samples}
+
+    return scaled
+
+
+@pytest.mark.parametrize(
+    ("factors", "expected"),
+    [
+        # A CPU where INT8 kernels lose (the SE model here did): fp32 ships.
+        ({"static": {1: 1.7, 8: 1.7}, "dynamic": {1: 1.7, 8: 1.7}}, "fp32"),
+        # Dynamic INT8 wins at batch 1 but loses at batch 8 (a ViT here did); static wins at both.
+        ({"dynamic": {1: 0.5, 8: 1.2}, "static": {1: 0.8, 8: 0.9}}, "static"),
+        # Both INT8 forms lose at batch 8: fp32, though each is faster at batch 1.
+        ({"dynamic": {1: 0.5, 8: 1.2}, "static": {1: 0.8, 8: 1.1}}, "fp32"),
+    ],
+)
+def test_quantize_ships_int8_only_where_it_is_not_slower_at_any_benchmark_batch(
+    pipeline_dir, tmp_path, monkeypatch, factors, expected
+):
     import pruneops.benchmark as benchmark
 
     for part in ("validate", "train", "prune", "finetune"):
         shutil.copytree(pipeline_dir / "artifacts" / part, tmp_path / "artifacts" / part)
     shutil.copy(pipeline_dir / "params.yaml", tmp_path / "params.yaml")
-    real = benchmark.measure_latencies
-
-    def int8_slower(sessions, x, config):  # a CPU where INT8 kernels lose (the SE model here did)
-        samples = real(sessions, x, config)
-        fp32 = samples["reference"][1]
-        return {n: {1: fp32 * (1.0 if n in ("reference", "fp32") else 1.7)} for n in samples}
-
-    monkeypatch.setattr(benchmark, "measure_latencies", int8_slower)
+    monkeypatch.setattr(benchmark, "measure_latencies", _scaled_latencies(benchmark.measure_latencies, factors))
     report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
-    assert report.method == "fp32" and report.precision == "fp32"
+    assert report.method == expected and report.warnings == ()
     assert set(report.candidates) == {"static", "dynamic", "fp32"}
+    if expected != "fp32":
+        return
     monkeypatch.undo()
     export = run_stage("export", tmp_path / "params.yaml", tmp_path)
     manifest = read_json(tmp_path / "artifacts/export/manifest.json")["models"]
     assert manifest["pruned_deployed"]["precision"] == "fp32" and export.deployed_precision == "fp32"
+
+
+def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower(pipeline_dir, tmp_path, monkeypatch):
+    import yaml
+
+    import pruneops.benchmark as benchmark
+
+    for part in ("validate", "train", "prune", "finetune"):
+        shutil.copytree(pipeline_dir / "artifacts" / part, tmp_path / "artifacts" / part)
+    params = yaml.safe_load((pipeline_dir / "params.yaml").read_text())
+    params["quantize"]["method"] = "dynamic"
+    write_params(tmp_path, params)
+    factors = {"dynamic": {1: 0.5, 8: 1.25}}
+    monkeypatch.setattr(benchmark, "measure_latencies", _scaled_latencies(benchmark.measure_latencies, factors))
+    report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
+    assert report.method == "dynamic"
+    assert report.warnings == ("quantize.method=dynamic measured slower than fp32 at b8 1.25x",)
 
 
 def _params(family: str) -> dict:
@@ -62,7 +97,7 @@ def _params(family: str) -> dict:
     params["sensitivity"].update(ratios=[0.25, 0.5, 0.75])
     params["prune"].update(steps=1, epochs_per_step=1)
     params["finetune"].update(epochs=2, patience=2)
-    params["quantize"].update(latency_repeats=40, calibration_samples=64)
+    params["quantize"].update(latency_repeats=80, calibration_samples=64)
     params["benchmark"].update(batch_sizes=[1, 16], repeats=30, rounds=2, warmup=5)
     return params
 
@@ -82,12 +117,18 @@ def test_family_runs_end_to_end_with_default_settings_and_ships_no_slower_model(
     assert set(prune["measured_speedups"]) == {"1", "16"}
     if prune["gate"].startswith("passed"):
         assert prune["measured_speedups"]["1"] >= 1.05 and prune["measured_speedups"]["16"] >= 1.0
-    # Measured again here, run by run interleaved (identical models agree to ~1%): the model that
-    # ships is not slower than dense at either batch size.
+    # Measured again here, run by run interleaved: the model that ships is not slower than dense at
+    # either batch size. A second session of the dense model, timed in the same turns, measures how
+    # far two identical models disagree on this machine now (~1% here, more on a busy CI machine);
+    # the bound widens by twice that, so the test checks the model, not the machine's load.
     export = tmp_path / "artifacts/export"
     sessions = {n: make_session(export / f"{n}.onnx") for n in ("dense_fp32", "pruned_deployed")}
+    sessions["dense_again"] = make_session(export / "dense_fp32.onnx")
     x = np.load(tmp_path / "artifacts/validate/test.npz")["x"]
-    samples = measure_latencies(sessions, x, BenchmarkConfig(batch_sizes=[1, 16], warmup=10, repeats=100, rounds=2))
+    samples = measure_latencies(sessions, x, BenchmarkConfig(batch_sizes=[1, 16], warmup=10, repeats=50, rounds=4))
     for batch in (1, 16):
-        ratio = np.median(samples["dense_fp32"][batch]) / np.median(samples["pruned_deployed"][batch])
-        assert ratio >= 0.95, (family, batch, ratio, prune["gate"])
+        median = {n: float(np.median(samples[n][batch])) for n in sessions}
+        noise = abs(np.log(median["dense_fp32"] / median["dense_again"]))
+        ratio = median["dense_fp32"] / median["pruned_deployed"]
+        quantized = read_json(tmp_path / "metrics/quantize.json")
+        assert ratio >= 0.95 * np.exp(-2 * noise), (family, batch, ratio, noise, prune["gate"], quantized["method"])

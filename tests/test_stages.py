@@ -55,9 +55,19 @@ def test_finetune_stage_keeps_accuracy_close(pipeline_dir):
 def test_quantize_stage_keeps_the_fastest_candidate_with_fp32_among_them(pipeline_dir):
     m = _metrics(pipeline_dir, "quantize")
     assert set(m["candidates"]) == {"static", "dynamic", "fp32"}
+    fp32 = m["candidates"]["fp32"]
     chosen = m["candidates"][m["method"]]
-    assert chosen["within_tolerance"] and m["candidates"]["fp32"]["within_tolerance"]
-    assert all(chosen["latency_ms_b1"] <= c["latency_ms_b1"] for c in m["candidates"].values() if c["within_tolerance"])
+    assert set(chosen["latency_ms"]) == {"1", "8"}  # batch 1 and every benchmark batch size
+    assert chosen["within_tolerance"] and fp32["within_tolerance"]
+    # Never slower than fp32 at a benchmark batch size; the fastest at batch 1 of those that are not.
+    assert all(chosen["latency_ms"][b] <= fp32["latency_ms"][b] for b in fp32["latency_ms"])
+    not_slower = [
+        c
+        for c in m["candidates"].values()
+        if c["within_tolerance"] and all(c["latency_ms"][b] <= fp32["latency_ms"][b] for b in fp32["latency_ms"])
+    ]
+    assert all(chosen["latency_ms_b1"] <= c["latency_ms_b1"] for c in not_slower)
+    assert m["warnings"] == []
     assert abs(m["test_accuracy"] - m["fp32_test_accuracy"]) < 0.05
     model = onnx.load(pipeline_dir / "artifacts/quantize/model.onnx")
     quantized = any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger") for n in model.graph.node)
@@ -126,3 +136,16 @@ def test_prune_stage_recalibrates_batchnorm_after_each_step(pipeline_dir, tmp_pa
     recalibrate_batchnorm_(models[0], calibration_subset(train.x, 256, 0))
     for key, value in models[0].state_dict().items():
         torch.testing.assert_close(value, fresh[key], atol=1e-5, rtol=1e-5)
+
+
+def test_run_logged_keeps_the_last_non_blank_lines_for_the_error_message(tmp_path):
+    """An experiment's failure message is the tail's last line: a trailing blank must not hide it."""
+    import sys
+
+    from pruneops.experiments import run_logged
+
+    seen: list[str] = []
+    code, tail = run_logged(
+        [sys.executable, "-c", "print('a'); print('ERROR: boom'); print(); print('  ')"], tmp_path, seen.append
+    )
+    assert code == 0 and tail == ["a", "ERROR: boom"] and len(seen) == 4

@@ -119,13 +119,20 @@ def npz_bytes(draw):
 def test_any_npz_file_loads_or_is_one_data_error(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("npz") / "data.npz"
     path.write_bytes(data)
+    raw = _loaded_or_one_data_error(ValidateConfig(dataset="npz", path=str(path)))
+    if raw is not None:
+        assert len(raw.x_train) == len(raw.y_train) > 0 and raw.y_train.min() >= 0
+
+
+def _loaded_or_one_data_error(config: ValidateConfig):
+    """The loaded data (inputs float32, labels int64), or None after a one-line `DataError`."""
     try:
-        raw = load_raw(ValidateConfig(dataset="npz", path=str(path)))
+        raw = load_raw(config)
     except DataError as exc:
         assert "\n" not in str(exc)
-        return
+        return None
     assert raw.x_train.dtype == np.float32 and raw.y_train.dtype == np.int64
-    assert len(raw.x_train) == len(raw.y_train) > 0 and raw.y_train.min() >= 0
+    return raw
 
 
 @SWEEP
@@ -133,12 +140,54 @@ def test_any_npz_file_loads_or_is_one_data_error(tmp_path_factory, data):
 def test_any_table_file_loads_or_is_one_data_error(tmp_path_factory, body):
     path = tmp_path_factory.mktemp("csv") / "data.csv"
     path.write_text("label,a,b\n" + body, encoding="utf-8", errors="surrogateescape")
-    try:
-        raw = load_raw(ValidateConfig(dataset="table", path=str(path)))
-    except DataError as exc:
-        assert "\n" not in str(exc)
-        return
-    assert raw.x_train.dtype == np.float32 and raw.y_train.dtype == np.int64
+    _loaded_or_one_data_error(ValidateConfig(dataset="table", path=str(path)))
+
+
+def idx_bytes(array: np.ndarray, code: int = 0x08) -> bytes:
+    """An IDX file of `array` (big-endian, as MNIST ships)."""
+    import struct
+
+    dtype = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}[code]
+    head = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return head + np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+
+@st.composite
+def idx_folder_files(draw):
+    """The four IDX files, each possibly corrupt: wrong type code or rank, truncated, gzipped or not."""
+    import gzip
+
+    n_train, n_test, side = draw(st.integers(0, 5)), draw(st.integers(0, 5)), draw(st.integers(1, 4))
+    files = {}
+    for stem, shape in (
+        ("train-images-idx3-ubyte", (n_train, side, side)),
+        ("train-labels-idx1-ubyte", (n_train,)),
+        ("t10k-images-idx3-ubyte", (n_test, side, side)),
+        ("t10k-labels-idx1-ubyte", (n_test,)),
+    ):
+        shape = draw(st.sampled_from([shape, shape[:1], (*shape, 2)])) if draw(st.integers(0, 5)) == 0 else shape
+        code = draw(st.sampled_from([0x08, 0x08, 0x09, 0x0C, 0x0D]))
+        fill = draw(st.sampled_from([0, 3, 200, -1, 1e9, math.nan])) if code == 0x0D else draw(st.integers(0, 9))
+        with np.errstate(all="ignore"):
+            data = idx_bytes(np.full(shape, fill).astype(np.float64 if code == 0x0D else np.int64), code)
+        if draw(st.integers(0, 4)) == 0:
+            data = data[: draw(st.integers(0, len(data)))]
+        elif draw(st.integers(0, 9)) == 0:
+            data = draw(st.binary(max_size=40))
+        gz = draw(st.booleans())
+        files[stem + (".gz" if gz else "")] = gzip.compress(data) if gz else data
+    return files
+
+
+@SWEEP
+@given(files=idx_folder_files())
+def test_any_idx_folder_loads_or_is_one_data_error(tmp_path_factory, files):
+    folder = tmp_path_factory.mktemp("idx")
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    raw = _loaded_or_one_data_error(ValidateConfig(dataset="idx", path=str(folder)))
+    if raw is not None:
+        assert raw.x_train.shape[0] == len(raw.y_train) and raw.x_train.ndim == 4
 
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis (the dev extra) is not installed")

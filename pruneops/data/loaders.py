@@ -1,8 +1,10 @@
-"""Raw data loaders, chosen by `validate.dataset`: `digits`, `npz`, `table`."""
+"""Raw data loaders, chosen by `validate.dataset`: `digits`, `npz`, `idx`, `table`."""
 
 from __future__ import annotations
 
+import gzip
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +122,83 @@ def load_npz(config: ValidateConfig) -> RawData:
         as_inputs(xte, f"{path}: x_test"),
         as_labels(arrays["y_test"], f"{path}: y_test"),
         tuple(int(d) for d in xtr.shape[1:]),
+        default_range,
+    )
+
+
+# IDX (LeCun's MNIST format): type code -> big-endian dtype.
+IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+IDX_MAX_BYTES = 4 << 30  # a header that promises more than this is a corrupt file, not data
+IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """One IDX file (plain or `.gz`) as an array in native byte order.
+
+    The header is read first and the size it promises checked before the body is read, so a
+    corrupt header cannot make the loader allocate or decompress without bound.
+
+    Raises:
+        DataError: Not IDX, an unknown type code, or a body shorter or longer than the header says.
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            head = f.read(4)
+            if len(head) < 4 or head[:2] != b"\0\0" or head[2] not in IDX_DTYPES or not 1 <= head[3] <= 4:
+                raise DataError(f"{path}: not an IDX file (magic {head.hex() or 'empty'})")
+            dims_raw = f.read(4 * head[3])
+            if len(dims_raw) < 4 * head[3]:
+                raise DataError(f"{path}: truncated IDX header")
+            dims = [int(d) for d in np.frombuffer(dims_raw, ">u4")]
+            dtype = np.dtype(IDX_DTYPES[head[2]])
+            size = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+            if size > IDX_MAX_BYTES or not all(dims):
+                raise DataError(f"{path}: IDX header gives shape {dims}: empty or implausibly large")
+            body = f.read(size + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: unreadable ({exc})") from None
+    if len(body) != size:
+        raise DataError(f"{path}: IDX body has {len(body)} bytes{'+' if len(body) > size else ''}, header says {size}")
+    return np.frombuffer(body, dtype).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def _idx_file(folder: Path, stem: str) -> Path:
+    for name in (stem, f"{stem}.gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise DataError(f"{folder}: {stem}[.gz] not found (an IDX folder holds {', '.join(IDX_FILES.values())})")
+
+
+@LOADERS.register("idx", "IDX files as MNIST/Fashion-MNIST ship them (plain or .gz) in a folder")
+def load_idx(config: ValidateConfig) -> RawData:
+    """A folder of `train-images-idx3-ubyte[.gz]`, `train-labels-idx1-ubyte[.gz]` and the `t10k-` pair."""
+    if not config.path:
+        raise ConfigError("validate.path: required for dataset 'idx' (the folder of the IDX files)")
+    folder = Path(config.path)
+    if not folder.is_dir():
+        raise DataError(f"{folder}: not a folder (dataset 'idx' reads the four IDX files in one)")
+    arrays = {key: read_idx(_idx_file(folder, stem)) for key, stem in IDX_FILES.items()}
+    xtr, xte = arrays["x_train"], arrays["x_test"]
+    if (
+        xtr.ndim != 3
+        or xte.shape[1:] != xtr.shape[1:]
+        or len(xtr) != len(arrays["y_train"])
+        or len(xte) != len(arrays["y_test"])
+    ):
+        raise DataError(f"{folder}: inconsistent IDX shapes; {_shapes(arrays)}")
+    default_range = (0.0, 255.0) if xtr.dtype == np.uint8 else (float(xtr.min()), float(xtr.max()))
+    return RawData(
+        as_inputs(xtr[:, None], f"{folder}: {IDX_FILES['x_train']}"),
+        as_labels(arrays["y_train"], f"{folder}: {IDX_FILES['y_train']}"),
+        as_inputs(xte[:, None], f"{folder}: {IDX_FILES['x_test']}"),
+        as_labels(arrays["y_test"], f"{folder}: {IDX_FILES['y_test']}"),
+        (1, *(int(d) for d in xtr.shape[1:])),
         default_range,
     )
 

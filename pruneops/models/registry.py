@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ def resolve_factory(name: str):
     """
     if ":" not in name:
         import pruneops.models.architectures  # noqa: F401 - registers the built-in models
+        import pruneops.models.mobilenet  # noqa: F401
 
         return MODELS.get(name)
     module_name, _, attr = name.partition(":")
@@ -59,11 +61,14 @@ def create_model(spec: ModelSpec) -> nn.Module:
     """Builds the architecture of `spec` with fresh weights.
 
     User factories (`package.module:factory`) are called as
-    `factory(input_shape=..., num_classes=..., **kwargs)`.
+    `factory(input_shape=..., num_classes=..., **kwargs)`; `input_shape` only when the factory
+    names it (torchvision's `mobilenet_v2(**kwargs)` hands every keyword to its class, which has
+    no such argument).
     """
     factory = resolve_factory(spec.name)
+    shape = {"input_shape": tuple(spec.input_shape)} if _names_parameter(factory, "input_shape") else {}
     try:
-        model = factory(input_shape=tuple(spec.input_shape), num_classes=spec.num_classes, **spec.kwargs)
+        model = factory(**shape, num_classes=spec.num_classes, **spec.kwargs)
     except TypeError as exc:
         raise ConfigError(f"train.model_kwargs: not accepted by {spec.name!r} ({exc})") from None
     except (RuntimeError, ValueError, MemoryError) as exc:  # e.g. a size torch cannot allocate
@@ -76,6 +81,13 @@ def create_model(spec: ModelSpec) -> nn.Module:
     if spec.classifier is not None and not isinstance(dict(model.named_modules()).get(spec.classifier), nn.Linear):
         raise ConfigError(f"train.classifier: {spec.classifier!r} is not a Linear layer of {spec.name!r}")
     return model
+
+
+def _names_parameter(factory, name: str) -> bool:
+    try:
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: pass everything
+        return True
 
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)

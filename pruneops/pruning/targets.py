@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -67,7 +68,12 @@ def plan_ratio_or_budget(
 
 
 def plan_latency(
-    config: PruneConfig, sweep: dict, sensitivity_dir: Path, threads: int, aim_ms: float | None = None
+    config: PruneConfig,
+    sweep: dict,
+    sensitivity_dir: Path,
+    threads: int,
+    aim_ms: float | None = None,
+    measured: list[tuple[dict[str, int], float]] | None = None,
 ) -> Plan:
     """Per-unit widths for a latency target from the sensitivity stage's latency table.
 
@@ -76,7 +82,10 @@ def plan_latency(
         sweep: The sensitivity sweep.
         sensitivity_dir: Where `latency.json` and `latency_table.json` are.
         threads: ONNX Runtime threads (the table's machine fingerprint includes them).
-        aim_ms: What to ask the table for instead of the target (a correction after a measurement).
+        aim_ms: What to ask the table for instead of the target (a step along the staircase).
+        measured: Widths already exported and timed here, each with its measured latency as a
+            fraction of dense measured in the same run: the predicted savings at the target
+            batch are rescaled to fit them (`recalibrate_`) before the next plan is made.
 
     Raises:
         ConfigError: No latency table (rerun sensitivity).
@@ -92,12 +101,29 @@ def plan_latency(
     warnings = [] if same else ["the latency table was measured on another machine: layers re-measured here"]
     latency = LatencyModel.from_json(read_json(path), table)
     batch = config.target_batch
+    if measured:
+        recalibrate_(latency, batch, measured)
     dense = latency.predict({}, batch)
     target = config.target_value if config.target == "latency_ms" else config.target_value * dense
     aim = aim_ms if aim_ms is not None else target
     allocation = allocate_latency(latency, sweep, aim, batch, config.max_unit_ratio, sweep.get("chance_drop"))
     ratio = max(allocation.ratios.values(), default=0.0)
     return Plan(ratio, None, allocation.ratios, allocation.predicted_ms, dense, target, warnings, aim)
+
+
+def recalibrate_(latency, batch: int, measured: list[tuple[dict[str, int], float]]) -> None:
+    """Rescales `latency`'s predicted savings at `batch` to fit measured widths (fractions of dense).
+
+    The scale is the least-squares fit, through the origin, of measured savings on predicted ones
+    (both as fractions of dense): the table keeps ranking the moves, the measurements set how
+    much they save here.
+    """
+    latency.savings_scale.pop(batch, None)
+    dense = latency.predict({}, batch)
+    predicted = np.array([1.0 - latency.predict(w, batch) / dense for w, _ in measured])
+    real = np.array([1.0 - fraction for _, fraction in measured])
+    if float(predicted @ predicted) > 1e-12:
+        latency.savings_scale[batch] = float(np.clip(predicted @ real / (predicted @ predicted), 0.25, 4.0))
 
 
 def plan(

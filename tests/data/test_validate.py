@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -124,3 +126,44 @@ def test_missing_and_corrupt_files_are_data_errors(tmp_path):
         validate_dataset(ValidateConfig(dataset="npz", path=str(tmp_path / "bad.npz")), Layout(tmp_path))
     with pytest.raises(ConfigError, match="validate.path: required"):
         validate_dataset(ValidateConfig(dataset="npz"), Layout(tmp_path))
+
+
+def test_idx_files_load_as_mnist_ships_them(tmp_path):
+    """A folder of IDX files (gzipped or not) gives 1-channel images and int labels, exactly."""
+    import gzip
+
+    from pruneops.data.loaders import load_raw
+    from tests.test_sweep import idx_bytes
+
+    rng = np.random.default_rng(0)
+    x_train, x_test = rng.integers(0, 256, (30, 5, 6), dtype=np.uint8), rng.integers(0, 256, (8, 5, 6), dtype=np.uint8)
+    y_train, y_test = rng.integers(0, 10, 30, dtype=np.uint8), rng.integers(0, 10, 8, dtype=np.uint8)
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_bytes(x_train)))
+    (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_bytes(y_train)))
+    (tmp_path / "t10k-images-idx3-ubyte").write_bytes(idx_bytes(x_test))
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(y_test))
+    raw = load_raw(ValidateConfig(dataset="idx", path=str(tmp_path)))
+    assert raw.input_shape == (1, 5, 6) and raw.value_range == (0.0, 255.0)
+    np.testing.assert_array_equal(raw.x_train[:, 0], x_train)
+    np.testing.assert_array_equal(raw.y_test, y_test)
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(y_test)[:-1])
+    with pytest.raises(DataError, match="header says"):
+        load_raw(ValidateConfig(dataset="idx", path=str(tmp_path)))
+    (tmp_path / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte\[\.gz\] not found"):
+        load_raw(ValidateConfig(dataset="idx", path=str(tmp_path)))
+
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(
+    not FASHION_MNIST.is_dir(), reason="Fashion-MNIST not installed (make vision-assets: Debian dataset-fashion-mnist)"
+)
+def test_real_fashion_mnist_loads_from_the_debian_package():
+    from pruneops.data.loaders import load_raw
+
+    raw = load_raw(ValidateConfig(dataset="idx", path=str(FASHION_MNIST)))
+    assert raw.x_train.shape == (60_000, 1, 28, 28) and raw.x_test.shape == (10_000, 1, 28, 28)
+    assert np.bincount(raw.y_train).tolist() == [6000] * 10 and np.bincount(raw.y_test).tolist() == [1000] * 10
+    assert raw.x_train.min() == 0.0 and raw.x_train.max() == 255.0
