@@ -9,8 +9,8 @@ cost that dominate at tens of microseconds), so the model itself is also exporte
 dense, four uniform cuts, and each unit alone at a few of its efficient widths. A prediction is
 `a + sum over layers of (in-context cost per unit of a feature) * feature`, the feature being
 the layer's MACs or its table time, fitted to those exports (non-negative least squares); the
-feature, or the plain line `a + b * sum(layer times)`, is chosen per batch size by
-leave-one-out error on the exports. Widths at which
+feature, or the plain line `a + b * sum(layer times)`, is chosen per batch size by its error
+on uniform cuts left out of the fit. Widths at which
 a unit's layers are no faster than at a larger width (ONNX Runtime computes channels in blocks
 of 8 or 16 here) are not "efficient": the allocator only stops units at efficient widths.
 """
@@ -38,6 +38,7 @@ from pruneops.pruning.units import UnitPruner, round_keep
 
 FIELDS = ("cin", "cout", "groups")
 UNIT_POINTS = 4  # exports per unit alone: each costs an export and a timed session
+PREDICTORS = ("mmacs", "table", "line")  # per-layer costs on MACs or table times; one line over the table sum
 
 
 def machine_fingerprint(threads: int) -> dict[str, Any]:
@@ -270,6 +271,33 @@ class LatencyModel:
     layer_costs: dict[int, tuple[str, float, dict[str, float]]] = field(default_factory=dict)
     # Refitted on plans measured in the prune stage: predicted savings are scaled by this.
     savings_scale: dict[int, float] = field(default_factory=dict)
+    # The whole-model exports the predictors were fitted on: "points" (key -> unit widths) and
+    # "measured" (batch -> key -> median ms). Empty for a model read back from JSON.
+    exports: dict[str, Any] = field(default_factory=dict)
+
+    def fit_(
+        self,
+        predictor: str,
+        batch: int,
+        points: dict[str, dict[str, int]] | None = None,
+        measured: dict[str, float] | None = None,
+    ) -> None:
+        """Fits `predictor` ("mmacs", "table" or "line") at `batch`, on `points` or every export.
+
+        Raises:
+            ValueError: An unknown predictor, or no exports to fit on.
+        """
+        points = self.exports.get("points", {}) if points is None else points
+        measured = self.exports.get("measured", {}).get(batch, {}) if measured is None else measured
+        if predictor not in PREDICTORS or not points:
+            raise ValueError(f"cannot fit predictor {predictor!r} at batch {batch} (known: {PREDICTORS})")
+        times = np.array([measured[k] for k in points])
+        if predictor == "line":
+            self.layer_costs.pop(batch, None)
+            sums = np.array([self.layer_sum(w, batch) for w in points.values()])
+            self.calibration[batch] = fit_calibration(sums, times)
+        else:
+            self.layer_costs[batch] = fit_layer_costs(self, points, measured, predictor, batch)
 
     def shapes(self, widths: dict[str, int]) -> dict[str, LayerShape]:
         """Every layer's shape with the units at `widths` (units left out stay whole)."""
@@ -419,17 +447,9 @@ def build_latency_model(
     # Short runs per model: the fit averages over every export, and there are tens of them.
     timing = BenchmarkConfig(threads=table.machine["threads"], batch_sizes=batches, warmup=3, repeats=15, rounds=2)
     measured = measured_latency(models, input_shape, timing)
-    uniform = [k for k in points if not k.startswith("unit:")]
+    latency.exports = {"points": points, "measured": {b: {k: t[b] for k, t in measured.items()} for b in batches}}
     for batch in batches:
-        sums = np.array([latency.layer_sum(points[k], batch) for k in uniform])
-        latency.calibration[batch] = fit_calibration(sums, np.array([measured[k][batch] for k in uniform]))
-        times = {k: t[batch] for k, t in measured.items()}
-        best = select_cost_model(latency, points, times, batch)
-        if best == "line":
-            sums = np.array([latency.layer_sum(w, batch) for w in points.values()])
-            latency.calibration[batch] = fit_calibration(sums, np.array([times[k] for k in points]))
-        else:
-            latency.layer_costs[batch] = fit_layer_costs(latency, points, times, best, batch)
+        latency.fit_(select_cost_model(latency, points, latency.exports["measured"][batch], batch), batch)
     return latency
 
 
@@ -469,27 +489,30 @@ def fit_layer_costs(
     return feature, float(coef[0]), dict(zip(layers, (float(c) for c in coef[1:]), strict=True))
 
 
+def _multi_unit(key: str) -> bool:
+    """Whether an export key is one of the uniform cuts (every unit narrowed, as a plan narrows them)."""
+    return key != "dense" and not key.startswith("unit:")
+
+
 def select_cost_model(
     latency: LatencyModel, points: dict[str, dict[str, int]], measured: dict[str, float], batch: int
 ) -> str:
-    """Which predictor fits the measured exports best when each is left out of its own fit.
+    """Which predictor best predicts a multi-unit cut it was not fitted on.
 
     The candidates: per-layer costs on MACs (`mmacs`), on one-operator table times (`table`), or
-    one line over the table sum (`line`); leave-one-out median relative error decides.
+    one line over the table sum (`line`). Each uniform cut is left out in turn, the predictor is
+    fitted on every other export and predicts it; the median relative error decides. Only the
+    uniform cuts are held out because plans narrow many units at once: leaving out a one-unit
+    export judges a per-layer fit on the one layer it then knows nothing about, which no plan asks.
     """
+    held_out = [k for k in points if _multi_unit(k)] or [k for k in points if k != "dense"]
     errors: dict[str, float] = {}
-    for feature in ("mmacs", "table", "line"):
+    for feature in PREDICTORS:
         misses = []
-        for out in (k for k in points if k != "dense"):
-            kept = {k: w for k, w in points.items() if k != out}
-            if feature == "line":
-                sums = np.array([latency.layer_sum(w, batch) for w in kept.values()])
-                a, b = fit_calibration(sums, np.array([measured[k] for k in kept]))
-                predicted = a + b * latency.layer_sum(points[out], batch)
-            else:
-                twin = replace(latency, layer_costs={batch: fit_layer_costs(latency, kept, measured, feature, batch)})
-                predicted = twin.predict(points[out], batch)
-            misses.append(abs(predicted / measured[out] - 1.0))
+        for out in held_out:
+            twin = replace(latency, calibration={}, layer_costs={}, savings_scale={})
+            twin.fit_(feature, batch, {k: w for k, w in points.items() if k != out}, measured)
+            misses.append(abs(twin.predict(points[out], batch) / measured[out] - 1.0))
         errors[feature] = float(np.median(misses)) if misses else float("inf")
     return min(errors, key=errors.get)
 

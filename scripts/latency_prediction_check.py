@@ -8,7 +8,9 @@ MODEL is a registered name or `package.module:factory` (e.g.
 builds it (1 thread, batches 1 and 64); then random allocations (each unit at one of its fast
 widths, at least 15 % of it kept) are exported and timed interleaved with dense, and each
 prediction (anchored on dense measured in the same run, as the prune stage does) is compared
-with its measurement. Also printed: the one-line fit over the table's layer sum, for comparison.
+with its measurement. Every predictor (per-layer MAC costs, per-layer table costs, one line over
+the table sum) is refitted on the same exports and scored on the same allocations; the one the
+build chose is marked.
 """
 
 from __future__ import annotations
@@ -60,24 +62,25 @@ def main() -> int:
     models = {k: m for k, m in models.items() if m is not None}
     timing = BenchmarkConfig(threads=1, batch_sizes=[1, 64], warmup=5, repeats=20, rounds=3)
     measured = lat.measured_latency(models, shape, timing)
+    chosen = {b: latency.layer_costs[b][0] if b in latency.layer_costs else "line" for b in (1, 64)}
     for batch in (1, 64):
-        a, b = latency.calibration[batch]
-        errors, line_errors = [], []
-        for key in models:
-            if key == "dense":
-                continue
-            dense_ms, ms = measured["dense"][batch], measured[key][batch]
-            predicted = latency.predict(widths[key], batch) / latency.predict({}, batch) * dense_ms
-            line = (a + b * latency.layer_sum(widths[key], batch)) / (a + b * latency.layer_sum({}, batch)) * dense_ms
-            errors.append(predicted / ms - 1)
-            line_errors.append(line / ms - 1)
-            print(f"batch {batch} {key}: measured {ms / dense_ms:.2f} of dense, error {errors[-1]:+.1%}")
-        chosen = latency.layer_costs[batch][0] if batch in latency.layer_costs else "line"
-        print(
-            f"batch {batch} (predictor: {chosen}): |error| median {np.median(np.abs(errors)):.1%}, "
-            f"max {np.max(np.abs(errors)):.1%} "
-            f"(table-sum line: {np.median(np.abs(line_errors)):.1%}, {np.max(np.abs(line_errors)):.1%})"
-        )
+        summary = []
+        for predictor in lat.PREDICTORS:  # each refitted on the same exports, for comparison
+            latency.fit_(predictor, batch)
+            errors = []
+            for key in models:
+                if key == "dense":
+                    continue
+                dense_ms, ms = measured["dense"][batch], measured[key][batch]
+                predicted = latency.predict(widths[key], batch) / latency.predict({}, batch) * dense_ms
+                errors.append(predicted / ms - 1)
+                if predictor == chosen[batch]:
+                    print(f"batch {batch} {key}: measured {ms / dense_ms:.2f} of dense, error {errors[-1]:+.1%}")
+            mark = " (chosen)" if predictor == chosen[batch] else ""
+            summary.append(
+                f"{predictor}{mark}: median {np.median(np.abs(errors)):.1%}, max {np.max(np.abs(errors)):.1%}"
+            )
+        print(f"batch {batch} |error| " + "; ".join(summary))
     return 0
 
 
