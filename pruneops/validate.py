@@ -183,6 +183,7 @@ def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> Va
         classes=classes,
         value_range=[float(low), float(high)],
         feature_names=raw.feature_names,
+        class_names=raw.class_names,
     )
     groups = feature_groups(raw.input_shape, raw.feature_names)
     stats = reference_stats(splits["train"].x, y_train, classes, config.hist_bins, groups)

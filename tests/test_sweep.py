@@ -190,6 +190,41 @@ def test_any_idx_folder_loads_or_is_one_data_error(tmp_path_factory, files):
         assert raw.x_train.shape[0] == len(raw.y_train) and raw.x_train.ndim == 4
 
 
+@st.composite
+def image_folder_files(draw):
+    """Class folders of images: PNG or JPEG of random size and mode, some truncated or plain garbage."""
+    from PIL import Image
+
+    files = {}
+    for c in range(draw(st.integers(1, 3))):
+        for i in range(draw(st.integers(0, 3))):
+            mode = draw(st.sampled_from(["L", "RGB", "RGBA", "1", "P", "I;16"]))
+            size = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+            fmt = draw(st.sampled_from(["PNG", "JPEG"])) if mode in ("L", "RGB") else "PNG"
+            buffer = io.BytesIO()
+            Image.new(mode, size, color=draw(st.integers(0, 255))).save(buffer, format=fmt)
+            data = buffer.getvalue()
+            if draw(st.integers(0, 5)) == 0:
+                data = data[: draw(st.integers(0, len(data)))]
+            elif draw(st.integers(0, 9)) == 0:
+                data = draw(st.binary(max_size=40))
+            files[f"c{c}/{i}.{fmt.lower()}"] = data
+    return files
+
+
+@SWEEP
+@given(files=image_folder_files())
+def test_any_image_folder_loads_or_is_one_data_error(tmp_path_factory, files):
+    folder = tmp_path_factory.mktemp("images")
+    for name, data in files.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_bytes(data)
+    raw = _loaded_or_one_data_error(ValidateConfig(dataset="image_folder", path=str(folder)))
+    if raw is not None:
+        assert raw.x_train.shape[0] == len(raw.y_train) and raw.x_train.shape[1] in (1, 3)
+        assert raw.x_train.min() >= 0.0 and raw.x_train.max() <= 255.0
+
+
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis (the dev extra) is not installed")
 
 

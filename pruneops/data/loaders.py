@@ -1,4 +1,4 @@
-"""Raw data loaders, chosen by `validate.dataset`: `digits`, `npz`, `idx`, `table`."""
+"""Raw data loaders, chosen by `validate.dataset`: `digits`, `npz`, `idx`, `image_folder`, `table`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class RawData:
     value_range: tuple[float, float]
     feature_names: list[str] | None = None
     table: pd.DataFrame | None = None
+    class_names: list[str] | None = None
 
 
 LOADERS: Registry = Registry("dataset")
@@ -200,6 +201,102 @@ def load_idx(config: ValidateConfig) -> RawData:
         as_labels(arrays["y_test"], f"{folder}: {IDX_FILES['y_test']}"),
         (1, *(int(d) for d in xtr.shape[1:])),
         default_range,
+    )
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+MAX_IMAGE_PIXELS = 4096 * 4096  # one image beyond this is a mistake (or a decompression bomb), not data
+MAX_IMAGES = 2_000_000
+
+
+def _image_files(folder: Path) -> dict[str, list[Path]]:
+    """Per class folder (sorted by name), its image files (sorted); hidden files are skipped.
+
+    Raises:
+        DataError: No class folders, an empty class, or a file that is not PNG/JPEG.
+    """
+    classes = sorted(d for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise DataError(f"{folder}: no class folders (image_folder wants <folder>/<class>/<image>.png|jpg)")
+    files = {}
+    for d in classes:
+        entries = sorted(f for f in d.iterdir() if not f.name.startswith("."))
+        other = [f.name for f in entries if f.suffix.lower() not in IMAGE_SUFFIXES]
+        if other:
+            raise DataError(f"{d}: not PNG/JPEG: {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}")
+        if not entries:
+            raise DataError(f"{d}: class folder has no images")
+        files[d.name] = entries
+    return files
+
+
+def _read_image(path: Path, mode: str | None) -> np.ndarray:
+    """One image as an (H, W) or (H, W, 3) uint8 array, in `mode` ("L" or "RGB"; None: from the file)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            if img.width * img.height > MAX_IMAGE_PIXELS:
+                raise DataError(f"{path}: {img.width}x{img.height} is larger than {MAX_IMAGE_PIXELS} pixels")
+            target = mode or ("L" if img.mode in ("1", "L", "I;16", "I") else "RGB")
+            return np.asarray(img.convert(target), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable image ({exc})") from None
+
+
+def _load_image_split(folder: Path, class_names: list[str] | None, mode: str | None):
+    """Images and labels of one split folder; the class order is `class_names` (or this folder's)."""
+    files = _image_files(folder)
+    names = class_names or list(files)
+    unknown = [c for c in files if c not in names]
+    if unknown:
+        raise DataError(f"{folder}: classes not in the training folder: {', '.join(unknown[:5])}")
+    if sum(len(v) for v in files.values()) > MAX_IMAGES:
+        raise DataError(f"{folder}: more than {MAX_IMAGES} images")
+    images, labels = [], []
+    for name, paths in files.items():
+        for path in paths:
+            image = _read_image(path, mode)
+            mode = mode or ("L" if image.ndim == 2 else "RGB")
+            if images and image.shape != images[0].shape:
+                raise DataError(
+                    f"{path}: {image.shape[1]}x{image.shape[0]} image, the first was "
+                    f"{images[0].shape[1]}x{images[0].shape[0]} (every image must have one size)"
+                )
+            images.append(image)
+            labels.append(names.index(name))
+    x = np.stack(images)
+    x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # to (N, C, H, W)
+    return x, np.array(labels, dtype=np.int64), names, mode
+
+
+@LOADERS.register("image_folder", "PNG/JPEG images, one folder per class (<path>/train, <path>/test, or <path>)")
+def load_image_folder(config: ValidateConfig) -> RawData:
+    """`<path>/train/<class>/*` and `<path>/test/<class>/*`, or `<path>/<class>/*` with no test split.
+
+    Classes are the folder names in sorted order (label 0 is the first); a grayscale first image
+    makes every image 1-channel, any other mode 3-channel RGB. Every image must have one size.
+    """
+    if not config.path:
+        raise ConfigError("validate.path: required for dataset 'image_folder' (the folder of class folders)")
+    folder = Path(config.path)
+    if not folder.is_dir():
+        raise DataError(f"{folder}: not a folder (dataset 'image_folder' reads <path>/<class>/<image>)")
+    split = (folder / "train").is_dir()
+    x, y, names, mode = _load_image_split(folder / "train" if split else folder, None, None)
+    x_test = y_test = None
+    if split and (folder / "test").is_dir():
+        x_test, y_test, _, _ = _load_image_split(folder / "test", names, mode)
+        if x_test.shape[1:] != x.shape[1:]:
+            raise DataError(f"{folder}/test: images are {list(x_test.shape[1:])}, training ones {list(x.shape[1:])}")
+    return RawData(
+        as_inputs(x, str(folder)),
+        y,
+        None if x_test is None else as_inputs(x_test, f"{folder}/test"),
+        y_test,
+        tuple(int(d) for d in x.shape[1:]),
+        (0.0, 255.0),
+        class_names=names,
     )
 
 

@@ -39,6 +39,7 @@ class DataMeta:
     classes: list[int]
     value_range: list[float]
     feature_names: list[str] | None = None
+    class_names: list[str] | None = None  # label i's name (image folders: the class folder's name)
 
     def save(self, path: Path) -> None:
         """Writes the metadata as JSON."""

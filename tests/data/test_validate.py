@@ -167,3 +167,70 @@ def test_real_fashion_mnist_loads_from_the_debian_package():
     assert raw.x_train.shape == (60_000, 1, 28, 28) and raw.x_test.shape == (10_000, 1, 28, 28)
     assert np.bincount(raw.y_train).tolist() == [6000] * 10 and np.bincount(raw.y_test).tolist() == [1000] * 10
     assert raw.x_train.min() == 0.0 and raw.x_train.max() == 255.0
+
+
+def _image_folder(root: Path, images: dict[str, list[np.ndarray]], fmt: str = "PNG") -> None:
+    from PIL import Image
+
+    for name, arrays in images.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i, a in enumerate(arrays):
+            Image.fromarray(a).save(root / name / f"{i}.{fmt.lower()}", format=fmt)
+
+
+def test_image_folders_load_pixels_exactly_with_class_names_from_the_folders(tmp_path):
+    """PNG is lossless, so the loaded pixels must equal the saved ones; labels follow sorted folder names."""
+    from pruneops.data.loaders import load_raw
+
+    rng = np.random.default_rng(0)
+    train = {c: [rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(4)] for c in ("dog", "cat")}
+    test = {"dog": [rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)]}
+    _image_folder(tmp_path / "train", train)
+    _image_folder(tmp_path / "test", test)
+    (tmp_path / "train" / "cat" / ".DS_Store").write_bytes(b"\0")  # hidden files are not data
+    raw = load_raw(ValidateConfig(dataset="image_folder", path=str(tmp_path)))
+    assert raw.class_names == ["cat", "dog"] and raw.input_shape == (3, 6, 5)
+    assert raw.y_train.tolist() == [0] * 4 + [1] * 4 and raw.y_test.tolist() == [1]
+    np.testing.assert_array_equal(raw.x_train[0], train["cat"][0].transpose(2, 0, 1))
+    np.testing.assert_array_equal(raw.x_test[0], test["dog"][0].transpose(2, 0, 1))
+    assert raw.value_range == (0.0, 255.0) and raw.x_train.dtype == np.float32
+
+
+def test_grayscale_image_folder_without_test_split_runs_validate(tmp_path):
+    rng = np.random.default_rng(1)
+    images = {c: [rng.integers(0, 256, (8, 8), dtype=np.uint8) for _ in range(20)] for c in ("a", "b", "c")}
+    _image_folder(tmp_path / "data", images, "JPEG")
+    report = validate_dataset(ValidateConfig(dataset="image_folder", path=str(tmp_path / "data")), Layout(tmp_path))
+    meta, train, _, test = load_prepared(tmp_path / "artifacts/validate")
+    assert meta.input_shape == [1, 8, 8] and meta.class_names == ["a", "b", "c"] and meta.num_classes == 3
+    assert report.n_train + report.n_val + report.n_test == 60 and train.x.min() >= 0.0 and train.x.max() <= 1.0
+
+
+def test_bad_image_folders_are_one_data_error_naming_the_file(tmp_path):
+    from pruneops.data.loaders import load_raw
+
+    def load(path):
+        return load_raw(ValidateConfig(dataset="image_folder", path=str(path)))
+
+    rng = np.random.default_rng(2)
+    _image_folder(tmp_path / "sizes", {"a": [rng.integers(0, 256, (4, 4), dtype=np.uint8)] * 2})
+    _image_folder(tmp_path / "sizes", {"b": [rng.integers(0, 256, (5, 4), dtype=np.uint8)]})
+    with pytest.raises(DataError, match=r"b/0.png: 4x5 image, the first was 4x4"):
+        load(tmp_path / "sizes")
+    _image_folder(tmp_path / "corrupt", {"a": [rng.integers(0, 256, (4, 4), dtype=np.uint8)]})
+    (tmp_path / "corrupt" / "a" / "1.png").write_bytes(b"\x89PNG not really")
+    with pytest.raises(DataError, match=r"a/1.png: unreadable image"):
+        load(tmp_path / "corrupt")
+    (tmp_path / "other" / "a").mkdir(parents=True)
+    (tmp_path / "other" / "a" / "notes.txt").write_text("hi")
+    with pytest.raises(DataError, match=r"not PNG/JPEG: notes.txt"):
+        load(tmp_path / "other")
+    (tmp_path / "flat").mkdir()
+    with pytest.raises(DataError, match="no class folders"):
+        load(tmp_path / "flat")
+    _image_folder(tmp_path / "split" / "train", {"a": [rng.integers(0, 256, (4, 4), dtype=np.uint8)]})
+    _image_folder(tmp_path / "split" / "test", {"zebra": [rng.integers(0, 256, (4, 4), dtype=np.uint8)]})
+    with pytest.raises(DataError, match="classes not in the training folder: zebra"):
+        load(tmp_path / "split")
+    with pytest.raises(ConfigError, match="validate.path: required"):
+        load_raw(ValidateConfig(dataset="image_folder"))
