@@ -116,6 +116,20 @@ class ValidateConfig(StageConfig):
         return registered("pruneops.data.loaders:LOADERS", v)
 
 
+class PreprocessConfig(StageConfig):
+    """`train.preprocess`: what the model does to raw inputs first (saved with it, run by serving).
+
+    `resize` to [height, width] (bilinear), `channels` repeats a 1-channel image (grayscale to 3
+    for an ImageNet backbone), then `(x - mean) / std` per channel on inputs already scaled to
+    [0, 1] by `validate` (ImageNet: mean [0.485, 0.456, 0.406], std [0.229, 0.224, 0.225]).
+    """
+
+    resize: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=2, max_length=2)] | None = None
+    channels: Annotated[int, Field(ge=1, le=64)] | None = None
+    mean: Annotated[list[Annotated[float, Field(ge=-1e6, le=1e6)]], Field(min_length=1, max_length=64)] | None = None
+    std: Annotated[list[Annotated[float, Field(gt=0.0, le=1e6)]], Field(min_length=1, max_length=64)] | None = None
+
+
 SCRATCH_LR, PRETRAINED_LR = 3e-3, 1e-3  # fine-tuning pretrained weights at the from-scratch LR undoes them
 
 
@@ -140,6 +154,7 @@ class TrainConfig(FitParams):
     init_weights: Text | None = None
     init_strict: bool = True
     reset_classifier: bool | None = None
+    preprocess: PreprocessConfig | None = None
 
     @field_validator("model")
     @classmethod

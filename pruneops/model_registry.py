@@ -154,7 +154,11 @@ class ModelRegistry:
         if not model.is_file():
             raise RegistryError(f"{model}: no pipeline output to register; run `dvc repro` first")
         reference = pipeline_reference_stats(layout)
-        return self.register(model, metadata, reference_stats=reference if reference.is_file() else None)
+        return self.register(
+            model,
+            {**metadata, "input": pipeline_input_description(layout)},
+            reference_stats=reference if reference.is_file() else None,
+        )
 
     def get(self, version: str) -> ModelVersion:
         """The registered `version`."""
@@ -253,6 +257,15 @@ def registry_from_params(
 
     reprune = load_configs(read_params(Path(root) / params_file), ("reprune",))["reprune"]
     return ModelRegistry(Path(root) / reprune.registry_dir)
+
+
+def pipeline_input_description(layout: Layout) -> dict[str, Any]:
+    """What serving needs to turn raw images into inputs: the data's shape, value range, class names."""
+    meta_path = layout.stage_dir("validate") / "meta.json"
+    if not meta_path.is_file():
+        return {}
+    meta = read_json(meta_path)
+    return {k: meta.get(k) for k in ("input_shape", "value_range", "class_names")}
 
 
 def publish_pipeline_model(

@@ -72,7 +72,10 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     layout = layout or Layout()
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
-    spec = ModelSpec(config.model, meta.input_shape, meta.num_classes, dict(config.model_kwargs), config.classifier)
+    preprocess = config.preprocess.model_dump(exclude_none=True) if config.preprocess else None
+    spec = ModelSpec(
+        config.model, meta.input_shape, meta.num_classes, dict(config.model_kwargs), config.classifier, preprocess
+    )
     seed_everything(config.seed)
     model = create_model(spec)
     adopted = None

@@ -26,6 +26,8 @@ class ModelSpec:
         num_classes: Number of output logits.
         kwargs: Extra keyword arguments of the factory.
         classifier: Name of the output layer when finding it from the forward pass is not wanted.
+        preprocess: `train.preprocess` (resize, channels, mean, std), run inside the model on the
+            raw `input_shape` inputs; the factory is built for the preprocessed shape.
     """
 
     name: str
@@ -33,6 +35,7 @@ class ModelSpec:
     num_classes: int
     kwargs: dict[str, Any] = field(default_factory=dict)
     classifier: str | None = None
+    preprocess: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -61,12 +64,16 @@ def create_model(spec: ModelSpec) -> nn.Module:
     """Builds the architecture of `spec` with fresh weights.
 
     User factories (`package.module:factory`) are called as
-    `factory(input_shape=..., num_classes=..., **kwargs)`; `input_shape` only when the factory
-    names it (torchvision's `mobilenet_v2(**kwargs)` hands every keyword to its class, which has
-    no such argument).
+    `factory(input_shape=..., num_classes=..., **kwargs)` (the shape after `preprocess`, which
+    the model then runs first on raw inputs); `input_shape` only when the factory names it
+    (torchvision's `mobilenet_v2(**kwargs)` hands every keyword to its class, which has no such
+    argument).
     """
+    from pruneops.models.preprocess import attach_preprocess_, network_input_shape
+
     factory = resolve_factory(spec.name)
-    shape = {"input_shape": tuple(spec.input_shape)} if _names_parameter(factory, "input_shape") else {}
+    network_shape = tuple(network_input_shape(spec.input_shape, spec.preprocess))
+    shape = {"input_shape": network_shape} if _names_parameter(factory, "input_shape") else {}
     try:
         model = factory(**shape, num_classes=spec.num_classes, **spec.kwargs)
     except TypeError as exc:
@@ -75,6 +82,7 @@ def create_model(spec: ModelSpec) -> nn.Module:
         raise ConfigError(f"train.model: {spec.name!r} could not be built ({type(exc).__name__}: {exc})") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"train.model: factory {spec.name!r} did not return a torch nn.Module")
+    attach_preprocess_(model, spec.preprocess)
     # What `classifier_of` needs to find the output layer by running the model.
     model._pruneops_input_shape = tuple(spec.input_shape)
     model._pruneops_classifier = spec.classifier

@@ -60,9 +60,10 @@ class ServingConfig(BaseModel):
 
 
 class PredictRequest(BaseModel):
-    """A batch of inputs, each shaped like one model input (nested lists)."""
+    """A batch: `inputs` shaped like the model's input (nested lists), or `images` (base64 PNG/JPEG)."""
 
-    inputs: list
+    inputs: list | None = None
+    images: list[Annotated[str, Field(max_length=16 * 1024 * 1024)]] | None = None
 
 
 class PredictResponse(BaseModel):
@@ -72,6 +73,7 @@ class PredictResponse(BaseModel):
     classes: list[int]
     probabilities: list[list[float]]
     model_version: str
+    class_names: list[str] | None = None  # each prediction's class name, where the data named its classes
 
 
 class FeedbackRequest(BaseModel):
@@ -201,11 +203,13 @@ class ServingState:
                 self.recent[pid] = (xi, int(ci))
             while len(self.recent) > 10 * self.config.drift_window:
                 self.recent.popitem(last=False)
+        names = model.metadata.get("input", {}).get("class_names")
         return PredictResponse(
             prediction_ids=ids,
             classes=classes.tolist(),
             probabilities=probs.round(6).tolist(),
             model_version=model.version,
+            class_names=[names[c] if c < len(names) else str(c) for c in classes] if names else None,
         )
 
     def feedback(self, prediction_id: str, label: int) -> FeedbackResponse:
@@ -260,11 +264,15 @@ class ServingState:
 
 
 def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np.ndarray:
-    """The request's inputs as a float32 batch of the model's input shape.
+    """The request's inputs (or decoded images) as a float32 batch of the model's input shape.
 
     Raises:
-        HTTPException: 422 naming what is wrong (shape, batch size, non-finite values).
+        HTTPException: 422 naming what is wrong (shape, batch size, non-finite values, an image).
     """
+    if (body.inputs is None) == (body.images is None):
+        raise HTTPException(422, "send exactly one of inputs (numbers) or images (base64 PNG/JPEG)")
+    if body.images is not None:
+        return _parse_images(body.images, model, max_batch)
     if len(body.inputs) > max_batch:
         raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(body.inputs)}")
     try:
@@ -284,6 +292,17 @@ def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np
     if not np.isfinite(x).all():
         raise HTTPException(422, "inputs must be finite (no NaN or infinity)")
     return x
+
+
+def _parse_images(images: list[str], model: LoadedModel, max_batch: int) -> np.ndarray:
+    from pruneops.serving.images import ImageInputError, decode_images
+
+    if not 1 <= len(images) <= max_batch:
+        raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(images)}")
+    try:
+        return decode_images(images, model.input_shape, model.metadata.get("input", {}).get("value_range"))
+    except ImageInputError as exc:
+        raise HTTPException(422, str(exc)) from None
 
 
 def _endpoint(request: Request) -> str:

@@ -67,7 +67,8 @@ def test_predict_feedback_and_metrics(setup, tmp_path):
         ('{"inputs": [[1, 2', "invalid request"),
         ('{"inputs": [[0.1, 0.2]]}', "each input must have shape [1, 8, 8]"),
         ('{"inputs": [[[[NaN, 0, 0, 0, 0, 0, 0, 0]]]]}', "shape"),
-        ('{"wrong": 1}', "invalid request: inputs"),
+        ('{"wrong": 1}', "send exactly one of inputs (numbers) or images"),
+        ('{"inputs": [[0.1]], "images": ["aGk="]}', "send exactly one of inputs (numbers) or images"),
         ('{"inputs": [[[[1, 2], [3]]]]}', "regular shape"),
     ],
 )
@@ -296,3 +297,51 @@ def test_a_huge_body_is_refused_before_it_is_parsed(setup):
         assert r.status_code == 413
         assert time.perf_counter() - started < 5.0
         assert 'pruneops_requests_total{endpoint="predict",status="413"} 2.0' in client.get("/metrics").text
+
+
+def _png_base64(pixels: np.ndarray, mode: str = "L") -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8), mode=mode).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_raw_png_images_are_served_as_validate_prepared_the_data(setup, tmp_path):
+    """Digits scaled from 0..16 by validate: a PNG of the raw values must give the same predictions."""
+    root, _, config, test = setup
+    registry = ModelRegistry(tmp_path / "models")
+    names = [f"digit {i}" for i in range(10)]
+    meta = {"input": {"input_shape": [1, 8, 8], "value_range": [0.0, 16.0], "class_names": names}}
+    registry.promote(registry.register(root / "good.onnx", meta, version="v-img").version)
+    config = config.model_copy(update={"production": tmp_path / "models/production"})
+    raw = np.rint(test.x[:12, 0] * 16)  # the integers the embedded digits hold
+    with TestClient(create_app(config)) as client:
+        by_inputs = client.post("/predict", json={"inputs": test.x[:12].tolist()}).json()
+        by_images = client.post("/predict", json={"images": [_png_base64(r) for r in raw]}).json()
+        assert by_images["classes"] == by_inputs["classes"]
+        np.testing.assert_allclose(by_images["probabilities"], by_inputs["probabilities"], atol=1e-5)
+        assert by_images["class_names"] == [names[c] for c in by_inputs["classes"]]
+        # An RGB image of another size is converted and resized to the data's 1x8x8, not refused.
+        rgb = np.repeat(np.kron(raw[0], np.ones((2, 2)))[..., None], 3, axis=2)
+        assert client.post("/predict", json={"images": [_png_base64(rgb, "RGB")]}).status_code == 200
+        for images, message in (
+            (["not base64!"], "images[0]: not base64"),
+            ([_png_base64(raw[0]), "aGVsbG8="], "images[1]: not a readable PNG/JPEG image"),
+            ([], "batch size must be 1.."),
+        ):
+            r = client.post("/predict", json={"images": images})
+            assert r.status_code == 422 and message in r.json()["error"], r.json()
+        text = client.get("/metrics").text
+        assert 'pruneops_requests_total{endpoint="predict",status="200"} 3.0' in text
+        assert 'pruneops_requests_total{endpoint="predict",status="422"} 3.0' in text
+
+
+def test_images_need_a_model_version_that_records_its_value_range(setup):
+    _, _, config, test = setup
+    with TestClient(create_app(config)) as client:  # v1 was registered without an input description
+        r = client.post("/predict", json={"images": [_png_base64(np.zeros((8, 8)))]})
+        assert r.status_code == 422 and "does not record its data's value range" in r.json()["error"]
