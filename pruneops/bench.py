@@ -100,13 +100,18 @@ class BenchReport:
 
 
 def workload_params(base: dict[str, Any], workload: WorkloadConfig, root: Path) -> dict[str, Any]:
-    """The project's params with the workload's sections over them; the data path made absolute."""
+    """The project's params with the workload's sections over them; file paths made absolute.
+
+    The data (`validate.path`) and the starting weights (`train.init_weights`) are named relative
+    to the project; each workload runs in its own directory.
+    """
     params = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for section, values in workload.params.items():
         params.setdefault(section, {}).update(values)
-    path = params.get("validate", {}).get("path")
-    if path:
-        params["validate"]["path"] = str((root / path).resolve())
+    for section, key in (("validate", "path"), ("train", "init_weights")):
+        path = params.get(section, {}).get(key)
+        if path:
+            params[section][key] = str((root / path).resolve())
     return apply_overrides(params, {})
 
 

@@ -8,7 +8,7 @@ import yaml
 from pruneops.bench import BenchConfig, run_benchmarks
 from pruneops.bench_report import select_point
 from pruneops.cli import main
-from tests.conftest import tiny_params
+from tests.conftest import ROOT, tiny_params
 
 pytestmark = pytest.mark.slow
 
@@ -194,3 +194,23 @@ def test_targets_are_missed_when_the_validation_pick_fails_on_test(bench_run):
     assert [("met" in a and "missed" not in a) for a in inside] == [
         pick[k] >= g for k, g in (("speedup_b1", 1.5), ("size_reduction", 2.0))
     ]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_committed_benchmark_file_and_variant_is_valid_params(path):
+    """A typo in a benchmark file fails here, not an hour into its run."""
+    from pruneops.bench import variant_overrides, workload_params
+    from pruneops.config import read_params
+    from pruneops.experiments import apply_overrides
+
+    config = BenchConfig(**yaml.safe_load(path.read_text()))
+    base = read_params(ROOT / "params.yaml")
+    for workload in config.workloads:
+        params = workload_params(base, workload, ROOT)
+        # What a matched variant reads from the one it matches (any plausible figures will do).
+        done = {
+            v.name: {"prune": {"macs": 1e6, "measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}
+            for v in workload.variants
+        }
+        for variant in workload.variants:
+            apply_overrides(params, variant_overrides(variant, done))
