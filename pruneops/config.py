@@ -99,6 +99,8 @@ class ValidateConfig(StageConfig):
     test_fraction: Fraction = 0.2
     max_train_samples: Annotated[int, Field(ge=10, le=1_000_000_000)] | None = None
     min_samples_per_class: Annotated[int, Field(ge=1, le=1_000_000)] = 5
+    # Largest allowed ratio of the biggest class's training count to the smallest's (null: not checked).
+    max_class_imbalance: Annotated[float, Field(ge=1.0, le=1e9)] | None = None
     max_leakage_fraction: Ratio = 0.0
     hist_bins: Annotated[int, Field(ge=2, le=256)] = 20
     seed: Seed = 0

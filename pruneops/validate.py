@@ -151,6 +151,7 @@ def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> Va
         max_leakage_fraction=config.max_leakage_fraction,
         table=raw.table,
         table_columns=table_columns,
+        max_class_imbalance=config.max_class_imbalance,
     )
     if not suite.success:
         failed = suite.failed

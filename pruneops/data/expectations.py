@@ -88,6 +88,7 @@ def run_suite(
     max_leakage_fraction: float,
     table: pd.DataFrame | None = None,
     table_columns: list[str] | None = None,
+    max_class_imbalance: float | None = None,
 ) -> SuiteResult:
     """Runs the data suite and returns every outcome (never raises on failing data).
 
@@ -100,6 +101,8 @@ def run_suite(
         max_leakage_fraction: Largest allowed fraction of test samples also found in train.
         table: The raw table of tabular sources, for schema and per-column null checks.
         table_columns: The expected columns of `table` (features then label).
+        max_class_imbalance: Largest allowed ratio of the biggest class's training count to any
+            declared class's (None: not checked).
     """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
@@ -115,6 +118,9 @@ def run_suite(
     n_features = int(np.prod(train[0].shape[1:]))
     counts = pd.Series(train[1]).value_counts()
     class_counts = pd.DataFrame({"label": classes, "count": [int(counts.get(c, 0)) for c in classes]})
+    balance_floor = min_samples_per_class
+    if max_class_imbalance is not None:  # every class holds at least biggest / ratio samples
+        balance_floor = max(balance_floor, int(np.ceil(class_counts["count"].max() / max_class_imbalance)))
     # Membership is precomputed: GX copies a large value_set on every metric it resolves.
     train_digests = set(digests(train[0]).tolist())
     test_rows = pd.DataFrame({"in_train": [d in train_digests for d in digests(test[0])]})
@@ -134,7 +140,7 @@ def run_suite(
         ),
         "class_counts": (
             class_counts,
-            [gxe.ExpectColumnValuesToBeBetween(column="count", min_value=min_samples_per_class)],
+            [gxe.ExpectColumnValuesToBeBetween(column="count", min_value=balance_floor)],
         ),
         "test_leakage": (
             test_rows,

@@ -234,3 +234,17 @@ def test_bad_image_folders_are_one_data_error_naming_the_file(tmp_path):
         load(tmp_path / "split")
     with pytest.raises(ConfigError, match="validate.path: required"):
         load_raw(ValidateConfig(dataset="image_folder"))
+
+
+def test_class_imbalance_beyond_the_declared_ratio_fails(tmp_path):
+    data = _npz(tmp_path / "d.npz", n_train=300)
+    keep = (data["y_train"] != 2) | (np.cumsum(data["y_train"] == 2) <= 10)  # class 2 cut to 10 samples
+    data["x_train"], data["y_train"] = data["x_train"][keep], data["y_train"][keep]
+    np.savez(tmp_path / "d.npz", **data)
+    biggest = int(np.bincount(data["y_train"]).max())
+    ok = ValidateConfig(dataset="npz", path=str(tmp_path / "d.npz"), max_class_imbalance=biggest / 10)
+    validate_dataset(ok, Layout(tmp_path / "ok"))  # exactly at the ratio: passes
+    tight = ok.model_copy(update={"max_class_imbalance": biggest / 10 - 0.5})
+    with pytest.raises(DataValidationError) as exc:
+        validate_dataset(tight, Layout(tmp_path / "tight"))
+    assert any("count" in line and "1 unexpected" in line for line in exc.value.details)
