@@ -143,6 +143,15 @@ def test_any_table_file_loads_or_is_one_data_error(tmp_path_factory, body):
     _loaded_or_one_data_error(ValidateConfig(dataset="table", path=str(path)))
 
 
+def _folder_loaded_or_one_data_error(tmp_path_factory, dataset: str, files: dict[str, bytes]):
+    """Writes `files` (relative path -> bytes) into a fresh folder and loads it as `dataset`."""
+    folder = tmp_path_factory.mktemp(dataset)
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return _loaded_or_one_data_error(ValidateConfig(dataset=dataset, path=str(folder)))
+
+
 def idx_bytes(array: np.ndarray, code: int = 0x08) -> bytes:
     """An IDX file of `array` (big-endian, as MNIST ships)."""
     import struct
@@ -182,10 +191,7 @@ def idx_folder_files(draw):
 @SWEEP
 @given(files=idx_folder_files())
 def test_any_idx_folder_loads_or_is_one_data_error(tmp_path_factory, files):
-    folder = tmp_path_factory.mktemp("idx")
-    for name, data in files.items():
-        (folder / name).write_bytes(data)
-    raw = _loaded_or_one_data_error(ValidateConfig(dataset="idx", path=str(folder)))
+    raw = _folder_loaded_or_one_data_error(tmp_path_factory, "idx", files)
     if raw is not None:
         assert raw.x_train.shape[0] == len(raw.y_train) and raw.x_train.ndim == 4
 
@@ -215,11 +221,7 @@ def image_folder_files(draw):
 @SWEEP
 @given(files=image_folder_files())
 def test_any_image_folder_loads_or_is_one_data_error(tmp_path_factory, files):
-    folder = tmp_path_factory.mktemp("images")
-    for name, data in files.items():
-        (folder / name).parent.mkdir(exist_ok=True)
-        (folder / name).write_bytes(data)
-    raw = _loaded_or_one_data_error(ValidateConfig(dataset="image_folder", path=str(folder)))
+    raw = _folder_loaded_or_one_data_error(tmp_path_factory, "image_folder", files)
     if raw is not None:
         assert raw.x_train.shape[0] == len(raw.y_train) and raw.x_train.shape[1] in (1, 3)
         assert raw.x_train.min() >= 0.0 and raw.x_train.max() <= 255.0
