@@ -134,6 +134,19 @@ def tiny_onnx(path: Path, seed: int = 0, features: int = 4, classes: int = 3) ->
     return path
 
 
+def png_bomb(side: int = 30_000) -> bytes:
+    """A PNG whose header promises side x side pixels (a decompression bomb), a few bytes long."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
 def free_port() -> int:
     """A free TCP port on loopback."""
     import socket

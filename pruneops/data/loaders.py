@@ -240,6 +240,8 @@ def _read_image(path: Path, mode: str | None) -> np.ndarray:
                 raise DataError(f"{path}: {img.width}x{img.height} is larger than {MAX_IMAGE_PIXELS} pixels")
             target = mode or ("L" if img.mode in ("1", "L", "I;16", "I") else "RGB")
             return np.asarray(img.convert(target), dtype=np.uint8)
+    except Image.DecompressionBombError:  # Pillow refuses huge headers itself, before our own bound
+        raise DataError(f"{path}: larger than {MAX_IMAGE_PIXELS} pixels") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise DataError(f"{path}: unreadable image ({exc})") from None
 

@@ -53,6 +53,8 @@ def decode_images(encoded: list[str], input_shape: tuple[int, ...], value_range:
             if isinstance(exc, ImageInputError):
                 raise
             raise ImageInputError(f"images[{i}]: not base64 ({exc})") from None
+        except Image.DecompressionBombError:  # Pillow refuses huge headers itself, before our own bound
+            raise ImageInputError(f"images[{i}]: larger than {MAX_IMAGE_PIXELS} pixels") from None
         except (UnidentifiedImageError, OSError, SyntaxError) as exc:
             raise ImageInputError(f"images[{i}]: not a readable PNG/JPEG image ({type(exc).__name__})") from None
         pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)

@@ -221,6 +221,11 @@ def test_bad_image_folders_are_one_data_error_naming_the_file(tmp_path):
     (tmp_path / "corrupt" / "a" / "1.png").write_bytes(b"\x89PNG not really")
     with pytest.raises(DataError, match=r"a/1.png: unreadable image"):
         load(tmp_path / "corrupt")
+    from tests.conftest import png_bomb
+
+    (tmp_path / "corrupt" / "a" / "1.png").write_bytes(png_bomb())
+    with pytest.raises(DataError, match=r"a/1.png: larger than"):
+        load(tmp_path / "corrupt")
     (tmp_path / "other" / "a").mkdir(parents=True)
     (tmp_path / "other" / "a" / "notes.txt").write_text("hi")
     with pytest.raises(DataError, match=r"not PNG/JPEG: notes.txt"):

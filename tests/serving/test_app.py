@@ -310,6 +310,14 @@ def _png_base64(pixels: np.ndarray, mode: str = "L") -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def _png_bomb_base64() -> str:
+    import base64
+
+    from tests.conftest import png_bomb
+
+    return base64.b64encode(png_bomb()).decode()
+
+
 def test_raw_png_images_are_served_as_validate_prepared_the_data(setup, tmp_path):
     """Digits scaled from 0..16 by validate: a PNG of the raw values must give the same predictions."""
     root, _, config, test = setup
@@ -332,12 +340,13 @@ def test_raw_png_images_are_served_as_validate_prepared_the_data(setup, tmp_path
             (["not base64!"], "images[0]: not base64"),
             ([_png_base64(raw[0]), "aGVsbG8="], "images[1]: not a readable PNG/JPEG image"),
             ([], "batch size must be 1.."),
+            ([_png_bomb_base64()], "images[0]: larger than"),
         ):
             r = client.post("/predict", json={"images": images})
             assert r.status_code == 422 and message in r.json()["error"], r.json()
         text = client.get("/metrics").text
         assert 'pruneops_requests_total{endpoint="predict",status="200"} 3.0' in text
-        assert 'pruneops_requests_total{endpoint="predict",status="422"} 3.0' in text
+        assert 'pruneops_requests_total{endpoint="predict",status="422"} 4.0' in text
 
 
 def test_images_need_a_model_version_that_records_its_value_range(setup):
