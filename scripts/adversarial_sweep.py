@@ -1,7 +1,7 @@
 """An adversarial sweep of every entry point, one bad input per case, tallied.
 
-Entry points: params, data files, checkpoints, the model registry, HTTP bodies and headers,
-alert payloads, and a stage killed with SIGKILL.
+Entry points: params, data files (NPZ, CSV, image folders), checkpoints, the model registry,
+HTTP bodies (arrays and base64 images) and headers, alert payloads, and a stage killed with SIGKILL.
 
 python scripts/adversarial_sweep.py [--workdir DIR]
 
@@ -123,6 +123,23 @@ PARAM_CASES: list[tuple[str, str, Callable[[dict], object]]] = [
     ("an unknown section", "validate", lambda p: p.update(prunee={})),
     ("key with newline and non-ASCII", "validate", lambda p: p["train"].update({"ép\noch": 1})),
     ("missing train section", "train", lambda p: p.pop("train")),
+    (
+        "train.preprocess channels 3 -> 1",
+        "train",
+        lambda p: p["train"].update(preprocess={"channels": 1, "mean": [0.5] * 3}),
+    ),
+    ("train.preprocess std 0", "train", lambda p: p["train"].update(preprocess={"std": [0.0]})),
+    ("train.preprocess resize [10**9, 1]", "train", lambda p: p["train"].update(preprocess={"resize": [10**9, 1]})),
+    ("train.preprocess unknown key", "train", lambda p: p["train"].update(preprocess={"rotate": 90})),
+    (
+        "train.preprocess on 8x8 mean of 5",
+        "train",
+        lambda p: p["train"].update(preprocess={"channels": 3, "mean": [0.1] * 5}),
+    ),
+    ("train.init_weights missing file", "train", lambda p: p["train"].update(init_weights="nope.pth")),
+    ("train.epochs 0 without weights", "train", lambda p: p["train"].update(epochs=0)),
+    ("validate.max_class_imbalance 0.5", "validate", lambda p: p["validate"].update(max_class_imbalance=0.5)),
+    ("validate image_folder without path", "validate", lambda p: p["validate"].update(dataset="image_folder")),
 ]
 
 RAW_PARAM_FILES: list[tuple[str, bytes]] = [
@@ -205,6 +222,46 @@ def sweep_data(work: Path) -> None:
         data.write_bytes(content)
         params = base_params()
         params["validate"].update(dataset=kind, path=str(data))
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
+        run_and_classify("data", case, root, "validate")
+
+
+def _png(pixels: np.ndarray, fmt: str = "PNG") -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def _image_folder_cases() -> list[tuple[str, dict[str, bytes]]]:
+    from tests.conftest import png_bomb
+
+    good = {f"{c}/{i}.png": _png(_images(1)[0]) for c in ("a", "b") for i in range(3)}
+    return [
+        ("image_folder: no class folders", {"readme.txt": b"hi"}),
+        ("image_folder: a text file among images", {**good, "a/notes.txt": b"hi"}),
+        ("image_folder: truncated PNG", {**good, "a/9.png": good["a/0.png"][:40]}),
+        ("image_folder: garbage named .jpg", {**good, "b/9.jpg": b"\xff\xd8 not a jpeg"}),
+        ("image_folder: sizes differ", {**good, "b/9.png": _png(np.zeros((5, 7)))}),
+        ("image_folder: decompression bomb", {**good, "a/9.png": png_bomb()}),
+        ("image_folder: an empty class folder", {**good, "c/.keep": b""}),
+        (
+            "image_folder: test class unknown to train",
+            {**{f"train/{k}": v for k, v in good.items()}, "test/zebra/0.png": good["a/0.png"]},
+        ),
+        ("image_folder: one image per class", {"a/0.png": good["a/0.png"], "b/0.png": good["b/0.png"]}),
+    ]
+
+
+def sweep_image_folders(work: Path) -> None:
+    for case, files in _image_folder_cases():
+        root = Path(tempfile.mkdtemp(dir=work))
+        for name, data in files.items():
+            (root / "images" / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / "images" / name).write_bytes(data)
+        params = base_params()
+        params["validate"].update(dataset="image_folder", path=str(root / "images"))
         (root / "params.yaml").write_text(yaml.safe_dump(params))
         run_and_classify("data", case, root, "validate")
 
@@ -332,7 +389,8 @@ def _serving(work: Path):
     root = Path(tempfile.mkdtemp(dir=work))
     data_dir, onnx_path, test = digits_onnx(root)
     registry = ModelRegistry(root / "models")
-    registry.promote(registry.register(onnx_path, {}, version="v1").version)
+    described = {"input": {"input_shape": [1, 8, 8], "value_range": [0.0, 16.0], "class_names": None}}
+    registry.promote(registry.register(onnx_path, described, version="v1").version)
     config = ServingConfig(
         production=root / "models/production",
         reference_stats=data_dir / "reference_stats.json",
@@ -377,6 +435,19 @@ def sweep_http(work: Path) -> None:
             ("inputs: batch of 10,000", "/predict", {"json": {"inputs": [x[0]] * 10_000}}),
             ("inputs: non-ASCII text", "/predict", {"json": {"inputs": [["ünïcödé ☃"]]}}),
             ("wrong content-type", "/predict", {"content": b"inputs=1", "headers": {"content-type": "text/plain"}}),
+            ("images: not base64", "/predict", {"json": {"images": ["%%%"]}}),
+            ("images: base64 of text", "/predict", {"json": {"images": ["aGVsbG8gd29ybGQ="]}}),
+            ("images: truncated PNG", "/predict", {"json": {"images": [_b64(_png(np.zeros((8, 8)))[:30])]}}),
+            ("images: decompression bomb", "/predict", {"json": {"images": [_b64(_bomb())]}}),
+            ("images: numbers", "/predict", {"json": {"images": [1, 2]}}),
+            ("images: a string, not a list", "/predict", {"json": {"images": "abc"}}),
+            ("images: empty list", "/predict", {"json": {"images": []}}),
+            ("images: 10,000 of them", "/predict", {"json": {"images": [_b64(_png(np.zeros((8, 8))))] * 10_000}}),
+            (
+                "images and inputs together",
+                "/predict",
+                {"json": {"images": [_b64(_png(np.zeros((8, 8))))], "inputs": x}},
+            ),
             ("feedback: label 10**30", "/feedback", {"json": {"prediction_id": ok, "label": 10**30}}),
             ("feedback: label -1", "/feedback", {"json": {"prediction_id": ok, "label": -1}}),
             ("feedback: label 1.5", "/feedback", {"json": {"prediction_id": ok, "label": 1.5}}),
@@ -401,6 +472,18 @@ def sweep_http(work: Path) -> None:
             "handled" if after.status_code == 200 else "internal",
             str(after.status_code),
         )
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+def _bomb() -> bytes:
+    from tests.conftest import png_bomb
+
+    return png_bomb()
 
 
 def _http_case(client, entry: str, case: str, path: str, kwargs: dict) -> None:
@@ -526,6 +609,7 @@ def main() -> int:
     pipeline = _pipeline(work)
     sweep_params(work, pipeline)
     sweep_data(work)
+    sweep_image_folders(work)
     sweep_checkpoints(work, pipeline)
     sweep_registry(work)
     sweep_http(work)
