@@ -464,11 +464,25 @@ def read_params(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys allowed where an unknown key was found: the section's, or a nested config's."""
+    for part in loc:
+        field = cls.model_fields.get(str(part))
+        if field is None:
+            break
+        options = getattr(field.annotation, "__args__", (field.annotation,))  # X | None -> (X, None)
+        models = [a for a in options if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not models:
+            break
+        cls = models[0]
+    return list(cls.model_fields)
+
+
 def _describe(section: str, error: dict[str, Any], cls: type[StageConfig]) -> str:
     loc = ".".join(str(p) for p in error["loc"])
     key = f"{section}.{loc}" if loc else section
     if error["type"] == "extra_forbidden":
-        return f"{key}: unknown key; allowed keys: {', '.join(cls.model_fields)}"
+        return f"{key}: unknown key; allowed keys: {', '.join(_fields_at(cls, error['loc'][:-1]))}"
     msg = error["msg"].replace("Input should be", "must be").replace("Value error, ", "")
     if not loc:  # a check across keys: its message starts with the key it is about
         return f"{section}.{msg}"

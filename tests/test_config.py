@@ -119,3 +119,11 @@ def test_read_params_rejects_non_mapping(tmp_path):
     path.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         read_params(path)
+
+
+def test_an_unknown_key_inside_a_nested_section_lists_that_sections_keys():
+    from pruneops.config import TrainConfig
+
+    with pytest.raises(ConfigError) as exc:
+        parse_section("train", {"preprocess": {"rotate": 90}}, TrainConfig)
+    assert str(exc.value) == "train.preprocess.rotate: unknown key; allowed keys: resize, channels, mean, std"

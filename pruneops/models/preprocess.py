@@ -73,7 +73,8 @@ def network_input_shape(input_shape: list[int], preprocess: dict[str, Any] | Non
         values = preprocess.get(key)
         if values is not None and len(values) not in (1, channels):
             raise ConfigError(
-                f"train.preprocess.{key}: {len(values)} values for {channels} channels (give 1 or {channels})"
+                f"train.preprocess.{key}: {len(values)} values for {channels} channels "
+                f"(give {'1' if channels == 1 else f'1 or {channels}'})"
             )
     h, w = preprocess.get("resize") or (h, w)
     return [channels, h, w]
