@@ -143,6 +143,15 @@ def test_any_table_file_loads_or_is_one_data_error(tmp_path_factory, body):
     _loaded_or_one_data_error(ValidateConfig(dataset="table", path=str(path)))
 
 
+def _maybe_corrupted(draw, data: bytes, truncate_one_in: int) -> bytes:
+    """`data` as it is, or truncated (one in `truncate_one_in`), or else garbage (one in 10)."""
+    if draw(st.integers(0, truncate_one_in - 1)) == 0:
+        return data[: draw(st.integers(0, len(data)))]
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.binary(max_size=40))
+    return data
+
+
 def _folder_loaded_or_one_data_error(tmp_path_factory, dataset: str, files: dict[str, bytes]):
     """Writes `files` (relative path -> bytes) into a fresh folder and loads it as `dataset`."""
     folder = tmp_path_factory.mktemp(dataset)
@@ -179,10 +188,7 @@ def idx_folder_files(draw):
         fill = draw(st.sampled_from([0, 3, 200, -1, 1e9, math.nan])) if code == 0x0D else draw(st.integers(0, 9))
         with np.errstate(all="ignore"):
             data = idx_bytes(np.full(shape, fill).astype(np.float64 if code == 0x0D else np.int64), code)
-        if draw(st.integers(0, 4)) == 0:
-            data = data[: draw(st.integers(0, len(data)))]
-        elif draw(st.integers(0, 9)) == 0:
-            data = draw(st.binary(max_size=40))
+        data = _maybe_corrupted(draw, data, truncate_one_in=5)
         gz = draw(st.booleans())
         files[stem + (".gz" if gz else "")] = gzip.compress(data) if gz else data
     return files
@@ -210,10 +216,7 @@ def image_folder_files(draw):
             buffer = io.BytesIO()
             Image.new(mode, size, color=draw(st.integers(0, 255))).save(buffer, format=fmt)
             data = buffer.getvalue()
-            if draw(st.integers(0, 5)) == 0:
-                data = data[: draw(st.integers(0, len(data)))]
-            elif draw(st.integers(0, 9)) == 0:
-                data = draw(st.binary(max_size=40))
+            data = _maybe_corrupted(draw, data, truncate_one_in=6)
             files[f"c{c}/{i}.{fmt.lower()}"] = data
     return files
 
