@@ -625,44 +625,110 @@ def _candidates(latency: LatencyModel, sweep: dict, batch: int, max_ratio: float
     return out
 
 
+def _descend(latency: LatencyModel, options: dict, target_ms: float, batch: int, leap: bool) -> dict[str, int]:
+    """Greedy NetAdapt-style descent: positions (option indices) from full width down to `target_ms`.
+
+    Repeatedly moves the unit whose next efficient width (with `leap`, any narrower one) saves
+    the most predicted milliseconds per point of isolated accuracy drop, predicting the whole
+    model each time (the layers between two pruned units shrink in both dimensions, which
+    per-unit sums would miss). Without `leap` it stops where no next width saves anything.
+    """
+    position = {n: 0 for n, opts in options.items() if opts}
+    widths = {n: options[n][0][0] for n in position}
+    current = latency.predict(widths, batch)
+    while current > target_ms:
+        best = None
+        for name, i in position.items():
+            # In context the next width may save nothing where a narrower one does.
+            for j in range(i + 1, len(options[name]) if leap else min(i + 2, len(options[name]))):
+                width, drop = options[name][j]
+                saved = current - latency.predict({**widths, name: width}, batch)
+                if saved <= 0:
+                    continue
+                key = (max(drop - options[name][i][1], 0.0) / saved, -saved)
+                if best is None or key < best[0]:
+                    best = (key, name, j)
+        if best is None:
+            break
+        _, name, j = best
+        position[name] = j
+        widths[name] = options[name][j][0]
+        current = latency.predict(widths, batch)
+    return position
+
+
+def _lagrangian(latency: LatencyModel, options: dict, weight: float, batch: int) -> dict[str, int]:
+    """Positions minimising `summed drop + weight * predicted ms` by coordinate descent.
+
+    Unlike the descent, a unit may widen again when others narrow, so it escapes the early
+    greedy moves that lock in: on a residual CNN the descent kept a 6-channel layer that a
+    near-uniform plan of the same predicted latency avoids at two thirds of the summed drop.
+    """
+    position = {n: 0 for n, opts in options.items() if opts}
+    for _ in range(20):
+        changed = False
+        for name in position:
+            widths = {n: options[n][i][0] for n, i in position.items()}
+            costs = [drop + weight * latency.predict({**widths, name: width}, batch) for width, drop in options[name]]
+            best = min(range(len(costs)), key=costs.__getitem__)
+            if costs[best] < costs[position[name]] - 1e-12:
+                position[name], changed = best, True
+        if not changed:
+            break
+    return position
+
+
+def _plans_along_weights(latency: LatencyModel, options: dict, target_ms: float, batch: int, dense: float):
+    """Lagrangian plans for weights bisected (log scale) towards the smallest one that meets the target."""
+    low, high = math.log(1e-4 / dense), math.log(1e4 / dense)
+    for _ in range(24):
+        middle = (low + high) / 2
+        position = _lagrangian(latency, options, math.exp(middle), batch)
+        if latency.predict({n: options[n][i][0] for n, i in position.items()}, batch) <= target_ms:
+            high = middle
+            yield position
+        else:
+            low = middle
+
+
+def _uniform_plans(latency: LatencyModel, options: dict):
+    """Every unit cut alike: for each kept fraction some unit can stop at, each unit's narrowest option keeping it."""
+    sizes = {n: latency.units[n].size for n in options if options[n]}
+    for fraction in sorted({w / sizes[n] for n in sizes for w, _ in options[n]}):
+        # Options run widest first: the last one still keeping the fraction is the narrowest.
+        yield {n: max(i for i, (w, _) in enumerate(options[n]) if w >= fraction * s) for n, s in sizes.items()}
+
+
 def allocate_latency(
     latency: LatencyModel, sweep: dict, target_ms: float, batch: int, max_ratio: float, chance_drop: float | None
 ) -> LatencyAllocation:
     """Widths meeting `target_ms` (predicted at `batch`) with the least summed isolated accuracy drop.
 
-    NetAdapt-style descent over the table: from full width, repeatedly moves the unit whose next
-    efficient width saves the most predicted milliseconds per point of isolated accuracy drop,
-    predicting the whole model each time (the layers between two pruned units shrink in both
-    dimensions, which per-unit sums would miss). Where no allocation the sweep's informative
-    ratios and `max_ratio` allow reaches the target, it stops at the fastest one (`reached` False).
+    Searches over the table's efficient widths, the best kept: the greedy descent step by step
+    and leaping (`_descend`), Lagrangian coordinate descent (`_lagrangian`) with its weight
+    bisected to the target, and every unit cut alike (`_uniform_plans`); no one of them is best
+    on every model (on a residual CNN the descent alone cost a third more summed drop than the
+    uniform cut of the same latency, and 2.3 points after fine-tuning). Where no allocation the
+    sweep's informative ratios and `max_ratio` allow reaches the target, the fastest plan found
+    is kept (`reached` False).
     """
     options = _candidates(latency, sweep, batch, max_ratio, chance_drop)
-    position = {n: 0 for n, opts in options.items() if opts}
-    widths = {n: options[n][0][0] for n in position}
-    current = latency.predict(widths, batch)
     dense = latency.predict({}, batch)
-    steps = 0
-    while current > target_ms:
-        best = None
-        for name, i in position.items():
-            if i + 1 >= len(options[name]):
-                continue
-            width, drop = options[name][i + 1]
-            saved = current - latency.predict({**widths, name: width}, batch)
-            if saved <= 0:
-                continue
-            cost = max(drop - options[name][i][1], 0.0)
-            key = (cost / saved, -saved)
-            if best is None or key < best[0]:
-                best = (key, name, width)
-        if best is None:
-            break
-        _, name, width = best
-        position[name] += 1
-        widths[name] = width
-        current = latency.predict(widths, batch)
-        steps += 1
-    drops = {n: options[n][position[n]][1] for n in position}
+
+    def widths_of(position: dict[str, int]) -> dict[str, int]:
+        return {n: options[n][i][0] for n, i in position.items()}
+
+    def summed_drop(position: dict[str, int]) -> float:
+        return sum(options[n][i][1] for n, i in position.items())
+
+    plans = [_descend(latency, options, target_ms, batch, leap) for leap in (False, True)]
+    plans += list(_plans_along_weights(latency, options, target_ms, batch, dense))
+    plans += list(_uniform_plans(latency, options))  # so that the allocation is never worse than uniform
+    feasible = [p for p in plans if latency.predict(widths_of(p), batch) <= target_ms]
+    fastest = min(plans, key=lambda p: latency.predict(widths_of(p), batch))
+    position = min(feasible, key=summed_drop) if feasible else fastest  # ties: the first found
+    widths = widths_of(position)
+    current = latency.predict(widths, batch)
     return LatencyAllocation(
         widths={n: w for n, w in widths.items() if w < latency.units[n].size},
         ratios={n: 1.0 - w / latency.units[n].size for n, w in widths.items()},
@@ -670,7 +736,7 @@ def allocate_latency(
         batch=batch,
         predicted_ms=current,
         dense_predicted_ms=dense,
-        summed_isolated_drop=sum(drops.values()),
-        steps=steps,
+        summed_isolated_drop=summed_drop(position),
+        steps=sum(position.values()),
         reached=current <= target_ms,
     )
