@@ -59,9 +59,23 @@ def registered(registry: str, name: str) -> str:
     return name
 
 
+class AugmentConfig(StageConfig):
+    """`augment` of `train` and `finetune`: random changes to every training batch of images.
+
+    Applied to the raw inputs (channels, height, width) before the model's `preprocess`:
+    `crop_padding` pads each image by that many zero pixels on every side and crops it back to
+    its size at a random offset; `hflip` mirrors each image left-right with probability 1/2
+    (right for photos and clothing, wrong for digits and text). Validation and test never are.
+    """
+
+    crop_padding: Annotated[int, Field(ge=0, le=256)] = 0
+    hflip: bool = False
+
+
 class FitParams(StageConfig):
     """What every training loop takes (baseline, between pruning steps, fine-tuning)."""
 
+    augment: AugmentConfig | None = None
     epochs: Epochs = 30
     batch_size: BatchSize = 64
     lr: LearningRate = 3e-3

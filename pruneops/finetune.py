@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from pruneops.augment import check_augmentable
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.config import FinetuneConfig
 from pruneops.data import load_prepared
@@ -60,6 +61,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
     with torchrun_group() as (rank, world):
         torch.set_num_threads(max(1, config.threads // world))
         meta, train, val, test = load_prepared(layout.stage_dir("validate"))
+        check_augmentable("finetune", config.augment, meta.input_shape)
         teacher_path = layout.stage_dir("train") / "model.safetensors"
         baseline = load_checkpoint(teacher_path)
         teacher = baseline.model

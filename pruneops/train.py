@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from pruneops.augment import check_augmentable
 from pruneops.checkpoint import save_checkpoint
 from pruneops.config import FitParams, TrainConfig
 from pruneops.data import load_prepared
@@ -54,6 +55,8 @@ def fit_settings(config: FitParams) -> FitSettings:
         config.seed,
         config.resolved_warmup_epochs,
         config.frozen_epochs,
+        config.augment.crop_padding if config.augment else 0,
+        config.augment.hflip if config.augment else False,
     )
 
 
@@ -76,6 +79,7 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     spec = ModelSpec(
         config.model, meta.input_shape, meta.num_classes, dict(config.model_kwargs), config.classifier, preprocess
     )
+    check_augmentable("train", config.augment, meta.input_shape)
     seed_everything(config.seed)
     model = create_model(spec)
     adopted = None

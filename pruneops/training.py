@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from pruneops.augment import augment_images
 from pruneops.data.splits import Split
 
 
@@ -31,6 +32,8 @@ class FitSettings:
     seed: int = 0
     warmup_epochs: float = 0.0  # linear LR warm-up before the cosine decay
     freeze_epochs: int = 0  # epochs during which only `frozen_except` trains
+    crop_padding: int = 0  # training augmentation (`pruneops.augment`); 0 and False: none
+    hflip: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ def fit_(
     sched = _schedule(opt, settings, steps_per_epoch)
     trainable = {id(p) for p in frozen_except.parameters()} if frozen_except is not None else None
     gen = torch.Generator().manual_seed(settings.seed)
+    aug_gen = torch.Generator().manual_seed(settings.seed + 1)  # augmenting leaves the batch order as it was
 
     result = FitResult()
     best_key = (-1.0, 0.0)
@@ -220,6 +224,9 @@ def fit_(
                 p.requires_grad_(epoch > settings.freeze_epochs or id(p) in trainable)
         order = torch.randperm(len(ys), generator=gen)[: per_rank * world][rank::world]
         batches = (order[i : i + batch_size] for i in range(0, per_rank, batch_size))
+        if settings.crop_padding or settings.hflip:
+            crop, flip = settings.crop_padding, settings.hflip
+            batches = ((idx, augment_images(xs[idx], crop, flip, aug_gen)) for idx in batches)
         train_loss = _train_epoch(model, forward, (xs, ys), batches, (opt, sched), distillation, hooks)
         val_acc, val_loss = evaluate(model, val)
         result.history.append(
@@ -248,11 +255,12 @@ def fit_(
 
 
 def _train_epoch(model, forward, data, batches, optimizer, distillation, hooks) -> float:
-    """One pass over `batches` (index tensors into `data`); the mean training loss."""
+    """One pass over `batches` (index tensors into `data`, or (indices, augmented inputs)); the mean training loss."""
     (xs, ys), (opt, sched), (after_backward, after_step) = data, optimizer, hooks
     total, seen = 0.0, 0
-    for idx in batches:
-        xb, yb = xs[idx], ys[idx]
+    for batch in batches:
+        idx, xb = batch if isinstance(batch, tuple) else (batch, xs[batch])
+        yb = ys[idx]
         loss = _loss(forward(xb), yb, xb, distillation)
         opt.zero_grad(set_to_none=True)
         loss.backward()
