@@ -724,11 +724,16 @@ def allocate_latency(
     plans = [_descend(latency, options, target_ms, batch, leap) for leap in (False, True)]
     plans += list(_plans_along_weights(latency, options, target_ms, batch, dense))
     plans += list(_uniform_plans(latency, options))  # so that the allocation is never worse than uniform
-    feasible = [p for p in plans if latency.predict(widths_of(p), batch) <= target_ms]
-    fastest = min(plans, key=lambda p: latency.predict(widths_of(p), batch))
-    position = min(feasible, key=summed_drop) if feasible else fastest  # ties: the first found
+    predicted = [latency.predict(widths_of(p), batch) for p in plans]
+    feasible = [i for i, ms in enumerate(predicted) if ms <= target_ms]
+    # Ties: the first found.
+    pick = (
+        min(feasible, key=lambda i: summed_drop(plans[i]))
+        if feasible
+        else min(range(len(plans)), key=predicted.__getitem__)
+    )
+    position, current = plans[pick], predicted[pick]
     widths = widths_of(position)
-    current = latency.predict(widths, batch)
     return LatencyAllocation(
         widths={n: w for n, w in widths.items() if w < latency.units[n].size},
         ratios={n: 1.0 - w / latency.units[n].size for n, w in widths.items()},

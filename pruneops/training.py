@@ -223,11 +223,11 @@ def fit_(
             for p in params:
                 p.requires_grad_(epoch > settings.freeze_epochs or id(p) in trainable)
         order = torch.randperm(len(ys), generator=gen)[: per_rank * world][rank::world]
-        batches = (order[i : i + batch_size] for i in range(0, per_rank, batch_size))
+        batches = ((idx, xs[idx]) for idx in (order[i : i + batch_size] for i in range(0, per_rank, batch_size)))
         if settings.crop_padding or settings.hflip:
             crop, flip = settings.crop_padding, settings.hflip
-            batches = ((idx, augment_images(xs[idx], crop, flip, aug_gen)) for idx in batches)
-        train_loss = _train_epoch(model, forward, (xs, ys), batches, (opt, sched), distillation, hooks)
+            batches = ((idx, augment_images(xb, crop, flip, aug_gen)) for idx, xb in batches)
+        train_loss = _train_epoch(model, forward, ys, batches, (opt, sched), distillation, hooks)
         val_acc, val_loss = evaluate(model, val)
         result.history.append(
             {
@@ -254,12 +254,11 @@ def fit_(
     return result
 
 
-def _train_epoch(model, forward, data, batches, optimizer, distillation, hooks) -> float:
-    """One pass over `batches` (index tensors into `data`, or (indices, augmented inputs)); the mean training loss."""
-    (xs, ys), (opt, sched), (after_backward, after_step) = data, optimizer, hooks
+def _train_epoch(model, forward, ys, batches, optimizer, distillation, hooks) -> float:
+    """One pass over `batches` ((indices into `ys`, inputs) pairs); the mean training loss."""
+    (opt, sched), (after_backward, after_step) = optimizer, hooks
     total, seen = 0.0, 0
-    for batch in batches:
-        idx, xb = batch if isinstance(batch, tuple) else (batch, xs[batch])
+    for idx, xb in batches:
         yb = ys[idx]
         loss = _loss(forward(xb), yb, xb, distillation)
         opt.zero_grad(set_to_none=True)
