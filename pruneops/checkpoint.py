@@ -40,7 +40,10 @@ SHAPE_ATTRS = (
     "num_heads",
     "head_dim",
     "num_attention_heads",
+    "n_heads",
     "all_head_size",
+    "num_embeddings",
+    "embedding_dim",
 )
 
 

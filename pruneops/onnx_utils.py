@@ -10,19 +10,20 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pruneops.inputs import IMAGE_INPUT, InputSpec, as_specs, dynamic_axes, example_tensors
 from pruneops.registry import Registry
 
 if TYPE_CHECKING:
     from torch import nn
 
-INPUT_NAME = "input"
+INPUT_NAME = IMAGE_INPUT
 OUTPUT_NAME = "logits"
 
 
@@ -35,60 +36,73 @@ EXPORTERS: Registry[Callable] = Registry("ONNX exporter")
 
 
 @EXPORTERS.register("torchscript", "torch.onnx.export with TorchScript tracing (fast)")
-def _export_torchscript(model: nn.Module, example, path: Path, opset: int) -> None:
+def _export_torchscript(model: nn.Module, examples: dict, path: Path, opset: int, specs: tuple[InputSpec, ...]) -> None:
     import torch
 
+    axes = dynamic_axes(specs)
     torch.onnx.export(
         model,
-        (example,),
+        tuple(examples[s.name] for s in specs),
         str(path),
         dynamo=False,
         opset_version=opset,
-        input_names=[INPUT_NAME],
+        input_names=[s.name for s in specs],
         output_names=[OUTPUT_NAME],
-        dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        dynamic_axes={**axes, OUTPUT_NAME: {0: "batch"}},
     )
 
 
 @EXPORTERS.register("dynamo", "torch.onnx.export with TorchDynamo (torch.export)")
-def _export_dynamo(model: nn.Module, example, path: Path, opset: int) -> None:
+def _export_dynamo(model: nn.Module, examples: dict, path: Path, opset: int, specs: tuple[InputSpec, ...]) -> None:
     import torch
 
-    batch = torch.export.Dim("batch", min=1, max=4096)
+    dims = {"batch": torch.export.Dim("batch", min=1, max=4096)}
+    for s in specs:
+        for d in s.shape:
+            if isinstance(d, str) and d not in dims:
+                dims[d] = torch.export.Dim(d, min=2, max=4096)
+    shapes = tuple(
+        {0: dims["batch"], **{i + 1: dims[d] for i, d in enumerate(s.shape) if isinstance(d, str)}} for s in specs
+    )
     program = torch.onnx.export(
         model,
-        (example,),
+        tuple(examples[s.name] for s in specs),
         dynamo=True,
         opset_version=opset,
-        input_names=[INPUT_NAME],
+        input_names=[s.name for s in specs],
         output_names=[OUTPUT_NAME],
-        dynamic_shapes=({0: batch},),
+        dynamic_shapes=shapes,
         external_data=False,
     )
     program.save(str(path))
 
 
 def export_onnx_file(
-    model: nn.Module, input_shape: list[int], path: Path, opset: int, exporter: str = "torchscript"
+    model: nn.Module,
+    inputs: Sequence[int] | Sequence[InputSpec],
+    path: Path,
+    opset: int,
+    exporter: str = "torchscript",
+    sizes: Mapping[str, int] | None = None,
 ) -> None:
-    """Exports `model` to ONNX with a dynamic batch axis.
+    """Exports `model` to ONNX with a dynamic batch axis (and dynamic symbolic axes such as `seq`).
 
     Args:
-        model: The model (put in eval mode).
-        input_shape: One sample's shape.
+        model: The model (put in eval mode); it takes the inputs positionally, in spec order.
+        inputs: One sample's shape (a single float input named `input`), or named `InputSpec`s.
         path: Where the `.onnx` file goes.
         opset: The ONNX opset.
         exporter: A key of `EXPORTERS` (`torchscript` or `dynamo`).
+        sizes: Example sizes of symbolic dims (default `seq` 16).
     """
-    import torch
-
+    specs = as_specs(inputs)
     model.eval()
-    example = torch.zeros(2, *input_shape)
+    examples = example_tensors(specs, 2, sizes)
     # The exporters narrate every pass on stdout/stderr; keep stage output readable.
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        EXPORTERS.get(exporter)(model, example, Path(path), opset)
+        EXPORTERS.get(exporter)(model, examples, Path(path), opset, specs)
 
 
 def make_session(path: Path | bytes, threads: int = 1):

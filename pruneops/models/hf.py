@@ -7,15 +7,51 @@ module to those shapes and loads the weights strictly. Requires the `hf` extra.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 from torch import nn
 
 from pruneops.checkpoint import module_structure, resize_to_structure_
 from pruneops.errors import CheckpointError
+from pruneops.inputs import InputSpec, text_inputs
 
 STRUCTURE_KEY = "pruneops_structure"
+
+
+class SequenceLogits(nn.Module):
+    """A HuggingFace sequence classifier as tensors in, logits out (what tracing and export take).
+
+    The inputs are positional in `input_specs` order, so an ONNX export gets named int64 inputs.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        kwargs = {"attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.model(input_ids=input_ids, **kwargs).logits
+
+
+def uses_token_types(model: nn.Module) -> bool:
+    """Whether the model takes segment ids (its forward accepts them and it has more than one type)."""
+    accepts = "token_type_ids" in inspect.signature(model.forward).parameters
+    return accepts and int(getattr(model.config, "type_vocab_size", 0) or 0) > 1
+
+
+def input_specs(model: nn.Module) -> tuple[InputSpec, ...]:
+    """The named inputs of a HuggingFace text classifier: ids, mask and, if it uses them, segment ids."""
+    return text_inputs(token_type_ids=uses_token_types(model))
 
 
 def save_pruned_hf(model: nn.Module, directory: Path) -> None:

@@ -2,8 +2,10 @@
 
 A unit is either a channel group found by Torch-Pruning's dependency graph (named by its root
 layer; coupled layers across residual adds, BatchNorm, concatenation and flatten are pruned
-together) or the heads of an attention module (named `<module>.heads`). The classifier's
-outputs and attention projections are never pruned as channels.
+together) or the heads of an attention module (named `<module>.heads`; heads that several layers
+must lose together, as MPNet's, form one unit named after the module that ties them). The
+classifier's outputs and attention projections are never pruned as channels, and a model whose
+attention layers share weights (ALBERT) is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from torch import nn
 
 from pruneops.errors import PruneOpsError
 from pruneops.models import classifier_of
-from pruneops.pruning.heads import head_sites, remove_heads_
+from pruneops.pruning.heads import (
+    HeadSite,
+    HeadTie,
+    head_sites,
+    head_ties,
+    refuse_shared_attention,
+    remove_heads_,
+    remove_tied_heads_,
+)
 from pruneops.pruning.importance import Criterion
 
 ROOT_TYPES = (nn.Conv1d, nn.Conv2d, nn.Linear)
@@ -85,11 +95,34 @@ class UnitPruner:
                 continue
             yield names[group[0].dep.target.module], group
 
+    def _run(self) -> object:
+        x = self.example_input
+        return self.model(**x) if isinstance(x, dict) else self.model(x)
+
+    def _head_units(self) -> tuple[dict[str, HeadSite], dict[str, tuple[tuple[str, ...], HeadTie | None]]]:
+        """The attention sites, and per head unit the sites it prunes together and what ties them.
+
+        Raises:
+            PruneOpsError: Attention no adapter understands, or attention shared by several layers.
+        """
+        sites = head_sites(self.model)
+        if not sites:
+            return sites, {}
+        refuse_shared_attention(self.model, sites, self._run)
+        ties = head_ties(self.model, sites)
+        tied = {s for tie in ties.values() for s in tie.sites}
+        units: dict[str, tuple[tuple[str, ...], HeadTie | None]] = {
+            f"{n}.heads": ((n,), None) for n in sites if n not in tied
+        }
+        units.update({f"{n}.heads" if n else "heads": (tie.sites, tie) for n, tie in ties.items()})
+        return sites, units
+
     def units(self) -> dict[str, UnitInfo]:
         """Every prunable unit, by name."""
         found = {name: UnitInfo(name, "channels", len(group[0].idxs)) for name, group in self._groups(self._graph())}
-        for name, site in head_sites(self.model).items():
-            found[f"{name}.heads"] = UnitInfo(f"{name}.heads", "heads", site.num_heads)
+        sites, head_units = self._head_units()
+        for unit, (members, _) in head_units.items():
+            found[unit] = UnitInfo(unit, "heads", sites[members[0]].num_heads)
         return found
 
     def prune_to_(self, keep: dict[str, int], head_scores: dict[str, torch.Tensor] | None = None) -> None:
@@ -100,17 +133,7 @@ class UnitPruner:
             head_scores: Per attention module name, precomputed head importance (e.g. the gate
                 importance); otherwise heads are ranked by the criterion over their weights.
         """
-        for name, site in head_sites(self.model).items():
-            k = keep.get(f"{name}.heads")
-            if k is None or k >= site.num_heads:
-                continue
-            if head_scores and name in head_scores:
-                scores = head_scores[name]
-            else:
-                if not self.criterion.scores_heads:
-                    self._warn(f"importance {self.criterion.name!r} cannot score the heads of {name}: ranked by L2")
-                scores = self.criterion.head_scores(site.head_matrix(), site.head_matrix(grad=True))
-            remove_heads_(site, torch.argsort(scores)[: site.num_heads - k].tolist())
+        self._prune_heads_(keep, head_scores or {})
         wanted = {n: k for n, k in keep.items() if not n.endswith(".heads")}
         if not wanted:
             return
@@ -124,6 +147,28 @@ class UnitPruner:
             drop = torch.argsort(self._group_scores(name, group, importance))[: size - k].tolist()
             dep = group[0].dep
             graph.get_pruning_group(dep.target.module, dep.handler, idxs=drop).prune()
+
+    def _prune_heads_(self, keep: dict[str, int], head_scores: dict[str, torch.Tensor]) -> None:
+        sites, head_units = self._head_units()
+        for unit, (members, tie) in head_units.items():
+            size = sites[members[0]].num_heads
+            k = keep.get(unit)
+            if k is None or k >= size:
+                continue
+            # Tied layers lose the same heads: a head's score is its summed score over them.
+            scores = sum(self._head_scores(name, sites[name], head_scores) for name in members)
+            drop = torch.argsort(scores)[: size - k].tolist()
+            if tie is None:
+                remove_heads_(sites[members[0]], drop)
+            else:
+                remove_tied_heads_(tie, sites, drop)
+
+    def _head_scores(self, name: str, site: HeadSite, precomputed: dict[str, torch.Tensor]) -> torch.Tensor:
+        if name in precomputed:
+            return precomputed[name]
+        if not self.criterion.scores_heads:
+            self._warn(f"importance {self.criterion.name!r} cannot score the heads of {name}: ranked by L2")
+        return self.criterion.head_scores(site.head_matrix(), site.head_matrix(grad=True))
 
     def scores(self, unit: str) -> torch.Tensor:
         """The criterion's score of each channel of a channel unit (higher = more important)."""

@@ -82,8 +82,8 @@ class Logits(torch.nn.Module):
 def test_bert_heads_found_and_removed_with_identical_outputs_when_zeroed():
     bert = _tiny_bert()
     sites = head_sites(bert)
-    assert list(sites) == ["bert.encoder.layer.0.attention", "bert.encoder.layer.1.attention"]
-    site = sites["bert.encoder.layer.1.attention"]
+    assert list(sites) == ["bert.encoder.layer.0.attention.self", "bert.encoder.layer.1.attention.self"]
+    site = sites["bert.encoder.layer.1.attention.self"]
     with torch.no_grad():
         site.out.weight[:, 0 : site.head_dim] = 0.0
     ids = torch.randint(0, 60, (3, 10))
@@ -109,13 +109,13 @@ def test_bert_gate_importance_head_and_ffn_pruning_save_and_reload(tmp_path):
     scores = gate_importance(wrapped, head_sites(wrapped), [(ids, labels)])
     pruner = UnitPruner(wrapped, ids[:1], IMPORTANCES.get("l2"))
     units = pruner.units()
-    assert units["model.bert.encoder.layer.0.attention.heads"].size == 4
+    assert units["model.bert.encoder.layer.0.attention.self.heads"].size == 4
     assert units["model.bert.encoder.layer.0.intermediate.dense"].size == 48
     params = count_params(bert)
     pruner.prune_to_(
         {
-            "model.bert.encoder.layer.0.attention.heads": 1,
-            "model.bert.encoder.layer.1.attention.heads": 3,
+            "model.bert.encoder.layer.0.attention.self.heads": 1,
+            "model.bert.encoder.layer.1.attention.self.heads": 3,
             "model.bert.encoder.layer.0.intermediate.dense": 20,
         },
         head_scores=scores,

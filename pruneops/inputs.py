@@ -1,0 +1,111 @@
+"""Named model inputs: what a model takes, described once and read by export, timing and serving.
+
+An image model takes one float tensor per sample (`input`, shape C×H×W); a text encoder takes
+token ids and an attention mask (int64, one symbolic `seq` axis). The ONNX input names, dtypes and
+dynamic axes come from these specs, so a token-id model exports with int64 ids and a dynamic
+sequence length instead of a float example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+# The single input of image models keeps the name every exported model had before named inputs.
+IMAGE_INPUT = "input"
+DTYPES = ("float32", "int64")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One named input: dtype and per-sample shape; a str dim is symbolic (e.g. "seq").
+
+    Attributes:
+        name: The ONNX input name and the model's keyword.
+        dtype: "float32" or "int64".
+        shape: Per-sample shape, without the batch axis.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"input {self.name!r}: dtype {self.dtype!r} is not one of {DTYPES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, as saved in checkpoint and model-card metadata."""
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InputSpec:
+        """Inverse of `to_dict`."""
+        return cls(str(data["name"]), str(data["dtype"]), tuple(data["shape"]))
+
+
+def image_inputs(shape: Sequence[int]) -> tuple[InputSpec, ...]:
+    """The one float input of an image (or table) model with per-sample `shape`."""
+    return (InputSpec(IMAGE_INPUT, "float32", tuple(int(d) for d in shape)),)
+
+
+def text_inputs(token_type_ids: bool = False) -> tuple[InputSpec, ...]:
+    """Token ids and attention mask (and segment ids if the model uses them), each of length `seq`."""
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_type_ids else [])
+    return tuple(InputSpec(n, "int64", ("seq",)) for n in names)
+
+
+def as_specs(inputs: Sequence[int] | Sequence[InputSpec]) -> tuple[InputSpec, ...]:
+    """Specs as given, or the image spec of a plain per-sample shape (the pre-named-inputs form)."""
+    items = list(inputs)
+    if items and all(isinstance(i, InputSpec) for i in items):
+        return tuple(items)
+    if all(isinstance(i, int) for i in items):
+        return image_inputs(items)
+    raise TypeError(f"inputs must be a shape or InputSpecs, got {inputs!r}")
+
+
+def concrete_shape(spec: InputSpec, batch: int, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """The full shape of a batch: symbolic dims taken from `sizes`.
+
+    Raises:
+        KeyError: A symbolic dim has no size.
+    """
+    return (batch, *(sizes[d] if isinstance(d, str) else d for d in spec.shape))
+
+
+def example_arrays(
+    specs: Sequence[InputSpec], batch: int, sizes: Mapping[str, int] | None = None
+) -> dict[str, np.ndarray]:
+    """A batch to export or time with: zeros for floats, token id 1 and a full attention mask."""
+    sizes = {"seq": 16, **(sizes or {})}
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = concrete_shape(spec, batch, sizes)
+        if spec.dtype == "float32":
+            out[spec.name] = np.zeros(shape, dtype=np.float32)
+        elif spec.name == "token_type_ids":
+            out[spec.name] = np.zeros(shape, dtype=np.int64)
+        else:
+            out[spec.name] = np.ones(shape, dtype=np.int64)
+    return out
+
+
+def example_tensors(
+    specs: Sequence[InputSpec], batch: int, sizes: Mapping[str, int] | None = None
+) -> dict[str, torch.Tensor]:
+    """`example_arrays` as torch tensors."""
+    import torch
+
+    return {k: torch.from_numpy(v) for k, v in example_arrays(specs, batch, sizes).items()}
+
+
+def dynamic_axes(specs: Sequence[InputSpec]) -> dict[str, dict[int, str]]:
+    """Per input, its dynamic axes for ONNX: the batch and every symbolic dim."""
+    return {s.name: {0: "batch", **{i + 1: d for i, d in enumerate(s.shape) if isinstance(d, str)}} for s in specs}
