@@ -163,6 +163,8 @@ class PreprocessConfig(StageConfig):
 
 
 SCRATCH_LR, PRETRAINED_LR = 3e-3, 1e-3  # fine-tuning pretrained weights at the from-scratch LR undoes them
+# Pretrained transformers forget at CNN fine-tuning rates: the usual BERT-family range is 2e-5..1e-4.
+TRANSFORMER_LR, TRANSFORMER_WARMUP = 5e-5, 0.1
 
 
 class TrainConfig(FitParams):
@@ -173,9 +175,15 @@ class TrainConfig(FitParams):
     when the file's has another class count (`reset_classifier: null`), always (`true`) or never
     (`false`: a mismatch is an error). `lr` and `warmup_epochs` default by whether weights are
     given (`null`): 3e-3 and none from scratch, 1e-3 and one warm-up epoch from weights.
+
+    `model: hf` builds a HuggingFace sequence classifier from `pretrained` (a local folder with
+    `config.json` and weights; nothing is downloaded) with a new head for the data's classes,
+    fine-tuned at 5e-5 with a 0.1-epoch warm-up by default; `epochs: 0` adopts a folder that is
+    already a classifier for these classes as it is. `model_kwargs` override its config.
     """
 
     model: Text = "cnn"
+    pretrained: Text | None = None
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     # The output layer (never pruned); null finds it from the forward pass.
     classifier: Text | None = None
@@ -195,7 +203,11 @@ class TrainConfig(FitParams):
 
     @model_validator(mode="after")
     def _weights_for_adoption(self) -> TrainConfig:
-        if self.epochs == 0 and self.init_weights is None:
+        if self.model == "hf" and not self.pretrained:
+            raise ValueError("pretrained: model 'hf' needs the local folder of a pretrained model")
+        if self.pretrained and self.model != "hf":
+            raise ValueError(f"pretrained: only for model 'hf' (model is {self.model!r}; use init_weights)")
+        if self.epochs == 0 and self.init_weights is None and self.pretrained is None:
             raise ValueError("epochs: 0 adopts train.init_weights as the baseline; set init_weights (or epochs >= 1)")
         if self.freeze_backbone_epochs > self.epochs:
             raise ValueError(f"freeze_backbone_epochs: {self.freeze_backbone_epochs} exceeds epochs {self.epochs}")
@@ -206,6 +218,8 @@ class TrainConfig(FitParams):
         """The LR used: `lr`, or its default for training from scratch or from weights."""
         if self.lr is not None:
             return self.lr
+        if self.pretrained:
+            return TRANSFORMER_LR
         return PRETRAINED_LR if self.init_weights else SCRATCH_LR
 
     @property
@@ -213,6 +227,8 @@ class TrainConfig(FitParams):
         """Linear LR warm-up in epochs: `warmup_epochs`, or 1 from weights and 0 from scratch."""
         if self.warmup_epochs is not None:
             return self.warmup_epochs
+        if self.pretrained:
+            return TRANSFORMER_WARMUP
         return 1.0 if self.init_weights else 0.0
 
     @property

@@ -123,6 +123,8 @@ def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
         files.append(_dep_path(root / configs["validate"].tokenizer, root))
     if stage.name == "train" and configs["train"].init_weights:
         files.append(_dep_path(root / configs["train"].init_weights, root))
+    if stage.name == "train" and configs["train"].pretrained:
+        files.append(_dep_path(root / configs["train"].pretrained, root))
     if stage.builds_model and "train" in configs:
         module = model_module_file(configs["train"].model, root)
         if module is not None:

@@ -109,3 +109,66 @@ def example_tensors(
 def dynamic_axes(specs: Sequence[InputSpec]) -> dict[str, dict[int, str]]:
     """Per input, its dynamic axes for ONNX: the batch and every symbolic dim."""
     return {s.name: {0: "batch", **{i + 1: d for i, d in enumerate(s.shape) if isinstance(d, str)}} for s in specs}
+
+
+def as_tensors(x: np.ndarray | Mapping[str, np.ndarray]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """NumPy inputs (plain or named) as torch tensors sharing their memory."""
+    import torch
+
+    if isinstance(x, Mapping):
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in x.items()}
+    return torch.from_numpy(x)
+
+
+def rows(x, index):
+    """Rows `index` (slice or index array) of plain or named inputs, NumPy or torch."""
+    return {k: v[index] for k, v in x.items()} if isinstance(x, Mapping) else x[index]
+
+
+def count_rows(x) -> int:
+    """Number of samples in plain or named inputs."""
+    return len(next(iter(x.values()))) if isinstance(x, Mapping) else len(x)
+
+
+def run_model(model, x):
+    """`model(**x)` for named inputs, `model(x)` for one tensor."""
+    return model(**x) if isinstance(x, Mapping) else model(x)
+
+
+def model_inputs(model) -> tuple[InputSpec, ...]:
+    """The named inputs `create_model` recorded on `model`, else its one float input."""
+    specs = getattr(model, "_pruneops_inputs", None)
+    if specs:
+        return tuple(specs)
+    return image_inputs(model._pruneops_input_shape)
+
+
+def example_input(model, input_shape: Sequence[int] | None = None, batch: int = 1):
+    """A batch to trace or profile `model` with.
+
+    Zeros of `input_shape` for one float input, or the named example of the model's `InputSpec`s
+    (ids 1, full mask, `seq` = `input_shape[0]`).
+    """
+    import torch
+
+    specs = getattr(model, "_pruneops_inputs", None)
+    if not specs:
+        shape = input_shape if input_shape is not None else model._pruneops_input_shape
+        return torch.zeros(batch, *shape)
+    seq = {"seq": int(input_shape[0])} if input_shape else None
+    return example_tensors(specs, batch, seq)
+
+
+def trim_padding(x):
+    """Named inputs cut to the longest attention mask in the batch; anything else as it is.
+
+    Texts are padded to the data's `max_length`; a batch of short texts then pays for padding
+    it masks out. For encoders with an attention mask the logits are the same either way.
+    """
+    if not isinstance(x, Mapping) or "attention_mask" not in x:
+        return x
+    mask = x["attention_mask"]
+    longest = int(mask.sum(-1).max()) if mask.numel() else 0
+    if longest >= mask.shape[-1] or longest == 0:
+        return x
+    return {k: v[..., :longest] if v.ndim >= 2 and v.shape[-1] == mask.shape[-1] else v for k, v in x.items()}

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from pruneops.inputs import example_input, run_model
+
 
 def count_params(model: nn.Module) -> int:
     """Number of parameters (dense count: zeros included)."""
@@ -37,7 +39,7 @@ def forward_with_hooks(
     was_training = model.training
     model.eval()
     try:
-        model(torch.zeros(1, *input_shape))
+        run_model(model, example_input(model, input_shape))
     finally:
         for h in handles:
             h.remove()

@@ -11,7 +11,7 @@ from pruneops.augment import check_augmentable
 from pruneops.checkpoint import save_checkpoint
 from pruneops.config import FitParams, TrainConfig
 from pruneops.data import load_prepared
-from pruneops.init_weights import load_init_weights_
+from pruneops.init_weights import AdoptedWeights, load_init_weights_
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.models import ModelSpec, classifier_of, create_model
 from pruneops.plots import save_fit_history
@@ -76,8 +76,13 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     preprocess = config.preprocess.model_dump(exclude_none=True) if config.preprocess else None
+    kwargs = dict(config.model_kwargs)
+    if config.pretrained:  # the architecture travels in the checkpoint, not as a path to the folder
+        from pruneops.models.hf import pretrained_config
+
+        kwargs = {"hf_config": pretrained_config(config.pretrained, kwargs)}
     spec = ModelSpec(
-        config.model, meta.input_shape, meta.num_classes, dict(config.model_kwargs), config.classifier, preprocess
+        config.model, meta.input_shape, meta.num_classes, kwargs, config.classifier, preprocess, meta.inputs
     )
     check_augmentable("train", config.augment, meta.input_shape)
     seed_everything(config.seed)
@@ -85,6 +90,11 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
     adopted = None
     if config.init_weights:
         adopted = load_init_weights_(model, Path(config.init_weights), config.init_strict, config.reset_classifier)
+    elif config.pretrained:
+        from pruneops.models.hf import load_pretrained_
+
+        fresh = load_pretrained_(model, config.pretrained)
+        adopted = AdoptedWeights(config.pretrained, reset_classifier=bool(fresh), warnings=fresh)
     fit = FitResult()  # epochs 0: the weights adopted as they are
     if config.epochs:
         head = classifier_of(model) if config.freeze_backbone_epochs else None
@@ -104,7 +114,7 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
         best_epoch=fit.best_epoch,
         epochs_run=len(fit.history),
         checkpoint=out_dir / "model.safetensors",
-        init_weights=config.init_weights,
+        init_weights=config.init_weights or config.pretrained,
         reset_classifier=adopted.reset_classifier if adopted else False,
         warnings=tuple(adopted.warnings) if adopted else (),
     )

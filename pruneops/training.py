@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from pruneops.augment import augment_images
 from pruneops.data.splits import Split
+from pruneops.inputs import as_tensors, count_rows, rows, run_model, trim_padding
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,9 @@ def seed_everything(seed: int) -> None:
 def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> torch.Tensor:
     """Logits of `model` (eval mode) over `x`."""
     model.eval()
-    xs = torch.from_numpy(x)
-    return torch.cat([model(xs[i : i + batch_size]) for i in range(0, len(xs), batch_size)])
+    xs = as_tensors(x)
+    chunks = (trim_padding(rows(xs, slice(i, i + batch_size))) for i in range(0, count_rows(xs), batch_size))
+    return torch.cat([run_model(model, xb) for xb in chunks])
 
 
 def clone_with_grads(model: nn.Module) -> nn.Module:
@@ -107,8 +109,8 @@ def calibration_subset(x: np.ndarray, n: int, seed: int) -> np.ndarray | None:
     """`n` rows of `x` drawn without replacement by `seed` (in their original order); None for 0."""
     if n <= 0:
         return None
-    picks = np.random.default_rng(seed).permutation(len(x))[:n]
-    return x[np.sort(picks)]
+    picks = np.random.default_rng(seed).permutation(count_rows(x))[:n]
+    return rows(x, np.sort(picks))
 
 
 @torch.no_grad()
@@ -122,16 +124,16 @@ def recalibrate_batchnorm_(model: nn.Module, x: np.ndarray, batch_size: int = 25
         Whether the model had BatchNorm layers to recalibrate.
     """
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms or len(x) == 0:
+    if not norms or count_rows(x) == 0:
         return False
     saved = [m.momentum for m in norms]
     for m in norms:
         m.reset_running_stats()
         m.momentum = None  # cumulative average over the batches below
     model.train()
-    xs = torch.from_numpy(x)
-    for i in range(0, len(xs), batch_size):
-        model(xs[i : i + batch_size])
+    xs = as_tensors(x)
+    for i in range(0, count_rows(xs), batch_size):
+        run_model(model, trim_padding(rows(xs, slice(i, i + batch_size))))
     for m, momentum in zip(norms, saved, strict=True):
         m.momentum = momentum
     model.eval()
@@ -145,12 +147,12 @@ def evaluate(model: nn.Module, split: Split, batch_size: int = 512) -> tuple[flo
     return float((logits.argmax(1) == y).float().mean()), float(F.cross_entropy(logits, y))
 
 
-def _loss(logits: torch.Tensor, y: torch.Tensor, xb: torch.Tensor, kd: Distillation | None) -> torch.Tensor:
+def _loss(logits: torch.Tensor, y: torch.Tensor, xb, kd: Distillation | None) -> torch.Tensor:
     ce = F.cross_entropy(logits, y)
     if kd is None or kd.weight == 0:
         return ce
     with torch.no_grad():
-        teacher_logits = kd.teacher(xb)
+        teacher_logits = run_model(kd.teacher, xb)
     t = kd.temperature
     kl = F.kl_div(
         F.log_softmax(logits / t, 1), F.log_softmax(teacher_logits / t, 1), log_target=True, reduction="batchmean"
@@ -190,7 +192,7 @@ def fit_(
     seed_everything(settings.seed)
     if distillation is not None:
         distillation.teacher.eval()
-    xs, ys = torch.from_numpy(train.x), torch.from_numpy(train.y)
+    xs, ys = as_tensors(train.x), torch.from_numpy(train.y)
     rank, world = distributed_rank_world()
     # Under DDP each rank takes every world-th sample of the same shuffled order, equally many
     # per rank (unequal batch counts would hang the gradient all-reduce), with the global batch
@@ -223,7 +225,8 @@ def fit_(
             for p in params:
                 p.requires_grad_(epoch > settings.freeze_epochs or id(p) in trainable)
         order = torch.randperm(len(ys), generator=gen)[: per_rank * world][rank::world]
-        batches = ((idx, xs[idx]) for idx in (order[i : i + batch_size] for i in range(0, per_rank, batch_size)))
+        picks = (order[i : i + batch_size] for i in range(0, per_rank, batch_size))
+        batches = ((idx, trim_padding(rows(xs, idx))) for idx in picks)
         if settings.crop_padding or settings.hflip:
             crop, flip = settings.crop_padding, settings.hflip
             batches = ((idx, augment_images(xb, crop, flip, aug_gen)) for idx, xb in batches)
@@ -260,7 +263,7 @@ def _train_epoch(model, forward, ys, batches, optimizer, distillation, hooks) ->
     total, seen = 0.0, 0
     for idx, xb in batches:
         yb = ys[idx]
-        loss = _loss(forward(xb), yb, xb, distillation)
+        loss = _loss(run_model(forward, xb), yb, xb, distillation)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if after_backward is not None:

@@ -1,8 +1,13 @@
-"""HuggingFace models after head/FFN pruning: save and reload (transformers 5.x has no prune_heads).
+"""HuggingFace sequence classifiers: the `hf` model, offline pretrained weights, pruned save/reload.
 
-The pruned shapes (per-layer head counts, FFN widths) are written into the model's config as
-`pruneops_structure`; loading builds the full-size architecture from the config, shrinks every
-module to those shapes and loads the weights strictly. Requires the `hf` extra.
+`train.model: hf` builds `AutoModelForSequenceClassification` from a config kept in the
+checkpoint (so a checkpoint rebuilds without the pretrained folder) and `train.pretrained` loads
+the folder's weights offline (`local_files_only`).
+
+transformers 5.x has no prune_heads: for `save_pruned_hf`, the pruned shapes (per-layer head
+counts, FFN widths) are written into the model's config as `pruneops_structure`; loading
+builds the full-size architecture from the config, shrinks every module to those shapes and
+loads the weights strictly. Requires the `hf` extra.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from pruneops.checkpoint import module_structure, resize_to_structure_
-from pruneops.errors import CheckpointError
+from pruneops.errors import CheckpointError, ConfigError
 from pruneops.inputs import InputSpec, text_inputs
+from pruneops.models.registry import MODELS
 
 STRUCTURE_KEY = "pruneops_structure"
 
@@ -52,6 +58,78 @@ def uses_token_types(model: nn.Module) -> bool:
 def input_specs(model: nn.Module) -> tuple[InputSpec, ...]:
     """The named inputs of a HuggingFace text classifier: ids, mask and, if it uses them, segment ids."""
     return text_inputs(token_type_ids=uses_token_types(model))
+
+
+# Keys of a saved config that describe where it came from, not the architecture.
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "architectures", "_commit_hash")
+
+
+def pretrained_config(folder: str | Path, overrides: dict | None = None) -> dict:
+    """The architecture config of a local pretrained folder as a JSON-ready dict (offline).
+
+    Raises:
+        ConfigError: No readable `config.json` there, or transformers is not installed.
+    """
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise ConfigError("train.model: 'hf' needs transformers (pip install -e '.[hf]')") from None
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"train.pretrained: {folder} is not a pretrained model folder ({exc})") from None
+    data = {k: v for k, v in config.to_dict().items() if k not in _CONFIG_NOISE}
+    return {**data, **(overrides or {})}
+
+
+@MODELS.register("hf", "a HuggingFace sequence classifier (train.pretrained: a local folder; offline)")
+def hf_classifier(num_classes: int, hf_config: dict) -> nn.Module:
+    """`AutoModelForSequenceClassification` of `hf_config` with `num_classes` outputs, fresh weights.
+
+    Args:
+        num_classes: Number of labels.
+        hf_config: The architecture (`pretrained_config`), `model_type` included.
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    data = dict(hf_config)
+    data.pop("num_labels", None)
+    data.pop("id2label", None)
+    data.pop("label2id", None)
+    config = AutoConfig.for_model(data.pop("model_type"), **data)
+    config.num_labels = num_classes
+    return SequenceLogits(AutoModelForSequenceClassification.from_config(config))
+
+
+def load_pretrained_(model: nn.Module, folder: str | Path) -> list[str]:
+    """Loads a pretrained folder's weights into an `hf` model (offline); a missing head starts fresh.
+
+    Returns:
+        What was not taken from the folder (a new classifier head), as report warnings.
+
+    Raises:
+        ConfigError: The folder's weights do not fit the architecture.
+    """
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    inner = model.model if isinstance(model, SequenceLogits) else model
+    hf_logging.set_verbosity_error()  # its load report repeats what the returned warning says
+    try:
+        loaded, info = AutoModelForSequenceClassification.from_pretrained(
+            str(folder),
+            config=inner.config,
+            local_files_only=True,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"train.pretrained: cannot load weights from {folder} ({exc})") from None
+    inner.load_state_dict(loaded.state_dict())
+    fresh = sorted({*info.get("missing_keys", []), *(k for k, *_ in info.get("mismatched_keys", []))})
+    if not fresh:
+        return []
+    return [f"train.pretrained: {len(fresh)} tensors not in {folder} start fresh (a new head): {', '.join(fresh[:4])}"]
 
 
 def save_pruned_hf(model: nn.Module, directory: Path) -> None:

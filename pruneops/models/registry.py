@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pruneops.errors import ConfigError
+from pruneops.inputs import example_input, run_model
 from pruneops.registry import Registry
 
 MODELS: Registry = Registry("model")
@@ -28,6 +29,8 @@ class ModelSpec:
         classifier: Name of the output layer when finding it from the forward pass is not wanted.
         preprocess: `train.preprocess` (resize, channels, mean, std), run inside the model on the
             raw `input_shape` inputs; the factory is built for the preprocessed shape.
+        inputs: Named inputs (`InputSpec.to_dict()`), e.g. a text model's ids and mask; None: one
+            float input of `input_shape`.
     """
 
     name: str
@@ -36,6 +39,7 @@ class ModelSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     classifier: str | None = None
     preprocess: dict[str, Any] | None = None
+    inputs: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -50,6 +54,7 @@ def resolve_factory(name: str):
     """
     if ":" not in name:
         import pruneops.models.architectures  # noqa: F401 - registers the built-in models
+        import pruneops.models.hf  # noqa: F401
         import pruneops.models.mobilenet  # noqa: F401
 
         return MODELS.get(name)
@@ -69,6 +74,7 @@ def create_model(spec: ModelSpec) -> nn.Module:
     (torchvision's `mobilenet_v2(**kwargs)` hands every keyword to its class, which has no such
     argument).
     """
+    from pruneops.inputs import InputSpec
     from pruneops.models.preprocess import attach_preprocess_, network_input_shape
 
     factory = resolve_factory(spec.name)
@@ -85,6 +91,7 @@ def create_model(spec: ModelSpec) -> nn.Module:
     attach_preprocess_(model, spec.preprocess)
     # What `classifier_of` needs to find the output layer by running the model.
     model._pruneops_input_shape = tuple(spec.input_shape)
+    model._pruneops_inputs = tuple(InputSpec.from_dict(i) for i in spec.inputs) if spec.inputs else None
     model._pruneops_classifier = spec.classifier
     if spec.classifier is not None and not isinstance(dict(model.named_modules()).get(spec.classifier), nn.Linear):
         raise ConfigError(f"train.classifier: {spec.classifier!r} is not a Linear layer of {spec.name!r}")
@@ -117,7 +124,7 @@ def output_layer_name(model: nn.Module, input_shape: tuple[int, ...]) -> str | N
     was_training = model.training
     model.eval()
     try:
-        output = model(torch.zeros(1, *input_shape))
+        output = run_model(model, example_input(model, input_shape))
     finally:
         for h in handles:
             h.remove()

@@ -18,65 +18,21 @@ from pruneops.data.text import choose_max_length, normalise, read_text_table
 from pruneops.errors import ConfigError, DataError, DataValidationError
 from pruneops.io import Layout, read_json
 from pruneops.validate import validate_dataset
+from tests.text_helpers import build_tokenizer, make_reviews
 
 pytest.importorskip("tokenizers", reason="tokenizers (the `hf` extra) is not installed")
 
-WORDS = [
-    "good",
-    "bad",
-    "film",
-    "movie",
-    "plot",
-    "great",
-    "awful",
-    "fine",
-    "dull",
-    "fun",
-    "boring",
-    "moving",
-    "the",
-    "a",
-    "was",
-    "is",
-    "very",
-    "not",
-]
 ASSETS = Path(__file__).resolve().parents[2] / "state" / "assets"
 
 
-def _tokenizer(path: Path) -> Path:
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-    )
-    tok.save(str(path))
-    return path
-
-
-def _reviews(n: int = 300, seed: int = 0) -> pd.DataFrame:
-    """Distinct sentences of 2-12 words; the label follows the first word (fresh/rotten)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(n):
-        words = rng.choice(WORDS, size=int(rng.integers(1, 12))).tolist()
-        label = "fresh" if i % 2 else "rotten"
-        rows.append({"text": " ".join([("good" if i % 2 else "bad"), *words, f"zz{i}"]), "category": label})
-    return pd.DataFrame(rows)
-
-
 def _config(tmp_path, path, **kw) -> ValidateConfig:
-    tokenizer = _tokenizer(tmp_path / "tokenizer.json")
+    tokenizer = build_tokenizer(tmp_path / "tokenizer.json")
     return ValidateConfig(dataset="text", path=str(path), label_column="category", tokenizer=str(tokenizer), **kw)
 
 
 @pytest.mark.parametrize("name", ["r.csv", "r.csv.gz", "r.csv.bz2", "r.tsv", "r.jsonl", "r.jsonl.gz", "r.parquet"])
 def test_every_table_format_reads_the_same_texts_and_labels(tmp_path, name):
-    frame = _reviews(40)
+    frame = make_reviews(40)
     path = tmp_path / name
     if name.startswith("r.parquet"):
         frame.to_parquet(path)
@@ -115,7 +71,7 @@ def test_encoding_errors_name_the_setting_and_the_setting_works(tmp_path):
 
 
 def test_missing_column_and_unknown_format_are_named(tmp_path):
-    _reviews(10).to_csv(tmp_path / "r.csv", index=False)
+    make_reviews(10).to_csv(tmp_path / "r.csv", index=False)
     with pytest.raises(DataError, match=r"column 'review' not found; columns: \['text', 'category'\]"):
         read_text_table(tmp_path / "r.csv", "review", "category")
     (tmp_path / "r.xlsx").write_bytes(b"x")
@@ -129,7 +85,7 @@ def test_text_without_a_tokenizer_is_a_config_error():
 
 
 def test_validate_writes_named_int64_splits_labels_and_text_statistics(tmp_path):
-    frame = _reviews(300)
+    frame = make_reviews(300)
     frame = pd.concat([frame, frame.iloc[:7].assign(text=lambda f: f["text"].str.upper() + "  ")])  # 7 repeats
     frame.to_csv(tmp_path / "r.csv", index=False)
     report = validate_dataset(_config(tmp_path, tmp_path / "r.csv"), Layout(tmp_path / "run"))
@@ -158,12 +114,12 @@ def test_validate_writes_named_int64_splits_labels_and_text_statistics(tmp_path)
 
 
 def test_text_suite_fails_on_empty_text_and_on_duplicates_kept(tmp_path):
-    frame = _reviews(100)
+    frame = make_reviews(100)
     frame.loc[5, "text"] = "   "
     frame.to_csv(tmp_path / "empty.csv", index=False)
     with pytest.raises(DataValidationError, match=r"n_chars"):
         validate_dataset(_config(tmp_path, tmp_path / "empty.csv"), Layout(tmp_path / "a"))
-    frame = _reviews(100)
+    frame = make_reviews(100)
     frame = pd.concat([frame, frame.iloc[:30]])
     frame.to_csv(tmp_path / "dupes.csv", index=False)
     with pytest.raises(DataValidationError, match=r"repeats_earlier|in_train"):
@@ -172,7 +128,7 @@ def test_text_suite_fails_on_empty_text_and_on_duplicates_kept(tmp_path):
 
 
 def test_too_few_samples_per_class_fails(tmp_path):
-    frame = _reviews(60)
+    frame = make_reviews(60)
     frame.loc[frame.index[:3], "category"] = "meh"
     frame.to_csv(tmp_path / "r.csv", index=False)
     with pytest.raises(DataValidationError, match=r"count"):
@@ -187,7 +143,7 @@ def test_max_length_holds_the_quantile_rounded_up():
 
 
 @pytest.mark.slow
-def test_real_reviews_with_minilm_tokenizer(tmp_path):
+def test_real_reviews_with_minilmbuild_tokenizer(tmp_path):
     reviews, minilm = ASSETS / "rotten_tomatoes_corpus_full.csv.bz2", ASSETS / "all-minilm-l6-v2"
     if not reviews.is_file() or not (minilm / "tokenizer.json").is_file():
         pytest.skip("Rotten Tomatoes reviews / MiniLM not fetched: run `make text-assets`")

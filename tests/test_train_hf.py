@@ -1,0 +1,100 @@
+"""`train.model: hf`: a pretrained HuggingFace folder fine-tuned (or adopted) by params alone.
+
+The folder is a tiny BERT saved with `save_pretrained` beside a word-level tokenizer (no
+downloads); the text is built so that its first word gives the label.
+"""
+
+import pytest
+import torch
+
+from pruneops.checkpoint import load_checkpoint
+from pruneops.config import TrainConfig, ValidateConfig
+from pruneops.data import load_prepared
+from pruneops.inputs import as_tensors, trim_padding
+from pruneops.io import Layout
+from pruneops.train import train_baseline
+from pruneops.training import predict_logits
+from pruneops.validate import validate_dataset
+from tests.text_helpers import make_reviews, tiny_pretrained
+
+pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
+
+
+def _validated(tmp_path, folder, n=400):
+    make_reviews(n).to_csv(tmp_path / "reviews.csv", index=False)
+    layout = Layout(tmp_path / "run")
+    config = ValidateConfig(
+        dataset="text", path=str(tmp_path / "reviews.csv"), label_column="category", tokenizer=str(folder)
+    )
+    validate_dataset(config, layout)
+    return layout
+
+
+def test_pretrained_folder_fine_tuned_to_the_labels_and_reloaded_identically(tmp_path):
+    folder = tiny_pretrained(tmp_path / "pretrained")
+    layout = _validated(tmp_path, folder)
+    config = TrainConfig(model="hf", pretrained=str(folder), epochs=4, batch_size=16, lr=1e-3, threads=1)
+    report = train_baseline(config, layout)
+    # The first word decides the label: a 2-layer encoder learns it; chance is 50% on 80 test texts,
+    # so 80% is more than 5 binomial standard deviations above it.
+    assert report.test_accuracy >= 0.8, report
+    assert report.reset_classifier and "classifier.weight" in report.warnings[0]
+    assert report.params > 10_000 and report.macs > 0
+    meta, _, _, test = load_prepared(layout.stage_dir("validate"))
+    ckpt = load_checkpoint(report.checkpoint)  # rebuilt from the config kept in the checkpoint
+    assert ckpt.spec.inputs == meta.inputs and "hf_config" in ckpt.spec.kwargs
+    logits = predict_logits(ckpt.model, test.x)
+    acc = float((logits.argmax(1).numpy() == test.y).mean())
+    assert acc == pytest.approx(report.test_accuracy, abs=1e-9)
+
+
+def test_epochs_0_adopts_a_fine_tuned_classifier_as_is(tmp_path):
+    from transformers import BertForSequenceClassification
+
+    folder = tiny_pretrained(tmp_path / "classifier", num_labels=2, seed=3)
+    layout = _validated(tmp_path, folder)
+    report = train_baseline(TrainConfig(model="hf", pretrained=str(folder), epochs=0, threads=1), layout)
+    assert not report.reset_classifier and report.warnings == () and report.epochs_run == 0
+    _, _, _, test = load_prepared(layout.stage_dir("validate"))
+    reference = BertForSequenceClassification.from_pretrained(str(folder), local_files_only=True).eval()
+    with torch.no_grad():
+        expected = reference(**as_tensors(test.x)).logits
+    got = predict_logits(load_checkpoint(report.checkpoint).model, test.x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_trimming_padding_leaves_the_logits_unchanged(tmp_path):
+    folder = tiny_pretrained(tmp_path / "classifier", num_labels=2)
+    from transformers import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(str(folder), local_files_only=True).eval()
+    ids = torch.randint(4, 20, (4, 32))
+    mask = torch.zeros(4, 32, dtype=torch.long)
+    for i, n in enumerate((5, 9, 3, 12)):
+        mask[i, :n] = 1
+    full = {"input_ids": ids * mask, "attention_mask": mask}
+    short = trim_padding(full)
+    assert short["input_ids"].shape == (4, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**short).logits, model(**full).logits, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"model": "hf", "epochs": 1}, "pretrained: model 'hf' needs the local folder"),
+        ({"model": "cnn", "pretrained": "x"}, "pretrained: only for model 'hf'"),
+    ],
+)
+def test_hf_config_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_a_folder_without_a_config_is_named(tmp_path):
+    from pruneops.errors import ConfigError
+    from pruneops.models.hf import pretrained_config
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="is not a pretrained model folder"):
+        pretrained_config(tmp_path / "empty")
