@@ -15,8 +15,9 @@ import numpy as np
 from pruneops.config import BenchmarkConfig
 from pruneops.data import load_prepared
 from pruneops.errors import DataError
+from pruneops.inputs import as_feed
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.onnx_utils import INPUT_NAME, file_size, make_session, ort_accuracy
+from pruneops.onnx_utils import file_size, make_session, ort_accuracy
 from pruneops.plots import plot_frontier
 from pruneops.stages import StageReport
 
@@ -53,9 +54,16 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def _batch(x: np.ndarray, size: int) -> np.ndarray:
+def _repeat(x: np.ndarray, size: int) -> np.ndarray:
     reps = -(-size // len(x))
     return np.ascontiguousarray(np.concatenate([x] * reps)[:size])
+
+
+def _batch(x: np.ndarray | dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    """A feed of `size` samples: `x` repeated as needed (plain or named inputs)."""
+    if isinstance(x, dict):
+        return {k: _repeat(v, size) for k, v in x.items()}
+    return as_feed(_repeat(x, size))
 
 
 def measure_latencies(sessions: dict, x: np.ndarray, config: BenchmarkConfig) -> dict[str, dict[int, np.ndarray]]:
@@ -68,7 +76,7 @@ def measure_latencies(sessions: dict, x: np.ndarray, config: BenchmarkConfig) ->
     names = list(sessions)
     samples: dict[str, dict[int, np.ndarray]] = {n: {} for n in names}
     for b in config.batch_sizes:
-        feed = {INPUT_NAME: _batch(x, b)}
+        feed = _batch(x, b)
         for name in names:
             for _ in range(config.warmup):
                 sessions[name].run(None, feed)

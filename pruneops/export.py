@@ -14,6 +14,7 @@ from pruneops.checkpoint import load_checkpoint
 from pruneops.config import ExportConfig
 from pruneops.data import load_prepared
 from pruneops.errors import ParityError
+from pruneops.inputs import as_tensors, rows, run_model
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
 from pruneops.profiling import count_macs, count_nonzero_params, count_params
@@ -83,14 +84,16 @@ class ExportReport(StageReport):
         )
 
 
-def check_parity(model: torch.nn.Module, onnx_path: Path, x: np.ndarray, atol: float, label: str) -> float:
+def check_parity(
+    model: torch.nn.Module, onnx_path: Path, x: np.ndarray | dict[str, np.ndarray], atol: float, label: str
+) -> float:
     """Largest |PyTorch - ONNX Runtime| logit difference over `x`.
 
     Raises:
         ParityError: Beyond `atol`.
     """
     with torch.no_grad():
-        ref = model(torch.from_numpy(x)).numpy()
+        ref = run_model(model, as_tensors(x)).numpy()
     diff = float(np.abs(ort_logits(make_session(onnx_path), x) - ref).max())
     if diff > atol:
         raise ParityError(f"{label}: ONNX Runtime differs from PyTorch by {diff:.2e} > export.parity_atol={atol:g}")
@@ -111,7 +114,7 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
     """
     layout = layout or Layout()
     meta, _, val, _ = load_prepared(layout.stage_dir("validate"))
-    x = val.x[: config.parity_samples]
+    x = rows(val.x, slice(0, config.parity_samples))
     sources = {
         "dense_fp32": load_checkpoint(layout.stage_dir("train") / "model.safetensors"),
         "pruned_fp32": load_checkpoint(layout.stage_dir("finetune") / "model.safetensors"),

@@ -172,3 +172,27 @@ def trim_padding(x):
     if longest >= mask.shape[-1] or longest == 0:
         return x
     return {k: v[..., :longest] if v.ndim >= 2 and v.shape[-1] == mask.shape[-1] else v for k, v in x.items()}
+
+
+def head_tensors(x, n: int = 1):
+    """The first `n` samples of NumPy inputs (plain or named) as torch tensors: an example batch."""
+    return as_tensors(rows(x, slice(0, n)))
+
+
+def as_feed(x) -> dict[str, np.ndarray]:
+    """An ONNX Runtime feed: named inputs as they are, one array as the image input."""
+    if isinstance(x, Mapping):
+        return {k: np.ascontiguousarray(v) for k, v in x.items()}
+    return {IMAGE_INPUT: np.ascontiguousarray(x)}
+
+
+def timing_inputs(model, input_shape: Sequence[int], batch: int) -> np.ndarray | dict[str, np.ndarray]:
+    """Inputs to time `model` with.
+
+    Uniform noise of `input_shape`, or the named example at `seq` = `input_shape[0]` (every token
+    real: the cost of a text of the data's `max_length`).
+    """
+    specs = getattr(model, "_pruneops_inputs", None)
+    if specs:
+        return example_arrays(specs, batch, {"seq": int(input_shape[0])})
+    return np.random.default_rng(0).random((batch, *input_shape), dtype=np.float32)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pruneops.inputs import run_model, timing_inputs
 from pruneops.profiling import forward_with_hooks
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, round_keep
@@ -407,7 +408,7 @@ def measured_latency(models: dict[str, nn.Module], input_shape, timing) -> dict[
             path = Path(tmp) / f"{name}.onnx"
             export_onnx_file(model, list(input_shape), path, 18)
             sessions[name] = make_session(path, timing.threads)
-        x = np.random.default_rng(0).random((max(timing.batch_sizes), *input_shape), dtype=np.float32)
+        x = timing_inputs(next(iter(models.values())), input_shape, max(timing.batch_sizes))
         samples = measure_latencies(sessions, x, timing)
     return {n: {b: float(np.median(t)) for b, t in per.items()} for n, per in samples.items()}
 
@@ -527,7 +528,7 @@ def _pruned_or_none(model: nn.Module, example: torch.Tensor, widths: dict[str, i
         UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
     try:
         with torch.no_grad():  # (pruning itself traces with autograd)
-            twin.eval()(example)
+            run_model(twin.eval(), example)
     except RuntimeError:
         return None
     return twin

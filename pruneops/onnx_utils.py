@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pruneops.inputs import IMAGE_INPUT, InputSpec, as_specs, dynamic_axes, example_tensors
+from pruneops.inputs import IMAGE_INPUT, InputSpec, as_feed, as_specs, count_rows, dynamic_axes, example_tensors, rows
 from pruneops.registry import Registry
 
 if TYPE_CHECKING:
@@ -89,13 +89,18 @@ def export_onnx_file(
 
     Args:
         model: The model (put in eval mode); it takes the inputs positionally, in spec order.
-        inputs: One sample's shape (a single float input named `input`), or named `InputSpec`s.
+        inputs: One sample's shape (a single float input named `input`; for a model built with
+            named inputs, their example length), or named `InputSpec`s.
         path: Where the `.onnx` file goes.
         opset: The ONNX opset.
         exporter: A key of `EXPORTERS` (`torchscript` or `dynamo`).
         sizes: Example sizes of symbolic dims (default `seq` 16).
     """
     specs = as_specs(inputs)
+    recorded = getattr(model, "_pruneops_inputs", None)
+    if recorded and not isinstance(next(iter(inputs), None), InputSpec):
+        # A model built with named inputs given the data's shape: its own specs, `seq` from the shape.
+        specs, sizes = tuple(recorded), {"seq": int(next(iter(inputs))), **(sizes or {})}
     model.eval()
     examples = example_tensors(specs, 2, sizes)
     # The exporters narrate every pass on stdout/stderr; keep stage output readable.
@@ -126,7 +131,8 @@ def make_session(path: Path | bytes, threads: int = 1):
 
 def ort_logits(session, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
     """Runs `session` over `x` in batches and returns the logits."""
-    outs = [session.run(None, {INPUT_NAME: x[i : i + batch_size]})[0] for i in range(0, len(x), batch_size)]
+    feeds = (as_feed(rows(x, slice(i, i + batch_size))) for i in range(0, count_rows(x), batch_size))
+    outs = [session.run(None, feed)[0] for feed in feeds]
     return np.concatenate(outs)
 
 
@@ -137,7 +143,7 @@ def ort_accuracy(session, x: np.ndarray, y: np.ndarray) -> float:
 
 def time_session(session, x: np.ndarray | dict[str, np.ndarray], repeats: int, warmup: int) -> np.ndarray:
     """Per-call latencies in milliseconds of `repeats` runs on `x` (or a whole feed), after `warmup` runs."""
-    feed = x if isinstance(x, dict) else {INPUT_NAME: np.ascontiguousarray(x)}
+    feed = as_feed(x)
     for _ in range(warmup):
         session.run(None, feed)
     times = np.empty(repeats)

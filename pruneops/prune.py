@@ -18,6 +18,7 @@ from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_c
 from pruneops.config import BenchmarkConfig, PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.errors import DataError
+from pruneops.inputs import head_tensors
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.plots import plot_history, plot_sensitivity
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, UnitPruner, layer_shapes, sparsity_report
@@ -215,7 +216,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"
     ckpt = load_checkpoint(base_path)
-    model, example = ckpt.model, torch.from_numpy(val.x[:1])
+    model, example = ckpt.model, head_tensors(val.x)
     check_recorded_accuracy(ckpt, evaluate(model, val)[0], len(val), base_path)
     sweep = load_sweep(layout, config)
     method_cls = METHODS.get(config.method)

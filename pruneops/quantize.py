@@ -16,8 +16,9 @@ from pruneops.checkpoint import load_checkpoint
 from pruneops.config import BenchmarkConfig, QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import QualityGateError
+from pruneops.inputs import as_feed, count_rows, rows
 from pruneops.io import Layout, dump_json, staged_output_paths
-from pruneops.onnx_utils import INPUT_NAME, export_onnx_file, file_size, make_session, ort_accuracy
+from pruneops.onnx_utils import export_onnx_file, file_size, make_session, ort_accuracy
 from pruneops.registry import Registry
 from pruneops.stages import StageReport
 
@@ -28,12 +29,12 @@ QUANTIZERS: Registry[Quantizer] = Registry("quantizer")
 class _Calibration:
     """Feeds calibration samples to ONNX Runtime's static quantizer, 32 at a time."""
 
-    def __init__(self, x: np.ndarray):
-        self._batches = iter([x[i : i + 32] for i in range(0, len(x), 32)])
+    def __init__(self, x: np.ndarray | dict[str, np.ndarray]):
+        self._batches = iter([rows(x, slice(i, i + 32)) for i in range(0, count_rows(x), 32)])
 
     def get_next(self) -> dict | None:
         batch = next(self._batches, None)
-        return None if batch is None else {INPUT_NAME: batch}
+        return None if batch is None else as_feed(batch)
 
 
 @QUANTIZERS.register("static", "QDQ with calibrated activations (uint8 act/int8 weights by default)")
@@ -191,7 +192,7 @@ def quantize_model(config: QuantizeConfig, benchmark: BenchmarkConfig, layout: L
     model = load_checkpoint(layout.stage_dir("finetune") / "model.safetensors").model
     names = QUANTIZERS.names() if config.method == "auto" else [config.method]
     rng = np.random.default_rng(0)
-    calib = train.x[rng.choice(len(train), min(config.calibration_samples, len(train)), replace=False)]
+    calib = rows(train.x, rng.choice(len(train), min(config.calibration_samples, len(train)), replace=False))
     work = Path(tempfile.mkdtemp(prefix="pruneops-quant-"))
     try:
         fp32 = work / "reference.onnx"

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint
 from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig, SensitivityConfig
 from pruneops.data import Split, load_prepared
+from pruneops.inputs import head_tensors
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
@@ -58,7 +59,7 @@ def sweep_units(
         Curves per unit, each unit's MAC weight, and what the criterion could not do.
     """
     base_acc, base_loss = baseline
-    example = torch.from_numpy(val.x[:1])
+    example = head_tensors(val.x)
     units = UnitPruner(base, example, criterion).units()
     base_macs = count_macs(base, input_shape)
     curves: dict[str, dict] = {}
@@ -146,7 +147,7 @@ def measure_latency(
 
     table = LatencyTable(machine_fingerprint(threads))
     units = [(n, c["size"]) for n, c in curves.items()]
-    return build_latency_model(base, torch.from_numpy(val.x[:1]), shape, units, table, batches)
+    return build_latency_model(base, head_tensors(val.x), shape, units, table, batches)
 
 
 def analyze_sensitivity(

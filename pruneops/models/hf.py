@@ -115,6 +115,7 @@ def load_pretrained_(model: nn.Module, folder: str | Path) -> list[str]:
 
     inner = model.model if isinstance(model, SequenceLogits) else model
     hf_logging.set_verbosity_error()  # its load report repeats what the returned warning says
+    hf_logging.disable_progress_bar()
     try:
         loaded, info = AutoModelForSequenceClassification.from_pretrained(
             str(folder),

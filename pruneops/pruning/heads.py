@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pruneops.errors import PruneOpsError
+from pruneops.inputs import run_model
 from pruneops.registry import Registry
 
 
@@ -355,11 +356,11 @@ def gate_importance(
         model: The model (left unchanged; its gradients are cleared).
         sites: The attention layers to score (none: an empty result).
         batches: (inputs, labels) pairs.
-        forward: Maps (model, inputs) to logits; default `model(inputs)`.
+        forward: Maps (model, inputs) to logits; default `model(inputs)` (`model(**inputs)` if named).
     """
     if not sites:
         return {}
-    forward = forward or (lambda m, x: m(x))
+    forward = forward or run_model
     gates = {name: torch.ones(site.num_heads, requires_grad=True) for name, site in sites.items()}
     totals = {name: torch.zeros(site.num_heads) for name, site in sites.items()}
 

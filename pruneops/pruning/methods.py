@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pruneops.data.splits import Split
+from pruneops.inputs import as_tensors, rows, run_model, trim_padding
 from pruneops.models import classifier_of
 from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import Criterion
@@ -61,11 +62,11 @@ def accumulate_grads_(model: nn.Module, data: Split, batches: int, batch_size: i
     model.zero_grad(set_to_none=True)
     model.eval()
     for i in range(batches):
-        xb = torch.from_numpy(data.x[i * batch_size : (i + 1) * batch_size])
+        xb = trim_padding(as_tensors(rows(data.x, slice(i * batch_size, (i + 1) * batch_size))))
         yb = torch.from_numpy(data.y[i * batch_size : (i + 1) * batch_size])
         if len(yb) == 0:
             break
-        F.cross_entropy(model(xb), yb).backward()
+        F.cross_entropy(run_model(model, xb), yb).backward()
 
 
 class PruningMethod:
@@ -147,7 +148,8 @@ class ChannelPruning(PruningMethod):
 def training_batches(data: Split, batches: int, batch_size: int):
     """The first `batches` (inputs, labels) batches of `data` as tensors."""
     for i in range(0, min(len(data), batches * batch_size), batch_size):
-        yield torch.from_numpy(data.x[i : i + batch_size]), torch.from_numpy(data.y[i : i + batch_size])
+        xb = trim_padding(as_tensors(rows(data.x, slice(i, i + batch_size))))
+        yield xb, torch.from_numpy(data.y[i : i + batch_size])
 
 
 @METHODS.register("head", "attention heads by gate importance (Michel et al. 2019) + FFN neurons")
