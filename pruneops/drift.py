@@ -182,3 +182,25 @@ class DriftMonitor:
             prediction_psi=float(psi(class_freq, live_freq)),
             window=len(x),
         )
+
+
+# Text drift is measured on per-text features scaled to [0, 1], so the same histograms, PSI and KS
+# serve: how much of `max_length` a text fills, and the share of its tokens the vocabulary lacks.
+TEXT_FEATURE_GROUPS = {"token_length": [0], "unknown_token_rate": [1]}
+
+
+def text_drift_features(ids: np.ndarray, mask: np.ndarray, max_length: int, unknown_id: int | None) -> np.ndarray:
+    """Per text: real tokens / `max_length` and unknown tokens / real tokens, shape (texts, 2).
+
+    Args:
+        ids: Token ids, shape (texts, length).
+        mask: Attention mask of the same shape (1 for real tokens).
+        max_length: The data's tokenised length (a truncated text fills it).
+        unknown_id: The tokenizer's unknown-token id (None: no unknown tokens are counted).
+    """
+    real = np.asarray(mask).astype(bool)
+    length = real.sum(axis=1)
+    unknown = ((np.asarray(ids) == unknown_id) & real).sum(axis=1) if unknown_id is not None else np.zeros(len(ids))
+    return np.stack([np.minimum(length / max(max_length, 1), 1.0), unknown / np.maximum(length, 1)], axis=1).astype(
+        np.float32
+    )

@@ -21,6 +21,7 @@ from pruneops.errors import PruneOpsError
 from pruneops.io import Layout, dump_json, read_json
 
 REFERENCE_STATS = "reference_stats.json"
+TOKENIZER = "tokenizer.json"  # a text model's tokenizer, kept beside it: serving tokenises with it
 
 
 def pipeline_model(layout: Layout) -> Path:
@@ -68,8 +69,14 @@ def check_servable(path: Path, threads: int = 1) -> ServableModel:
         if reference is not None:
             parse_reference(reference)
         session = make_session(path / "model.onnx", threads)
-        input_shape = tuple(int(d) for d in session.get_inputs()[0].shape[1:])
-        out = session.run(None, {INPUT_NAME: np.zeros((1, *input_shape), dtype=np.float32)})[0]
+        inputs = session.get_inputs()
+        if len(inputs) == 1:
+            input_shape = tuple(int(d) for d in inputs[0].shape[1:])
+            feed = {INPUT_NAME: np.zeros((1, *input_shape), dtype=np.float32)}
+        else:  # named text inputs: one example of the data's max_length
+            input_shape = tuple(metadata.get("input", {}).get("input_shape") or [8])
+            feed = {i.name: np.ones((1, *input_shape), dtype=np.int64) for i in inputs}
+        out = session.run(None, feed)[0]
     except Exception as exc:  # ONNX Runtime and a malformed JSON raise many types
         raise RegistryError(f"{path}: cannot serve this model ({type(exc).__name__}: {exc})") from None
     if out.ndim != 2 or not np.isfinite(out).all():
@@ -119,6 +126,7 @@ class ModelRegistry:
         metadata: dict[str, Any],
         version: str | None = None,
         reference_stats: Path | None = None,
+        tokenizer: Path | None = None,
     ) -> ModelVersion:
         """Copies `model_file` in as a new candidate version (written aside, then renamed).
 
@@ -128,6 +136,7 @@ class ModelRegistry:
             version: Version name; default: a timestamp.
             reference_stats: The training data's feature statistics (`reference_stats.json`), kept
                 beside the model so that drift is measured against the data this model saw.
+            tokenizer: A text model's `tokenizer.json`, kept beside it for serving.
         """
         version = version or time.strftime("v%Y%m%d-%H%M%S") + f"-{os.getpid()}-{time.monotonic_ns() % 10**6}"
         final = self.candidates / version
@@ -139,6 +148,8 @@ class ModelRegistry:
         shutil.copyfile(model_file, tmp / "model.onnx")
         if reference_stats is not None:
             shutil.copyfile(reference_stats, tmp / REFERENCE_STATS)
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, tmp / TOKENIZER)
         dump_json({"version": version, "registered_at": time.time(), **metadata}, tmp / "metadata.json")
         os.replace(tmp, final)
         return self.get(version)
@@ -154,10 +165,12 @@ class ModelRegistry:
         if not model.is_file():
             raise RegistryError(f"{model}: no pipeline output to register; run `dvc repro` first")
         reference = pipeline_reference_stats(layout)
+        tokenizer = layout.stage_dir("validate") / TOKENIZER
         return self.register(
             model,
             {**metadata, "input": pipeline_input_description(layout)},
             reference_stats=reference if reference.is_file() else None,
+            tokenizer=tokenizer if tokenizer.is_file() else None,
         )
 
     def get(self, version: str) -> ModelVersion:
@@ -260,12 +273,16 @@ def registry_from_params(
 
 
 def pipeline_input_description(layout: Layout) -> dict[str, Any]:
-    """What serving needs to turn raw images into inputs: the data's shape, value range, class names."""
+    """What serving needs to turn raw inputs into a feed.
+
+    The data's shape, value range and class names, and for text its named inputs and tokenisation
+    (`max_length`).
+    """
     meta_path = layout.stage_dir("validate") / "meta.json"
     if not meta_path.is_file():
         return {}
     meta = read_json(meta_path)
-    return {k: meta.get(k) for k in ("input_shape", "value_range", "class_names")}
+    return {k: meta.get(k) for k in ("input_shape", "value_range", "class_names", "inputs", "text")}
 
 
 def publish_pipeline_model(

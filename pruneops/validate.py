@@ -23,6 +23,7 @@ from pruneops.data.text import (
     tokenize,
     unknown_id,
 )
+from pruneops.drift import TEXT_FEATURE_GROUPS, text_drift_features
 from pruneops.errors import DataError, DataValidationError
 from pruneops.inputs import text_inputs
 from pruneops.io import Layout, dump_json, staged_output_paths
@@ -225,10 +226,13 @@ def validate_text(config: ValidateConfig, table: TextTable, layout: Layout) -> V
             "dropped_rows": table.dropped,
         },
     )
-    train = splits["train"].x
-    stats = text_reference_stats(
-        train["input_ids"], train["attention_mask"], lengths, y_train, classes, unknown_id(tokenizer)
-    )
+    train, unk = splits["train"].x, unknown_id(tokenizer)
+    features = text_drift_features(train["input_ids"], train["attention_mask"], max_length, unk)
+    stats = {
+        **reference_stats(features, y_train, classes, config.hist_bins, TEXT_FEATURE_GROUPS),
+        **text_reference_stats(train["input_ids"], train["attention_mask"], lengths, y_train, classes, unk),
+        "max_length": max_length,
+    }
     report = ValidationReport(
         dataset=config.dataset,
         n_train=len(y_train),

@@ -60,10 +60,14 @@ class ServingConfig(BaseModel):
 
 
 class PredictRequest(BaseModel):
-    """A batch: `inputs` shaped like the model's input (nested lists), or `images` (base64 PNG/JPEG)."""
+    """A batch: `inputs` (nested lists of the model's input shape), `images` or `texts`.
+
+    `images` are base64 PNG/JPEG; `texts` are for a text model, tokenised here by its own tokenizer.
+    """
 
     inputs: list | None = None
     images: list[Annotated[str, Field(max_length=16 * 1024 * 1024)]] | None = None
+    texts: list[str] | None = None
 
 
 class PredictResponse(BaseModel):
@@ -80,7 +84,7 @@ class FeedbackRequest(BaseModel):
     """The true label of an earlier prediction."""
 
     prediction_id: Annotated[str, Field(max_length=64)]
-    label: int
+    label: int | Annotated[str, Field(max_length=1000)]  # a class index, or its name where the data named them
 
 
 class FeedbackResponse(BaseModel):
@@ -190,16 +194,23 @@ class ServingState:
             if promotions:
                 self.metrics.last_promotion.set(promotions[-1])
 
-    def predict(self, model: LoadedModel, x: np.ndarray) -> PredictResponse:
-        """Runs the model, tracks latency and drift, and remembers each input for feedback."""
+    def predict(self, model: LoadedModel, x: np.ndarray | dict, texts: list[str] | None = None) -> PredictResponse:
+        """Runs the model, tracks latency and drift, and remembers each input for feedback.
+
+        Args:
+            model: The served model.
+            x: The batch (an array, or a text model's named feed).
+            texts: The raw texts of a text batch: drift is measured on them and feedback keeps them.
+        """
         started = time.perf_counter()
         probs = model.predict_proba(x)
         self.metrics.latency.labels(model.version).observe(time.perf_counter() - started)
         classes = probs.argmax(axis=1)
-        self.monitor.observe(x, classes)
-        ids = [uuid.uuid4().hex for _ in range(len(x))]
+        self.monitor.observe(model.encoder.drift_features(x) if texts is not None else x, classes)
+        kept = texts if texts is not None else x
+        ids = [uuid.uuid4().hex for _ in range(len(kept))]
         with self.lock:
-            for pid, xi, ci in zip(ids, x, classes, strict=True):
+            for pid, xi, ci in zip(ids, kept, classes, strict=True):
                 self.recent[pid] = (xi, int(ci))
             while len(self.recent) > 10 * self.config.drift_window:
                 self.recent.popitem(last=False)
@@ -235,10 +246,17 @@ class ServingState:
         return FeedbackResponse(rolling_accuracy=accuracy, window=window)
 
     def flush_feedback(self) -> None:
-        """Writes the labelled samples where `reprune` looks for them (NPZ, 80/20 split)."""
+        """Writes the labelled samples where `reprune` looks for them (NPZ, 80/20 split).
+
+        Texts go to a CSV beside it (`text`, `label` columns, label names where the model has
+        them): the input of `validate.dataset: text`.
+        """
         path = self.config.feedback_path
         with self.lock:
             if path is None or not self.labelled:
+                return
+            if isinstance(self.labelled[0][0], str):
+                self._flush_texts(path.with_suffix(".csv"))
                 return
             x = np.stack([item[0] for item in self.labelled])
             y = np.array([item[1] for item in self.labelled], dtype=np.int64)
@@ -247,6 +265,24 @@ class ServingState:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.npz")
         np.savez(tmp, x_train=x[:cut], y_train=y[:cut], x_test=x[cut:], y_test=y[cut:])
+        os.replace(tmp, path)
+
+    def _flush_texts(self, path: Path) -> None:
+        """Writes labelled texts as CSV (called under `self.lock`)."""
+        import csv
+        import io
+
+        model = self.holder.current
+        names = (model.metadata.get("input", {}).get("class_names") if model else None) or []
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["text", "label"])
+        for text, label in self.labelled:
+            writer.writerow([text, names[label] if label < len(names) else label])
+        self.since_flush = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(out.getvalue(), encoding="utf-8")
         os.replace(tmp, path)
 
     def export_drift(self) -> None:
@@ -263,20 +299,29 @@ class ServingState:
         self.metrics.prediction_drift.set(scores.prediction_psi)
 
 
-def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np.ndarray:
-    """The request's inputs (or decoded images) as a float32 batch of the model's input shape.
+def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np.ndarray | dict[str, np.ndarray]:
+    """The request as a batch: float32 of the model's input shape, or a text model's named feed.
 
     Raises:
-        HTTPException: 422 naming what is wrong (shape, batch size, non-finite values, an image).
+        HTTPException: 422 naming what is wrong (shape, batch size, non-finite values, an image, a text).
     """
-    if (body.inputs is None) == (body.images is None):
+    given = [k for k in ("inputs", "images", "texts") if getattr(body, k) is not None]
+    if model.encoder is not None:
+        if given != ["texts"]:
+            raise HTTPException(422, 'this is a text model: send {"texts": ["...", ...]}')
+        return _parse_texts(body.texts, model, max_batch)
+    if len(given) != 1 or given == ["texts"]:
         raise HTTPException(422, "send exactly one of inputs (numbers) or images (base64 PNG/JPEG)")
     if body.images is not None:
         return _parse_images(body.images, model, max_batch)
-    if len(body.inputs) > max_batch:
-        raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(body.inputs)}")
+    return _parse_numbers(body.inputs, model, max_batch)
+
+
+def _parse_numbers(inputs: list, model: LoadedModel, max_batch: int) -> np.ndarray:
+    if len(inputs) > max_batch:
+        raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(inputs)}")
     try:
-        raw = np.asarray(body.inputs, dtype=object)
+        raw = np.asarray(inputs, dtype=object)
         # Only numbers: JSON true/false (or text) would otherwise be read as 1/0 without a word.
         if not set(map(type, raw.flat)) <= {int, float}:
             raise TypeError
@@ -294,6 +339,17 @@ def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np
     return x
 
 
+def _parse_texts(texts: list[str], model: LoadedModel, max_batch: int) -> dict[str, np.ndarray]:
+    from pruneops.serving.text import TextInputError
+
+    if not 1 <= len(texts) <= max_batch:
+        raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(texts)}")
+    try:
+        return model.encoder.encode(texts)
+    except TextInputError as exc:
+        raise HTTPException(422, str(exc)) from None
+
+
 def _parse_images(images: list[str], model: LoadedModel, max_batch: int) -> np.ndarray:
     from pruneops.serving.images import ImageInputError, decode_images
 
@@ -303,6 +359,24 @@ def _parse_images(images: list[str], model: LoadedModel, max_batch: int) -> np.n
         return decode_images(images, model.input_shape, model.metadata.get("input", {}).get("value_range"))
     except ImageInputError as exc:
         raise HTTPException(422, str(exc)) from None
+
+
+def feedback_label(label: int | str, model: LoadedModel | None) -> int:
+    """The class index of a feedback label given as an index or as a class name.
+
+    Raises:
+        HTTPException: 422 for a label that is not a class of the served model.
+    """
+    names = (model.metadata.get("input", {}).get("class_names") if model else None) or []
+    if isinstance(label, str):
+        if label not in names:
+            known = f"one of {names}" if names else "a class index (this model has no class names)"
+            raise HTTPException(422, f"label {label!r} is not a class of the served model: send {known}")
+        return names.index(label)
+    classes = model.num_classes if model is not None else None
+    if classes is not None and not 0 <= label < classes:
+        raise HTTPException(422, f"label must be a class of the served model: 0..{classes - 1}, got {label}")
+    return label
 
 
 def _endpoint(request: Request) -> str:
@@ -348,15 +422,11 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         model = state.holder.current
         if model is None:
             raise HTTPException(503, "no model is being served yet")
-        return state.predict(model, parse_inputs(body, model, state.config.max_batch))
+        return state.predict(model, parse_inputs(body, model, state.config.max_batch), body.texts)
 
     @app.post("/feedback", responses=ERRORS)
     def feedback(body: FeedbackRequest) -> FeedbackResponse:
-        model = state.holder.current
-        classes = model.num_classes if model is not None else None
-        if classes is not None and not 0 <= body.label < classes:
-            raise HTTPException(422, f"label must be a class of the served model: 0..{classes - 1}, got {body.label}")
-        return state.feedback(body.prediction_id, body.label)
+        return state.feedback(body.prediction_id, feedback_label(body.label, state.holder.current))
 
     @app.get("/healthz")
     def healthz() -> StatusResponse:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.model_registry import ModelRegistry, RegistryError, check_servable
+from pruneops.model_registry import TOKENIZER, ModelRegistry, RegistryError, check_servable
 from pruneops.onnx_utils import INPUT_NAME
 
 log = logging.getLogger("pruneops.serving")
@@ -26,10 +26,11 @@ class LoadedModel:
     metadata: dict
     reference_stats: dict | None = None
     num_classes: int | None = None
+    encoder: object | None = None  # a text model's `TextEncoder` (its tokenizer.json); None for arrays
 
-    def predict_proba(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities for a batch."""
-        logits = self.session.run(None, {INPUT_NAME: x})[0]
+    def predict_proba(self, x: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+        """Class probabilities for a batch (an array, or a text model's named feed)."""
+        logits = self.session.run(None, x if isinstance(x, dict) else {INPUT_NAME: x})[0]
         z = logits - logits.max(axis=1, keepdims=True)
         e = np.exp(z)
         return e / e.sum(axis=1, keepdims=True)
@@ -47,8 +48,35 @@ def load_version(path: Path, threads: int = 1) -> LoadedModel:
     except RegistryError as exc:
         raise ValueError(str(exc)) from None
     return LoadedModel(
-        path.name, checked.session, checked.input_shape, checked.metadata, checked.reference_stats, checked.num_classes
+        path.name,
+        checked.session,
+        checked.input_shape,
+        checked.metadata,
+        checked.reference_stats,
+        checked.num_classes,
+        _text_encoder(path, checked),
     )
+
+
+def _text_encoder(path: Path, checked) -> object | None:
+    """The tokenizer of a text model (named int64 inputs and a registered tokenizer.json).
+
+    Raises:
+        ValueError: A text model without its tokenizer, or one that does not load.
+    """
+    text = checked.metadata.get("input", {}).get("text")
+    if not text:
+        return None
+    tokenizer = path / TOKENIZER
+    if not tokenizer.is_file():
+        raise ValueError(f"{path}: a text model without its {TOKENIZER}")
+    from pruneops.serving.text import TextEncoder
+
+    try:
+        names = [i.name for i in checked.session.get_inputs()]
+        return TextEncoder(tokenizer, int(text["max_length"]), names)
+    except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
+        raise ValueError(f"{tokenizer}: cannot load the tokenizer ({exc})") from None
 
 
 class ModelHolder:

@@ -138,11 +138,11 @@ def test_an_unhandled_error_is_a_counted_500_and_serving_goes_on(setup, monkeypa
     calls = {"n": 0}
     real_predict = state.predict
 
-    def flaky(model, x):
+    def flaky(model, x, texts=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected")
-        return real_predict(model, x)
+        return real_predict(model, x, texts)
 
     monkeypatch.setattr(state, "predict", flaky)
     with TestClient(app, raise_server_exceptions=False) as client:
