@@ -46,10 +46,27 @@ def version_data(project_dir: str, data_path: str) -> dict[str, str]:
 
 
 def dataset_overrides(project: Path, path: str) -> dict[str, Any]:
-    """Params that point the experiment's `validate` at a data file (NPZ, or CSV/Parquet tables)."""
-    kind = "npz" if path.endswith(".npz") else "table"
+    """Params that point the experiment's `validate` at a data file (NPZ, or CSV/Parquet tables).
+
+    A text project stays text: the serving app keeps labelled texts as `text`/`label` columns.
+    """
     # Absolute: the experiment's worktree has the data's .dvc file only once it is committed.
-    return {"validate.dataset": kind, "validate.path": str((project / path).resolve())}
+    located = str((project / path).resolve())
+    if load_section(project, "validate").dataset == "text":
+        return {
+            "validate.path": located,
+            "validate.text_column": "text",
+            "validate.label_column": "label",
+            "validate.exclude_labels": None,
+        }
+    kind = "npz" if path.endswith(".npz") else "table"
+    return {"validate.dataset": kind, "validate.path": located}
+
+
+def default_feedback(project: Path, feedback_dir: str) -> Path:
+    """The serving app's labelled data: texts as CSV for a text project, arrays as NPZ otherwise."""
+    name = "feedback.csv" if load_section(project, "validate").dataset == "text" else "feedback.npz"
+    return project / feedback_dir / name
 
 
 def holdout_split(registry_dir: Path, fallback: Layout) -> Split:
@@ -107,7 +124,8 @@ def reprune(data_path: str | None = None, project_dir: str = ".", reason: str = 
     """Re-prunes on new data and promotes the candidate only if it is at least as good.
 
     Args:
-        data_path: New labelled data (NPZ or table); default: the serving app's feedback NPZ.
+        data_path: New labelled data (NPZ or table); default: the serving app's feedback (NPZ, or
+            CSV of texts for a text project).
         project_dir: The PruneOps project.
         reason: Why this run started (schedule, drift alert, manual), kept with the decision.
 
@@ -121,7 +139,7 @@ def reprune(data_path: str | None = None, project_dir: str = ".", reason: str = 
     try:
         with project_lock(project, "reprune"):
             if data_path is None:
-                feedback = project / cfg.feedback_dir / "feedback.npz"
+                feedback = default_feedback(project, cfg.feedback_dir)
                 if not feedback.exists():
                     raise FileNotFoundError(f"no data_path given and no feedback data at {feedback}")
                 data_path = str(feedback)

@@ -161,3 +161,20 @@ def test_a_real_reprune_runs_a_dvc_experiment_and_leaves_the_workspace_params_al
     assert record["experiment"] in exps.stdout  # DVC recorded it
     version = ModelRegistry(project / "models").get(record["candidate_version"])
     assert version.metadata["params"]["validate"]["path"].endswith("data/incoming/new_data.npz")
+
+
+def test_a_text_project_reprunes_on_the_served_texts(tmp_path):
+    from tests.conftest import tiny_params, write_params
+
+    write_params(tmp_path, tiny_params(validate={"dataset": "text", "path": "reviews.csv", "tokenizer": "tok.json"}))
+    assert reprune_module.default_feedback(tmp_path, "feedback").name == "feedback.csv"
+    overrides = reprune_module.dataset_overrides(tmp_path, "feedback/feedback.csv")
+    assert overrides == {
+        "validate.path": str(tmp_path / "feedback/feedback.csv"),
+        "validate.text_column": "text",
+        "validate.label_column": "label",
+        "validate.exclude_labels": None,
+    }
+    write_params(tmp_path, tiny_params())
+    assert reprune_module.default_feedback(tmp_path, "feedback").name == "feedback.npz"
+    assert reprune_module.dataset_overrides(tmp_path, "new.npz")["validate.dataset"] == "npz"
