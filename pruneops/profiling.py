@@ -51,16 +51,23 @@ def layer_macs(model: nn.Module, input_shape: list[int] | tuple[int, ...], nonze
     """Multiply-accumulates per module for one forward pass on a single sample.
 
     Counts Linear and Conv layers, plus any module's `extra_macs(inputs, output)` (attention
-    matmuls). With `nonzero`, weights that are exactly zero are not counted: the work a sparse
+    matmuls), and the attention matmuls of every attention layer an adapter recognises (HF
+    encoders, timm-style ViTs) at the example's sequence length (a text model: its `max_length`).
+    With `nonzero`, weights that are exactly zero are not counted: the work a sparse
     kernel could skip, not what a dense kernel does.
     """
     macs: dict[str, int] = {}
+    attention_out = _attention_outputs(model)
 
     def make_hook(name: str):
         def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
             n = 0
             if isinstance(module, nn.Linear):
                 n = (output.numel() // output.shape[-1]) * _weight_count(module.weight, nonzero)
+                if id(module) in attention_out and inputs[0].dim() == 3:
+                    # Q @ K^T and softmax @ V: 2 * seq^2 * (heads * head_dim) per sample.
+                    _, seq, width = inputs[0].shape
+                    n += 2 * seq * seq * width * inputs[0].shape[0]
             elif isinstance(module, (nn.Conv1d, nn.Conv2d)):
                 w = module.weight
                 n = output.numel() // w.shape[0] * _weight_count(w, nonzero)
@@ -73,6 +80,18 @@ def layer_macs(model: nn.Module, input_shape: list[int] | tuple[int, ...], nonze
 
     forward_with_hooks(model, input_shape, make_hook)
     return macs
+
+
+def _attention_outputs(model: nn.Module) -> set[int]:
+    """Output projections of attention whose matmuls no module reports (`extra_macs`) itself."""
+    from pruneops.errors import PruneOpsError
+    from pruneops.pruning.heads import head_sites
+
+    try:
+        sites = head_sites(model)
+    except PruneOpsError:  # attention nobody understands: its matmuls stay uncounted
+        return set()
+    return {id(s.out) for s in sites.values() if not hasattr(s.module, "extra_macs")}
 
 
 def count_macs(model: nn.Module, input_shape: list[int] | tuple[int, ...], nonzero: bool = False) -> int:

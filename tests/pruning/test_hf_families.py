@@ -176,3 +176,24 @@ def test_attention_no_adapter_understands_is_refused():
 def test_gate_importance_of_a_model_without_heads_is_empty():
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     assert gate_importance(model, head_sites(model), [(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))]) == {}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_macs_include_the_attention_matmuls_as_torch_counts_them(family):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pruneops.profiling import count_macs
+
+    model, _ = _model(family)
+    wrapped = SequenceLogits(model)
+    wrapped._pruneops_inputs = text_inputs()  # what create_model records for a text model
+    seq = 24
+    # torch's counter has no formula for the CPU SDPA kernel: count the reference on eager attention.
+    model.set_attn_implementation("eager")
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        wrapped(torch.ones(1, seq, dtype=torch.long), torch.ones(1, seq, dtype=torch.long))
+    reference = counter.get_total_flops() / 2  # torch counts a multiply-add as 2 FLOPs
+    ours = count_macs(wrapped, [seq])
+    linear_only = ours - 2 * 2 * seq * seq * HIDDEN  # 2 layers x (QK^T + AV)
+    assert ours == pytest.approx(reference, rel=0.01)
+    assert linear_only < 0.9 * reference  # without the matmuls the count would be well short
