@@ -102,13 +102,19 @@ class BenchReport:
 def workload_params(base: dict[str, Any], workload: WorkloadConfig, root: Path) -> dict[str, Any]:
     """The project's params with the workload's sections over them; file paths made absolute.
 
-    The data (`validate.path`) and the starting weights (`train.init_weights`) are named relative
-    to the project; each workload runs in its own directory.
+    The data (`validate.path`), its tokenizer (`validate.tokenizer`) and the starting weights
+    (`train.init_weights`, `train.pretrained`) are named relative to the project; each workload
+    runs in its own directory.
     """
     params = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for section, values in workload.params.items():
         params.setdefault(section, {}).update(values)
-    for section, key in (("validate", "path"), ("train", "init_weights")):
+    for section, key in (
+        ("validate", "path"),
+        ("validate", "tokenizer"),
+        ("train", "init_weights"),
+        ("train", "pretrained"),
+    ):
         path = params.get(section, {}).get(key)
         if path:
             params[section][key] = str((root / path).resolve())

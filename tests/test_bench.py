@@ -214,3 +214,21 @@ def test_every_committed_benchmark_file_and_variant_is_valid_params(path):
         }
         for variant in workload.variants:
             apply_overrides(params, variant_overrides(variant, done))
+
+
+def test_workload_paths_are_resolved_against_the_project(tmp_path):
+    """Data, tokenizer and starting weights named relative to the project work from any workload dir."""
+    from pruneops.bench import WorkloadConfig, workload_params
+
+    workload = WorkloadConfig(
+        name="w",
+        params={
+            "validate": {"dataset": "text", "path": "data/r.csv", "tokenizer": "m/tokenizer.json"},
+            "train": {"model": "hf", "pretrained": "m", "init_weights": None},
+        },
+        variants=[{"name": "dense", "kind": "dense"}],
+    )
+    params = workload_params({"validate": {}, "train": {}}, workload, tmp_path)
+    assert params["validate"]["path"] == str(tmp_path / "data/r.csv")
+    assert params["validate"]["tokenizer"] == str(tmp_path / "m/tokenizer.json")
+    assert params["train"]["pretrained"] == str(tmp_path / "m") and params["train"]["init_weights"] is None
