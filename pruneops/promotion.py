@@ -38,7 +38,7 @@ def evaluate_onnx(model_path: Path, datasets: dict[str, Split], repeats: int = 2
     """Accuracy on each dataset and median batch-1 latency (one thread) of an ONNX model."""
     session = make_session(model_path, threads=1)
     accuracy = {name: ort_accuracy(session, d.x, d.y) for name, d in datasets.items() if len(d)}
-    sample = next(d for d in datasets.values() if len(d)).x[:1]
+    sample = next(d for d in datasets.values() if len(d)).head(1).x
     return ModelEvaluation(accuracy, median_latency_ms(session, sample, repeats))
 
 

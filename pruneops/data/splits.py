@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pruneops.errors import DataError
+from pruneops.inputs import rows
 from pruneops.io import dump_json, read_json
 
 SPLITS = ("train", "val", "test")
@@ -30,7 +31,7 @@ class Split:
 
     def head(self, n: int) -> Split:
         """The first `n` samples."""
-        return Split(take(self.x, slice(0, n)), self.y[:n])
+        return Split(rows(self.x, slice(0, n)), self.y[:n])
 
     @property
     def named(self) -> bool:
@@ -55,11 +56,6 @@ class DataMeta:
     def save(self, path: Path) -> None:
         """Writes the metadata as JSON."""
         dump_json(asdict(self), path)
-
-
-def take(x: np.ndarray | dict[str, np.ndarray], index) -> np.ndarray | dict[str, np.ndarray]:
-    """Samples `index` (a slice or index array) of plain or named inputs."""
-    return {k: v[index] for k, v in x.items()} if isinstance(x, dict) else x[index]
 
 
 NAMED_PREFIX = "x."
