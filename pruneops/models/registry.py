@@ -54,6 +54,7 @@ def resolve_factory(name: str):
     """
     if ":" not in name:
         import pruneops.models.architectures  # noqa: F401 - registers the built-in models
+        import pruneops.models.efficientnet  # noqa: F401
         import pruneops.models.hf  # noqa: F401
         import pruneops.models.mobilenet  # noqa: F401
 
