@@ -107,4 +107,6 @@ def test_the_pipeline_prunes_and_deploys_a_model_with_preprocessing_on_raw_input
         "input_shape": [1, 8, 8],
         "value_range": [0.0, 16.0],
         "class_names": None,
+        "inputs": None,  # one float input, not named text inputs
+        "text": None,
     }
