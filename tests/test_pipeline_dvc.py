@@ -29,6 +29,19 @@ def _sh(cwd: Path, *cmd: str, timeout: int = 600) -> subprocess.CompletedProcess
     return result
 
 
+def repro_new_project(root: Path, params: dict, timeout: int = 1200) -> str:
+    """Writes `params` and the generated `dvc.yaml` into a new git + DVC project; `dvc repro`'s output."""
+    from pruneops.dvcfile import write_dvc_yaml
+    from tests.conftest import write_params
+
+    write_params(root, params)
+    write_dvc_yaml(root)
+    dvc = str(Path(sys.executable).parent / "dvc")
+    _sh(root, "git", "init", "-q")
+    _sh(root, dvc, "init", "-q")
+    return _sh(root, dvc, "repro", timeout=timeout).stdout
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_dvc_repro_then_noop_then_experiment(tmp_path):

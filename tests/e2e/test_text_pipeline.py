@@ -4,20 +4,17 @@ local HuggingFace folder (a tiny BERT saved with `save_pretrained` beside its to
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pruneops.checkpoint import load_checkpoint
 from pruneops.data import load_prepared
-from pruneops.dvcfile import write_dvc_yaml
 from pruneops.io import Layout
 from pruneops.pruning.heads import head_sites
 from pruneops.stages import STAGE_NAMES as STAGES
-from tests.conftest import tiny_params, write_params
-from tests.test_pipeline_dvc import _sh
+from tests.conftest import tiny_params
+from tests.test_pipeline_dvc import repro_new_project
 from tests.text_helpers import make_reviews, tiny_pretrained
 
 pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
@@ -51,12 +48,7 @@ def test_dvc_repro_runs_all_eight_stages_from_a_text_csv_and_a_pretrained_folder
         },
         finetune={"epochs": 2},
     )
-    write_params(tmp_path, params)
-    write_dvc_yaml(tmp_path)
-    dvc = str(Path(sys.executable).parent / "dvc")
-    _sh(tmp_path, "git", "init", "-q")
-    _sh(tmp_path, dvc, "init", "-q")
-    out = _sh(tmp_path, dvc, "repro", timeout=1200).stdout
+    out = repro_new_project(tmp_path, params)
     assert [s for s in STAGES if f"Running stage '{s}'" in out] == list(STAGES)
     lock = (tmp_path / "dvc.lock").read_text()
     assert "reviews.csv" in lock and "path: pretrained" in lock  # the user's files are DVC dependencies

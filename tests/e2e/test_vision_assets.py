@@ -7,7 +7,6 @@ dataset-fashion-mnist); without them these tests skip with the reason.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +16,13 @@ import torch
 from pruneops.checkpoint import load_checkpoint
 from pruneops.config import TrainConfig
 from pruneops.data import load_prepared
-from pruneops.dvcfile import write_dvc_yaml
 from pruneops.io import Layout
 from pruneops.models import ModelSpec, create_model
 from pruneops.stages import STAGE_NAMES as STAGES
 from pruneops.train import train_baseline
 from pruneops.validate import ValidateConfig, validate_dataset
-from tests.conftest import ROOT, tiny_params, write_params
-from tests.test_pipeline_dvc import _sh
+from tests.conftest import ROOT, tiny_params
+from tests.test_pipeline_dvc import repro_new_project
 
 WEIGHTS = ROOT / "state/assets/mobilenet_v2-b0353104.pth"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
@@ -80,12 +78,7 @@ def test_dvc_repro_runs_all_eight_stages_from_weights_idx_files_and_preprocessin
         prune={"steps": 1, "epochs_per_step": 1, "target_value": 0.3},
         finetune={"epochs": 1},
     )
-    write_params(tmp_path, params)
-    write_dvc_yaml(tmp_path)
-    dvc = str(Path(sys.executable).parent / "dvc")
-    _sh(tmp_path, "git", "init", "-q")
-    _sh(tmp_path, dvc, "init", "-q")
-    out = _sh(tmp_path, dvc, "repro", timeout=1200).stdout
+    out = repro_new_project(tmp_path, params)
     assert [s for s in STAGES if f"Running stage '{s}'" in out] == list(STAGES)
     # The weights file is a dependency of train: DVC tracks the user's weights.
     lock = (tmp_path / "dvc.lock").read_text()
