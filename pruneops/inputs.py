@@ -196,3 +196,25 @@ def timing_inputs(model, input_shape: Sequence[int], batch: int) -> np.ndarray |
     if specs:
         return example_arrays(specs, batch, {"seq": int(input_shape[0])})
     return np.random.default_rng(0).random((batch, *input_shape), dtype=np.float32)
+
+
+def unknown_id(tokenizer) -> int | None:
+    """The id of a `tokenizers.Tokenizer`'s unknown token (None when its model has none)."""
+    token = getattr(tokenizer.model, "unk_token", None)
+    return None if token is None else tokenizer.token_to_id(token)
+
+
+def encode_texts(
+    tokenizer, texts: list[str], max_length: int, names: Sequence[str] = ("input_ids", "attention_mask")
+) -> dict[str, np.ndarray]:
+    """Texts as named int64 arrays, truncated and padded to `max_length`.
+
+    `names` picks among `input_ids`, `attention_mask` and `token_type_ids`: what `validate` stores
+    and serving feeds come from this one piece of code.
+    """
+    pad_id = tokenizer.padding["pad_id"] if tokenizer.padding else 0
+    tokenizer.enable_truncation(max_length)
+    tokenizer.enable_padding(length=max_length, pad_id=pad_id)
+    encodings = tokenizer.encode_batch(texts)
+    fields = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+    return {n: np.array([getattr(e, fields[n]) for e in encodings], dtype=np.int64) for n in names}

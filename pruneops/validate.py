@@ -230,7 +230,7 @@ def validate_text(config: ValidateConfig, table: TextTable, layout: Layout) -> V
     features = text_drift_features(train["input_ids"], train["attention_mask"], max_length, unk)
     stats = {
         **reference_stats(features, y_train, classes, config.hist_bins, TEXT_FEATURE_GROUPS),
-        **text_reference_stats(train["input_ids"], train["attention_mask"], lengths, y_train, classes, unk),
+        **text_reference_stats(train["input_ids"], train["attention_mask"], lengths, unk),
         "max_length": max_length,
     }
     report = ValidationReport(

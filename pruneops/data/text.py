@@ -18,6 +18,10 @@ import numpy as np
 import pandas as pd
 
 from pruneops.errors import ConfigError, DataError
+from pruneops.inputs import encode_texts as tokenize
+from pruneops.inputs import unknown_id
+
+__all__ = ["tokenize", "unknown_id"]  # validate and serving tokenise with the same code
 
 TEXT_SUFFIXES = {
     ".csv": "csv",
@@ -162,39 +166,16 @@ def choose_max_length(lengths: np.ndarray, quantile: float = 0.95, multiple: int
     return max(multiple, min(cap, length))
 
 
-def unknown_id(tokenizer) -> int | None:
-    """The id of the tokenizer's unknown token (None when its model has none)."""
-    token = getattr(tokenizer.model, "unk_token", None)
-    return None if token is None else tokenizer.token_to_id(token)
-
-
-def tokenize(tokenizer, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
-    """Named int64 arrays `input_ids` and `attention_mask`, truncated and padded to `max_length`."""
-    pad_id = tokenizer.padding["pad_id"] if tokenizer.padding else 0
-    tokenizer.enable_truncation(max_length)
-    tokenizer.enable_padding(length=max_length, pad_id=pad_id)
-    encodings = tokenizer.encode_batch(texts)
-    return {
-        "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-        "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-    }
-
-
-def text_reference_stats(
-    ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, y: np.ndarray, classes: list[int], unk: int | None
-) -> dict:
-    """What drift is judged against: token-length histogram, unknown-token rate, class prior."""
+def text_reference_stats(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, unk: int | None) -> dict:
+    """Text statistics beside the drift reference: token-length histogram and quantiles, unknown-token rate."""
     counts, _ = np.histogram(lengths, bins=LENGTH_BINS)
     real = mask.astype(bool)
     unknown = float(((ids == unk) & real).sum() / max(real.sum(), 1)) if unk is not None else 0.0
     return {
         "kind": "text",
-        "n_samples": len(y),
         "token_length_bins": list(LENGTH_BINS),
         "token_length_histogram": (counts / max(len(lengths), 1)).round(6).tolist(),
         "token_length_quantiles": {str(q): float(np.quantile(lengths, q)) for q in (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)},
         "unknown_token_id": unk,
         "unknown_token_rate": round(unknown, 6),
-        "classes": classes,
-        "class_frequencies": [round(float((y == c).mean()), 6) for c in classes],
     }

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from pruneops.drift import text_drift_features
+from pruneops.inputs import encode_texts, unknown_id
 
 MAX_TEXT_CHARS = 100_000  # a longer "text" is a client error, not a review
 
@@ -32,13 +33,9 @@ class TextEncoder:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        pad_id = self.tokenizer.padding["pad_id"] if self.tokenizer.padding else 0
-        self.tokenizer.enable_truncation(max_length)
-        self.tokenizer.enable_padding(length=max_length, pad_id=pad_id)
         self.max_length = max_length
         self.input_names = list(input_names)
-        token = getattr(self.tokenizer.model, "unk_token", None)
-        self.unknown_id = None if token is None else self.tokenizer.token_to_id(token)
+        self.unknown_id = unknown_id(self.tokenizer)
 
     def encode(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The model's feed for `texts`.
@@ -51,13 +48,7 @@ class TextEncoder:
                 raise TextInputError(f"texts[{i}] is empty")
             if len(text) > MAX_TEXT_CHARS:
                 raise TextInputError(f"texts[{i}] has {len(text)} characters (at most {MAX_TEXT_CHARS})")
-        encodings = self.tokenizer.encode_batch(texts)
-        arrays = {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
-        }
-        return {name: arrays[name] for name in self.input_names}
+        return encode_texts(self.tokenizer, texts, self.max_length, self.input_names)
 
     def drift_features(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         """What drift is measured on: each text's length share and unknown-token rate."""
