@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import random
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +21,8 @@ from tqdm.auto import tqdm
 from pruneops.augment import augment_images
 from pruneops.data.splits import Split
 from pruneops.inputs import as_tensors, count_rows, rows, run_model, trim_padding
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,7 @@ def fit_(
     bar = tqdm(range(1, settings.epochs + 1), desc=desc, unit="epoch", disable=None, leave=False)
     hooks = (after_backward, after_step)
     for epoch in bar:
+        started = time.perf_counter()
         model.train()
         if trainable is not None:
             # Frozen parameters get no gradient, so AdamW leaves them (and their decay) alone.
@@ -242,6 +247,18 @@ def fit_(
             }
         )
         bar.set_postfix(val_acc=f"{val_acc:.4f}")
+        # The bar shows on terminals only; a log line per epoch is what a long run under DVC or a
+        # flow shows of its progress.
+        logger.info(
+            "%s epoch %d/%d: train loss %.4f, val loss %.4f, val acc %.4f (%.0f s)",
+            desc,
+            epoch,
+            settings.epochs,
+            train_loss,
+            val_loss,
+            val_acc,
+            time.perf_counter() - started,
+        )
         if (val_acc, -val_loss) > best_key:
             best_key, stale = (val_acc, -val_loss), 0
             best_state = copy.deepcopy(model.state_dict())

@@ -10,6 +10,7 @@ importance criteria it understands (`importances`, empty for any); config loadin
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from torch import nn
 from pruneops.data.splits import Split
 from pruneops.inputs import as_tensors, rows, run_model, trim_padding
 from pruneops.models import classifier_of
+from pruneops.pruning.fisher import channel_consumers, fisher_scores, reconstruct_linears_
 from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
@@ -125,9 +127,9 @@ class ChannelPruning(PruningMethod):
     def speedup(self) -> str:
         return "real: layers become smaller dense matrices"
 
-    def head_scores(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
-        """Precomputed head importance; None ranks heads by the criterion over their weights."""
-        return None
+    def unit_scores(self, model: nn.Module, pruner: UnitPruner) -> tuple[dict | None, dict | None]:
+        """Precomputed (head, channel) importance; None ranks by the criterion over the weights."""
+        return None, None
 
     def apply_(self, model: nn.Module, fraction: float) -> None:
         pruner = UnitPruner(model, self.ctx.example_input, self.ctx.criterion)
@@ -140,7 +142,8 @@ class ChannelPruning(PruningMethod):
             keep[name] = round_keep(size, ratios.get(name, 0.0) * fraction, round_to)
         if self.ctx.criterion.needs_grad:
             accumulate_grads_(model, self.ctx.train, self.ctx.grad_batches, self.ctx.batch_size)
-        pruner.prune_to_(keep, head_scores=self.head_scores(model))
+        head_scores, channel_scores = self.unit_scores(model, pruner)
+        pruner.prune_to_(keep, head_scores=head_scores, channel_scores=channel_scores)
         self.ctx.warnings.extend(w for w in pruner.warnings if w not in self.ctx.warnings)
         model.zero_grad(set_to_none=True)
 
@@ -160,12 +163,47 @@ class HeadPruning(ChannelPruning):
     neurons (and any other channel group) are ranked by the criterion.
     """
 
-    def head_scores(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+    def unit_scores(self, model: nn.Module, pruner: UnitPruner) -> tuple[dict | None, dict | None]:
         sites = head_sites(model)
         if not sites:
-            return None
+            return None, None
         batches = training_batches(self.ctx.train, max(self.ctx.grad_batches, 8), self.ctx.batch_size)
-        return gate_importance(model, sites, batches)
+        return gate_importance(model, sites, batches), None
+
+
+@METHODS.register(
+    "fisher",
+    "retraining-free (Kwon et al. 2022): heads + FFN neurons by mask Fisher information, "
+    "then each shrunk Linear refit by least squares to the dense model's outputs",
+)
+class FisherPruning(ChannelPruning):
+    """Structured removal that needs no fine-tuning (set `prune.epochs_per_step` and `finetune.epochs` to 0).
+
+    Heads and the channels a Linear consumes (FFN neurons) are ranked by the diagonal Fisher
+    information of a mask on them over `CALIBRATION_SAMPLES` training samples; other channel
+    groups keep the criterion. After each step every Linear that lost inputs is refit by ridge
+    least squares, in forward order, to reproduce the unpruned model's output of that layer.
+    """
+
+    CALIBRATION_SAMPLES = 2048  # what Kwon et al. use; the refit has thousands of tokens per input
+
+    def __init__(self, ctx: PruneContext):
+        super().__init__(ctx)
+        self.dense: nn.Module | None = None
+        self.refit_error: dict[str, float] = {}
+
+    def _batches(self) -> list[tuple[object, torch.Tensor]]:
+        count = -(-self.CALIBRATION_SAMPLES // self.ctx.batch_size)
+        return list(training_batches(self.ctx.train, count, self.ctx.batch_size))
+
+    def unit_scores(self, model: nn.Module, pruner: UnitPruner) -> tuple[dict | None, dict | None]:
+        return fisher_scores(model, head_sites(model), channel_consumers(pruner), self._batches())
+
+    def apply_(self, model: nn.Module, fraction: float) -> None:
+        if self.dense is None:
+            self.dense = copy.deepcopy(model).eval()
+        super().apply_(model, fraction)
+        self.refit_error = reconstruct_linears_(model, self.dense, [x for x, _ in self._batches()])
 
 
 def prunable_weights(model: nn.Module) -> dict[str, nn.Parameter]:

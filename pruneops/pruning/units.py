@@ -125,13 +125,20 @@ class UnitPruner:
             found[unit] = UnitInfo(unit, "heads", sites[members[0]].num_heads)
         return found
 
-    def prune_to_(self, keep: dict[str, int], head_scores: dict[str, torch.Tensor] | None = None) -> None:
+    def prune_to_(
+        self,
+        keep: dict[str, int],
+        head_scores: dict[str, torch.Tensor] | None = None,
+        channel_scores: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         """Removes the least important channels/heads so each named unit keeps `keep[name]`.
 
         Args:
             keep: Units to shrink and how many channels/heads each keeps.
             head_scores: Per attention module name, precomputed head importance (e.g. the gate
                 importance); otherwise heads are ranked by the criterion over their weights.
+            channel_scores: Per channel unit, precomputed channel importance (higher = kept);
+                units without one are ranked by the criterion.
         """
         self._prune_heads_(keep, head_scores or {})
         wanted = {n: k for n, k in keep.items() if not n.endswith(".heads")}
@@ -144,7 +151,10 @@ class UnitPruner:
             k = wanted.get(name)
             if k is None or k >= size:
                 continue
-            drop = torch.argsort(self._group_scores(name, group, importance))[: size - k].tolist()
+            scores = (channel_scores or {}).get(name)
+            if scores is None:
+                scores = self._group_scores(name, group, importance)
+            drop = torch.argsort(scores)[: size - k].tolist()
             dep = group[0].dep
             graph.get_pruning_group(dep.target.module, dep.handler, idxs=drop).prune()
 
