@@ -177,9 +177,11 @@ def run_variant(
 ) -> Path:
     """Runs one variant as a DVC experiment and keeps what the timing needs under `results/`."""
 
-    def stage_lines(line: str) -> None:  # which stages ran and which the run-cache restored
+    def stage_lines(line: str) -> None:  # which stages ran, which the run-cache restored, epochs
         if line.startswith("Running stage") or "skipping run" in line or "didn't change" in line:
             log(f"{variant.name}: {line}")
+        elif " pruneops.training: " in line:
+            log(f"{variant.name}: {line.split(' pruneops.training: ', 1)[1]}")
 
     experiment = run_experiment(repo, overrides, variant.name, log=stage_lines, pythonpath=pythonpath, replace=True)
     try:

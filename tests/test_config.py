@@ -29,7 +29,7 @@ def test_params_yaml_lists_every_key_of_each_stage():
         ({"steps": 0}, "prune.steps: must be greater than or equal to 1"),
         ({"trget_value": 0.5}, "prune.trget_value: unknown key; allowed keys: method, target, target_value"),
         ({"schedule": "exp"}, "prune.schedule: unknown pruning schedule 'exp'; choose from: cubic, linear, oneshot"),
-        ({"method": "chanel"}, "prune.method: unknown pruning method 'chanel'; choose from: channel, head"),
+        ({"method": "chanel"}, "prune.method: unknown pruning method 'chanel'; choose from: channel, fisher, head"),
         ({"importance": "l3"}, "prune.importance: unknown importance criterion 'l3'"),
         ({"target_value": None}, "prune.target_value: set together with prune.target"),
         (
@@ -48,7 +48,7 @@ def test_bad_values_give_one_line_naming_key_and_allowed(raw, fragment):
 
 
 SCOPE = "prune.scope: does not apply to method 'channel' (it applies to: magnitude, movement)"
-ROUND = "prune.round_to: does not apply to method 'magnitude' (it applies to: channel, head)"
+ROUND = "prune.round_to: does not apply to method 'magnitude' (it applies to: channel, fisher, head)"
 NO_TARGET = {"target": None, "target_value": None, "target_batch": None}
 
 
