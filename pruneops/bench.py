@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,5 +281,10 @@ def run_bench_file(
     config = parse_section("bench", raw, BenchConfig)
     if only:
         config = config.model_copy(update={"workloads": [w for w in config.workloads if w.name in only]})
-    log = lambda line: print(f"pruneops bench: {line}", flush=True)  # noqa: E731
+    started = time.monotonic()
+
+    def log(line: str) -> None:  # elapsed minutes: how far a run of an hour or more has got
+        minutes, seconds = divmod(int(time.monotonic() - started), 60)
+        print(f"pruneops bench [{minutes:3d}:{seconds:02d}]: {line}", flush=True)
+
     return run_benchmarks(config, read_params(root / params_file), command, root, log=log)
