@@ -16,6 +16,7 @@ from tests.conftest import prune_section, tiny_params, write_params
         ("movement", "cnn", 0.8),
         ("semi_structured", "mlp", 0.5),
         ("head", "transformer", 0.5),
+        ("fisher", "transformer", 0.5),
         ("channel", "transformer", 0.5),
     ],
 )
@@ -40,7 +41,7 @@ def test_method_through_stages(pipeline_dir, tmp_path, method, model, target):
     }
     prune = read_json(tmp_path / "metrics/prune.json")
     finetune = read_json(tmp_path / "metrics/finetune.json")
-    if method in ("channel", "head"):
+    if method in ("channel", "head", "fisher"):
         assert alloc["granularity"] == "units"
         assert prune["mac_reduction"] > 1.5 and prune["weight_zero_fraction"] == 0.0
     else:

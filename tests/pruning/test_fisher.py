@@ -2,8 +2,9 @@
 
 - Fisher scores: a head or FFN neuron whose output is zero cannot change the loss, so its mask
   gradient is exactly zero on every sample; live ones are not.
-- Least-squares refit: when a removed head or neuron duplicates a kept one, the layer's dense
-  output is exactly reachable from what is kept (the kept one's output columns doubled); the refit
+- Least-squares refit: when a removed head or neuron duplicates a kept one (inputs and output
+  columns), the layer's dense output is exactly reachable by scaling what is kept (the kept
+  one's columns doubled); the refit
   must find it (logits back to dense to float round-off), where plain removal leaves an error.
 """
 
@@ -70,14 +71,16 @@ def test_least_squares_refit_recovers_removed_duplicates_exactly(family):
     model, pruner = _wrapped(family)
     sites = head_sites(model)
     site_name, site = next(iter(sites.items()))
-    unit, producer, _ = _ffn(pruner)
-    d = site.head_dim
-    with torch.no_grad():  # head 3 repeats head 1; neurons 40.. repeat neurons 0..
+    unit, producer, consumer = _ffn(pruner)
+    d, extra = site.head_dim, producer.out_features - 40
+    with torch.no_grad():  # head 3 repeats head 1; neurons 40.. repeat neurons 0.., outputs too
         for proj in site.projections:
             proj.weight[3 * d : 4 * d] = proj.weight[d : 2 * d]
             proj.bias[3 * d : 4 * d] = proj.bias[d : 2 * d]
-        producer.weight[40:] = producer.weight[: producer.out_features - 40]
-        producer.bias[40:] = producer.bias[: producer.out_features - 40]
+        site.out.weight[:, 3 * d : 4 * d] = site.out.weight[:, d : 2 * d]
+        producer.weight[40:] = producer.weight[:extra]
+        producer.bias[40:] = producer.bias[:extra]
+        consumer.weight[:, 40:] = consumer.weight[:, :extra]
     dense = copy.deepcopy(model)
     batches = _batches()
     reference = _logits(dense, batches)
