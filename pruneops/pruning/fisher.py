@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
-import torch_pruning as tp
 from torch import nn
 
 from pruneops.inputs import run_model
@@ -40,27 +39,6 @@ from pruneops.pruning.heads import HeadSite
 
 class _Stop(Exception):  # noqa: N818 - control flow, not an error: ends a forward pass early
     pass
-
-
-def channel_consumers(pruner) -> dict[str, nn.Linear]:
-    """Per channel unit of a `UnitPruner`, the Linear that takes its channels as inputs (if any).
-
-    A unit without one (e.g. channels that feed a convolution) is left out: its channels keep
-    the pruner's criterion.
-    """
-    found = {}
-    for name, group in pruner._groups(pruner._graph()):
-        size = len(group[0].idxs)
-        for item in group[1:]:
-            module = item.dep.target.module
-            if (
-                isinstance(module, nn.Linear)
-                and item.dep.handler == tp.prune_linear_in_channels
-                and module.in_features == size
-            ):
-                found[name] = module
-                break
-    return found
 
 
 def _gate_hook(width: int, head_dim: int, store: list) -> Callable:
@@ -88,7 +66,7 @@ def fisher_scores(
     Args:
         model: The model (left unchanged; its gradients are cleared).
         sites: Attention layers by name; a head's mask sits where its context enters `out`.
-        consumers: Channel unit name -> the Linear that takes its channels (see `channel_consumers`).
+        consumers: Channel unit name -> the Linear that takes its channels (`UnitPruner.linear_consumers`).
         batches: (inputs, labels) pairs.
 
     Returns:

@@ -20,7 +20,7 @@ from torch import nn
 from pruneops.data.splits import Split
 from pruneops.inputs import as_tensors, rows, run_model, trim_padding
 from pruneops.models import classifier_of
-from pruneops.pruning.fisher import channel_consumers, fisher_scores
+from pruneops.pruning.fisher import fisher_scores
 from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
@@ -190,7 +190,7 @@ class FisherPruning(ChannelPruning):
     def unit_scores(self, model: nn.Module, pruner: UnitPruner) -> tuple[dict | None, dict | None]:
         count = -(-self.CALIBRATION_SAMPLES // self.ctx.batch_size)
         batches = training_batches(self.ctx.train, count, self.ctx.batch_size)
-        return fisher_scores(model, head_sites(model), channel_consumers(pruner), batches)
+        return fisher_scores(model, head_sites(model), pruner.linear_consumers(), batches)
 
 
 def prunable_weights(model: nn.Module) -> dict[str, nn.Parameter]:

@@ -125,6 +125,26 @@ class UnitPruner:
             found[unit] = UnitInfo(unit, "heads", sites[members[0]].num_heads)
         return found
 
+    def linear_consumers(self) -> dict[str, nn.Linear]:
+        """Per channel unit, the Linear that takes its channels as inputs (e.g. an FFN's second Linear).
+
+        A unit without one (channels that feed a convolution) is left out.
+        """
+        found = {}
+        for name, group in self._groups(self._graph()):
+            size = len(group[0].idxs)
+            for item in group[1:]:
+                module = item.dep.target.module
+                handler = item.dep.handler
+                if (
+                    isinstance(module, nn.Linear)
+                    and handler == tp.prune_linear_in_channels
+                    and module.in_features == size
+                ):
+                    found[name] = module
+                    break
+        return found
+
     def prune_to_(
         self,
         keep: dict[str, int],

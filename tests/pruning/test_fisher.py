@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pruneops.pruning import IMPORTANCES, UnitPruner
-from pruneops.pruning.fisher import channel_consumers, fisher_scores, reconstruct_linears_
+from pruneops.pruning.fisher import fisher_scores, reconstruct_linears_
 from pruneops.pruning.heads import head_sites
 from tests.pruning.test_hf_families import FAMILIES, _batch, _model
 
@@ -44,7 +44,7 @@ def _logits(model, batches) -> torch.Tensor:
 def _ffn(pruner: UnitPruner):
     """The first FFN unit (the widest consumed channels): its name, the Linear whose rows are its
     neurons, and their consumer."""
-    consumers = channel_consumers(pruner)
+    consumers = pruner.linear_consumers()
     name = max(consumers, key=lambda n: consumers[n].in_features)
     return name, dict(pruner.model.named_modules())[name], consumers[name]
 
@@ -61,7 +61,7 @@ def test_fisher_score_is_zero_exactly_for_a_silent_head_and_neuron(family):
         v.weight[2 * d : 3 * d] = 0
         v.bias[2 * d : 3 * d] = 0
         consumer.weight[:, 5] = 0  # neuron 5 reaches nothing
-    heads, channels = fisher_scores(model, sites, channel_consumers(pruner), _batches(4))
+    heads, channels = fisher_scores(model, sites, pruner.linear_consumers(), _batches(4))
     assert heads[site_name][2] == 0 and (heads[site_name][[0, 1, 3]] > 0).all()
     assert channels[unit][5] == 0 and (channels[unit] > 0).sum() == producer.out_features - 1
 
