@@ -133,15 +133,15 @@ def _call_order(model: nn.Module, names: list[str], inputs: object) -> list[str]
     return list(dict.fromkeys(order))
 
 
-def _capture(model: nn.Module, layer: nn.Module, inputs: object, output: bool) -> torch.Tensor:
-    """The layer's input (or output) on `inputs`; the forward pass stops there."""
+def _layer_input(model: nn.Module, layer: nn.Module, inputs: object) -> torch.Tensor:
+    """The layer's input on `inputs`; the forward pass stops there."""
     seen: list[torch.Tensor] = []
 
-    def hook(_: nn.Module, args: tuple, out: torch.Tensor | None = None) -> None:
-        seen.append(out if output else args[0])
+    def pre_hook(_: nn.Module, args: tuple) -> None:
+        seen.append(args[0])
         raise _Stop
 
-    handle = layer.register_forward_hook(hook) if output else layer.register_forward_pre_hook(hook)
+    handle = layer.register_forward_pre_hook(pre_hook)
     try:
         with torch.no_grad():
             run_model(model, inputs)
@@ -195,7 +195,7 @@ def reconstruct_linears_(
     gains = {}
     for name in order:
         layer = pruned_layers[name]
-        inputs = [_token_rows(_capture(pruned, layer, b, output=False), b).double() for b in batches]
+        inputs = [_token_rows(_layer_input(pruned, layer, b), b).double() for b in batches]
         gains[name] = _rescale_inputs_(layer, inputs, targets[name], ridge)
     pruned.train(was[0])
     dense.train(was[1])
