@@ -174,6 +174,15 @@ def trim_padding(x):
     return {k: v[..., :longest] if v.ndim >= 2 and v.shape[-1] == mask.shape[-1] else v for k, v in x.items()}
 
 
+def length_order(x) -> torch.Tensor | None:
+    """Sample indices by attention-mask length, shortest first (stable); None for inputs without a mask."""
+    import torch
+
+    if not isinstance(x, Mapping) or "attention_mask" not in x:
+        return None
+    return torch.argsort(torch.as_tensor(x["attention_mask"]).sum(-1), stable=True)
+
+
 def head_tensors(x, n: int = 1):
     """The first `n` samples of NumPy inputs (plain or named) as torch tensors: an example batch."""
     return as_tensors(rows(x, slice(0, n)))

@@ -330,3 +330,25 @@ def test_layer_costs_fitted_on_exports_predict_unseen_allocations(synthetic):
     for _ in range(20):
         widths = {n: rng.choice(latency.efficient_widths(n, 1)) for n in sizes}
         assert latency.predict(widths, 1) == pytest.approx(real(widths), rel=1e-6)
+
+
+def test_timing_copies_drop_the_vocabulary_but_compute_the_same():
+    transformers = pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
+    from pruneops.inputs import example_arrays, text_inputs
+    from pruneops.latency import VOCABULARY_ROWS, without_vocabulary
+    from pruneops.models.hf import SequenceLogits
+
+    config = transformers.BertConfig(
+        vocab_size=5000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48
+    )
+    torch.manual_seed(0)
+    model = SequenceLogits(transformers.BertForSequenceClassification(config).eval())
+    lean = without_vocabulary(model)
+    word = lean.model.bert.embeddings.word_embeddings
+    assert word.weight.shape == (VOCABULARY_ROWS, 32) and word.num_embeddings == VOCABULARY_ROWS
+    assert model.model.bert.embeddings.word_embeddings.num_embeddings == 5000  # the model itself is untouched
+    # Position embeddings (512 rows) stay: they are looked up by position, not by token.
+    assert lean.model.bert.embeddings.position_embeddings.num_embeddings == 512
+    feed = {k: torch.from_numpy(v) for k, v in example_arrays(text_inputs(), 2, {"seq": 10}).items()}
+    with torch.no_grad():
+        torch.testing.assert_close(lean(**feed), model(**feed), rtol=0, atol=0)

@@ -89,7 +89,22 @@ def test_trimming_padding_leaves_the_logits_unchanged(tmp_path):
     short = trim_padding(full)
     assert short["input_ids"].shape == (4, 12)
     with torch.no_grad():
-        torch.testing.assert_close(model(**short).logits, model(**full).logits, atol=1e-5, rtol=1e-4)
+        expected = model(**full).logits
+    torch.testing.assert_close(model(**short).logits.detach(), expected, atol=1e-5, rtol=1e-4)
+    # predict_logits runs the texts shortest first, two by two, and returns them in their order.
+    batched = predict_logits(_Logits(model), {k: v.numpy() for k, v in full.items()}, batch_size=2)
+    torch.testing.assert_close(batched, expected, atol=1e-5, rtol=1e-4)
+
+
+class _Logits(torch.nn.Module):
+    """A HuggingFace classifier returning plain logits, as the pipeline's wrapper does."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **inputs):
+        return self.model(**inputs).logits
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,32 @@ def test_distillation_pulls_student_towards_teacher(tmp_path):
     assert agree_after > 0.85 > agree_before
 
 
+def test_the_teacher_runs_once_per_fit_and_its_cached_logits_train_alike(tmp_path):
+    meta, train, val, _ = _digits(tmp_path)
+    torch.manual_seed(0)
+    teacher = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [32]}))
+    student = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [16]}))
+    calls = []
+    teacher.register_forward_hook(lambda *_: calls.append(1))
+    settings = FitSettings(epochs=3, lr=3e-3, batch_size=32)
+    cached = copy.deepcopy(student)
+    fit_(cached, train, val, settings, distillation=Distillation(teacher, 2.0, 0.5))
+    # One pass over the training split in batches of 256, not one per batch of every epoch.
+    assert len(calls) == -(-len(train.y) // 256)
+
+    class PerBatch(Distillation):
+        # The teacher run on every batch (what an augmented fit does), with the cache declined.
+        def teacher_logits(self, idx, xb):
+            with torch.no_grad():
+                return self.teacher(xb)
+
+    per_batch = copy.deepcopy(student)
+    kd = PerBatch(teacher, 2.0, 0.5, logits=torch.empty(0))  # a cache is given: fit_ keeps it, unused
+    fit_(per_batch, train, val, settings, distillation=kd)
+    for a, b in zip(cached.parameters(), per_batch.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_recalibrate_batchnorm_sets_running_stats_to_the_data_statistics():
     from pruneops.training import recalibrate_batchnorm_
 
