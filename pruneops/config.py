@@ -296,6 +296,8 @@ class PruneConfig(StageConfig):
     round_to: Annotated[int, Field(ge=1, le=4096)] | None = None
     epochs_per_step: Annotated[int, Field(ge=0, le=1000)] = 2
     bn_recalibration_samples: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
     lr: LearningRate = 1e-3
     batch_size: BatchSize = 64
     seed: Seed = 0

@@ -8,6 +8,7 @@ faster (`prune.min_speedup`): a slower model never leaves it.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,7 +27,14 @@ from pruneops.pruning.masks import save_masks
 from pruneops.pruning.targets import GateResult, Plan, gate, plan
 from pruneops.pruning.units import round_keep
 from pruneops.stages import StageReport
-from pruneops.training import FitSettings, calibration_subset, evaluate, fit_, recalibrate_batchnorm_
+from pruneops.training import (
+    Distillation,
+    FitSettings,
+    calibration_subset,
+    evaluate,
+    fit_,
+    recalibrate_batchnorm_,
+)
 
 
 @dataclass(frozen=True)
@@ -264,9 +272,15 @@ def _prune(config: PruneConfig, model, method, train: Split, val: Split, shape) 
             "val_loss": loss,
         }
 
+    # The unpruned model teaches every step's fine-tuning (its logits are computed once per step).
+    kd = None
+    if config.distill_weight > 0:
+        kd = Distillation(copy.deepcopy(model), config.distill_temperature, config.distill_weight)
+    hooks = {"after_backward": method.after_backward, "after_step": method.after_step}
+
     def tune(epochs: int, seed: int, desc: str) -> None:
         settings = FitSettings(epochs, config.batch_size, config.lr, 1e-4, epochs + 1, seed)
-        fit_(model, train, val, settings, after_backward=method.after_backward, after_step=method.after_step, desc=desc)
+        fit_(model, train, val, settings, distillation=kd, desc=desc, **hooks)
 
     history = [record(0, 0.0)]
     if method.needs_warmup:

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import torch
 from PIL import Image
 
 from pruneops.checkpoint import load_checkpoint
@@ -149,3 +150,38 @@ def test_run_logged_keeps_the_last_non_blank_lines_for_the_error_message(tmp_pat
         [sys.executable, "-c", "print('a'); print('ERROR: boom'); print(); print('  ')"], tmp_path, seen.append
     )
     assert code == 0 and tail == ["a", "ERROR: boom"] and len(seen) == 4
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.7])
+def test_prune_steps_distil_from_the_unpruned_model_when_asked(pipeline_dir, tmp_path, monkeypatch, weight):
+    import shutil
+
+    import pruneops.prune as prune_module
+    from pruneops.stages import run_stage
+    from tests.conftest import tiny_params, write_params
+
+    seen = []
+    real_fit = prune_module.fit_
+
+    def spy(model, *args, distillation=None, **kwargs):
+        seen.append((distillation, sum(p.numel() for p in model.parameters())))
+        return real_fit(model, *args, distillation=distillation, **kwargs)
+
+    monkeypatch.setattr(prune_module, "fit_", spy)
+    for stage in ("validate", "train", "sensitivity"):
+        shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
+    prune = {"schedule": "linear", "steps": 2, "epochs_per_step": 1}
+    prune |= {"distill_weight": weight, "distill_temperature": 3.0}
+    run_stage("prune", write_params(tmp_path, tiny_params(prune=prune)), tmp_path)
+    baseline = load_checkpoint(tmp_path / "artifacts/train/model.safetensors").model
+    assert len(seen) == 2
+    if weight == 0.0:
+        assert all(kd is None for kd, _ in seen)
+        return
+    for kd, student_params in seen:
+        assert (kd.weight, kd.temperature) == (0.7, 3.0)
+        # The teacher is the baseline as it was, while the student shrinks step by step.
+        teacher = kd.teacher.state_dict()
+        for key, value in baseline.state_dict().items():
+            torch.testing.assert_close(teacher[key], value)
+        assert student_params < sum(p.numel() for p in baseline.parameters())
