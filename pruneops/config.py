@@ -298,6 +298,7 @@ class PruneConfig(StageConfig):
     bn_recalibration_samples: Annotated[int, Field(ge=0, le=10_000_000)] = 0
     distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
+    hidden_distill_weight: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
     lr: LearningRate = 1e-3
     batch_size: BatchSize = 64
     seed: Seed = 0
@@ -368,6 +369,7 @@ class FinetuneConfig(FitParams):
     lr: LearningRate = 1e-3
     distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
     distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    hidden_distill_weight: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
     world_size: Annotated[int, Field(ge=1, le=16)] = 1
 
 

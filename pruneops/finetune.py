@@ -69,7 +69,9 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
         masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
         model = pruned.model
-        kd = Distillation(teacher, config.distill_temperature, config.distill_weight)
+        kd = Distillation(
+            teacher, config.distill_temperature, config.distill_weight, hidden_weight=config.hidden_distill_weight
+        )
         fit = FitResult()
         if config.epochs:
             fit = fit_(

@@ -274,8 +274,13 @@ def _prune(config: PruneConfig, model, method, train: Split, val: Split, shape) 
 
     # The unpruned model teaches every step's fine-tuning (its logits are computed once per step).
     kd = None
-    if config.distill_weight > 0:
-        kd = Distillation(copy.deepcopy(model), config.distill_temperature, config.distill_weight)
+    if config.distill_weight > 0 or config.hidden_distill_weight > 0:
+        kd = Distillation(
+            copy.deepcopy(model),
+            config.distill_temperature,
+            config.distill_weight,
+            hidden_weight=config.hidden_distill_weight,
+        )
     hooks = {"after_backward": method.after_backward, "after_step": method.after_step}
 
     def tune(epochs: int, seed: int, desc: str) -> None:

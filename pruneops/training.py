@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from pruneops.augment import augment_images
 from pruneops.data.splits import Split
+from pruneops.errors import PruneOpsError
 from pruneops.inputs import as_tensors, count_rows, length_order, rows, run_model, trim_padding
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,11 @@ class Distillation:
     # The teacher's logits per training sample, when the inputs are the same every epoch (no
     # augmentation): the teacher then runs once per `fit_`, not once per batch of every epoch.
     logits: torch.Tensor | None = None
+    # Added to the loss: this times the mean squared error between the outputs of the blocks
+    # (encoder layers) that student and teacher share (`BlockTaps`): layer-wise distillation,
+    # as in TinyBERT and CoFi; it needs the teacher on every batch.
+    hidden_weight: float = 0.0
+    taps: BlockTaps | None = None
 
     def teacher_logits(self, idx: torch.Tensor, xb) -> torch.Tensor:
         """The teacher's logits on batch `xb` (training samples `idx`)."""
@@ -182,7 +188,79 @@ def _loss(logits: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, xb, kd: Dist
     kl = F.kl_div(
         F.log_softmax(logits / t, 1), F.log_softmax(teacher_logits / t, 1), log_target=True, reduction="batchmean"
     )
-    return kd.weight * t * t * kl + (1 - kd.weight) * ce
+    loss = kd.weight * t * t * kl + (1 - kd.weight) * ce
+    if kd.taps is not None:
+        loss = loss + kd.hidden_weight * kd.taps.mse()
+    return loss
+
+
+def repeated_blocks(student: nn.Module, teacher: nn.Module) -> list[str]:
+    """Names of the blocks both models hold: the children of every ModuleList or Sequential of one module class.
+
+    Those are a transformer's layers (`encoder.layer.3`, timm's `blocks.3`), whose outputs keep
+    the hidden width when heads and FFN neurons are removed, so a pruned layer can be matched to
+    its original.
+    """
+    in_teacher = dict(teacher.named_modules())
+    names = []
+    for name, module in student.named_modules():
+        children = list(module.named_children())
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(children) < 2:
+            continue
+        if len({type(child) for _, child in children}) == 1:
+            prefix = f"{name}." if name else ""
+            names += [prefix + child for child, _ in children if prefix + child in in_teacher]
+    return names
+
+
+class BlockTaps:
+    """Forward hooks keeping the outputs of the same-named blocks of a student and its teacher.
+
+    Raises:
+        PruneOpsError: The models share no repeated blocks.
+    """
+
+    def __init__(self, student: nn.Module, teacher: nn.Module):
+        self.names = repeated_blocks(student, teacher)
+        if not self.names:
+            raise PruneOpsError(
+                "hidden_distill_weight: the model has no repeated blocks (a ModuleList of layers) to match "
+                "with the baseline's; set it to 0"
+            )
+        self.outputs: dict[str, dict[str, torch.Tensor]] = {"student": {}, "teacher": {}}
+        modules = {"student": dict(student.named_modules()), "teacher": dict(teacher.named_modules())}
+        self.handles = [
+            modules[side][name].register_forward_hook(self._keep(side, name)) for side in modules for name in self.names
+        ]
+
+    def _keep(self, side: str, name: str):
+        def hook(_module: nn.Module, _inputs: tuple, output) -> None:
+            self.outputs[side][name] = output[0] if isinstance(output, (tuple, list)) else output
+
+        return hook
+
+    def mse(self) -> torch.Tensor:
+        """Mean over the blocks of equal output shape of the student's squared error to the teacher (last batch).
+
+        Raises:
+            PruneOpsError: No block kept its output shape (the hidden width was pruned).
+        """
+        student, teacher = self.outputs["student"], self.outputs["teacher"]
+        pairs = [(student[n], teacher[n]) for n in self.names if n in student and n in teacher]
+        pairs = [(a, b.detach()) for a, b in pairs if a.shape == b.shape]
+        student.clear()
+        teacher.clear()
+        if not pairs:
+            raise PruneOpsError(
+                "hidden_distill_weight: no block of the pruned model has its baseline's output shape "
+                "(the hidden width was pruned); set it to 0"
+            )
+        return torch.stack([F.mse_loss(a, b) for a, b in pairs]).mean()
+
+    def close(self) -> None:
+        """Removes the hooks."""
+        for handle in self.handles:
+            handle.remove()
 
 
 def fit_(
@@ -217,6 +295,19 @@ def fit_(
     seed_everything(settings.seed)
     augmented = bool(settings.crop_padding or settings.hflip)
     distillation = _with_teacher_logits(distillation, train, augmented)
+    if distillation is not None and distillation.hidden_weight > 0:
+        distillation = replace(distillation, taps=BlockTaps(model, distillation.teacher))
+    try:
+        hooks = (after_backward, after_step)
+        return _fit_epochs(model, train, val, settings, distillation, hooks, desc, frozen_except)
+    finally:
+        if distillation is not None and distillation.taps is not None:
+            distillation.taps.close()
+
+
+def _fit_epochs(model, train: Split, val: Split, settings: FitSettings, distillation, hooks, desc, frozen_except):
+    """`fit_`'s epochs, once its teacher is prepared."""
+    augmented = bool(settings.crop_padding or settings.hflip)
     xs, ys = as_tensors(train.x), torch.from_numpy(train.y)
     rank, world = distributed_rank_world()
     # Under DDP each rank takes every world-th sample of the same shuffled order, equally many
@@ -242,7 +333,6 @@ def fit_(
     best_state = copy.deepcopy(model.state_dict())
     stale = 0
     bar = tqdm(range(1, settings.epochs + 1), desc=desc, unit="epoch", disable=None, leave=False)
-    hooks = (after_backward, after_step)
     for epoch in bar:
         started = time.perf_counter()
         model.train()
@@ -300,7 +390,7 @@ def _with_teacher_logits(distillation: Distillation | None, train: Split, augmen
     if distillation is None:
         return None
     distillation.teacher.eval()
-    if distillation.weight == 0 or augmented or distillation.logits is not None:
+    if distillation.weight == 0 or augmented or distillation.logits is not None or distillation.hidden_weight > 0:
         return distillation
     # Shortest texts first in one pass (`predict_logits`): on MiniLM this costs less than the
     # teacher's share of one epoch of padded batches.
