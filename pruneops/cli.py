@@ -222,8 +222,24 @@ def _run_tool(args: argparse.Namespace) -> int:
         return _print_error(args.command, exc)
 
 
+def _show_progress() -> None:
+    """Shows the package's log lines (one per training epoch) on stderr.
+
+    A long stage under DVC, a flow or `pruneops bench` (which relays them) then shows how far it is.
+    """
+    import logging
+
+    logger = logging.getLogger("pruneops")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def _run_stage_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    _show_progress()
     try:
         launched = _launch_data_parallel(args)
         if launched is not None:

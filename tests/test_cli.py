@@ -213,3 +213,13 @@ def test_temporary_outputs_of_a_killed_stage_are_swept_by_the_next_run(tmp_path)
         (staged.dir(final) / "model.txt").write_text("new")
     assert not dead.exists() and not legacy.exists() and live.exists()
     assert (final / "model.txt").read_text() == "new"
+
+
+def test_a_training_stage_shows_one_line_per_epoch(tmp_path):
+    write_params(tmp_path, tiny_params(train={"epochs": 2, "model": "mlp", "model_kwargs": {"hidden": [16]}}))
+    assert _run(tmp_path, "validate").returncode == 0
+    result = _run(tmp_path, "train")
+    assert result.returncode == 0, result.stderr
+    epochs = [line for line in result.stderr.splitlines() if " pruneops.training: train epoch " in line]
+    assert [line.split("train epoch ")[1].split(":")[0] for line in epochs] == ["1/2", "2/2"], result.stderr
+    assert "val acc" in epochs[-1] and result.stdout.startswith("pruneops train (")
