@@ -441,9 +441,9 @@ def build_latency_model(
         for name, _ in units:
             latency.unit_curve(name, batch)  # fills the table on the grid
     points, models = {}, {}
-    lean = without_vocabulary(model)
+    lean, lean_example = without_vocabulary(model), within_vocabulary(example)
     for key, widths in _measurement_points(latency, units, batches).items():
-        twin = _pruned_or_none(lean, example, widths)
+        twin = _pruned_or_none(lean, lean_example, widths)
         if twin is not None:
             points[key], models[key] = widths, twin
     # Short runs per model: the fit averages over every export, and there are tens of them. A
@@ -541,6 +541,16 @@ def without_vocabulary(model: nn.Module) -> nn.Module:
             module.weight = nn.Parameter(module.weight.detach()[:VOCABULARY_ROWS].clone())
             module.num_embeddings = VOCABULARY_ROWS
     return twin
+
+
+def within_vocabulary(example):
+    """`example` with integer inputs (token ids) folded into the rows `without_vocabulary` keeps.
+
+    Pruning a timing copy runs it on the example; what the tokens are does not matter there.
+    """
+    if not isinstance(example, dict):
+        return example
+    return {k: v.remainder(VOCABULARY_ROWS) if not v.is_floating_point() else v for k, v in example.items()}
 
 
 def _pruned_or_none(model: nn.Module, example: torch.Tensor, widths: dict[str, int]) -> nn.Module | None:

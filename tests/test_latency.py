@@ -352,3 +352,14 @@ def test_timing_copies_drop_the_vocabulary_but_compute_the_same():
     feed = {k: torch.from_numpy(v) for k, v in example_arrays(text_inputs(), 2, {"seq": 10}).items()}
     with torch.no_grad():
         torch.testing.assert_close(lean(**feed), model(**feed), rtol=0, atol=0)
+
+    # The whole latency model on it, from an example of real ids beyond the rows kept (the bench
+    # crashed there once: the timing copies were pruned on the example as it was).
+    from pruneops.latency import build_latency_model, machine_fingerprint
+
+    model._pruneops_inputs = text_inputs()
+    example = {"input_ids": torch.tensor([[4999, 1500, 7, 0]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    units = [(n, u.size) for n, u in UnitPruner(model, example, IMPORTANCES.get("l2")).units().items()]
+    latency = build_latency_model(model, example, [4], units, LatencyTable(machine_fingerprint(1)), [1])
+    assert {n for n, _ in units} == set(latency.units) and len(latency.exports["points"]) > 1 + len(units)
+    assert latency.predict({}, 1) > 0
