@@ -41,6 +41,11 @@ class FitSettings:
     crop_padding: int = 0  # training augmentation (`pruneops.augment`); 0 and False: none
     hflip: bool = False
 
+    @property
+    def augmented(self) -> bool:
+        """Whether training batches change from epoch to epoch."""
+        return bool(self.crop_padding or self.hflip)
+
 
 @dataclass(frozen=True)
 class Distillation:
@@ -293,8 +298,7 @@ def fit_(
         History per epoch and the best epoch (by validation accuracy, then loss).
     """
     seed_everything(settings.seed)
-    augmented = bool(settings.crop_padding or settings.hflip)
-    distillation = _with_teacher_logits(distillation, train, augmented)
+    distillation = _with_teacher_logits(distillation, train, settings.augmented)
     if distillation is not None and distillation.hidden_weight > 0:
         distillation = replace(distillation, taps=BlockTaps(model, distillation.teacher))
     try:
@@ -307,7 +311,6 @@ def fit_(
 
 def _fit_epochs(model, train: Split, val: Split, settings: FitSettings, distillation, hooks, desc, frozen_except):
     """`fit_`'s epochs, once its teacher is prepared."""
-    augmented = bool(settings.crop_padding or settings.hflip)
     xs, ys = as_tensors(train.x), torch.from_numpy(train.y)
     rank, world = distributed_rank_world()
     # Under DDP each rank takes every world-th sample of the same shuffled order, equally many
@@ -343,7 +346,7 @@ def _fit_epochs(model, train: Split, val: Split, settings: FitSettings, distilla
         order = torch.randperm(len(ys), generator=gen)[: per_rank * world][rank::world]
         picks = (order[i : i + batch_size] for i in range(0, per_rank, batch_size))
         batches = ((idx, trim_padding(rows(xs, idx))) for idx in picks)
-        if augmented:
+        if settings.augmented:
             crop, flip = settings.crop_padding, settings.hflip
             batches = ((idx, augment_images(xb, crop, flip, aug_gen)) for idx, xb in batches)
         train_loss = _train_epoch(model, forward, ys, batches, (opt, sched), distillation, hooks)
