@@ -259,18 +259,36 @@ def run_benchmarks(
     selected: dict[str, dict] = {}
     failed: dict[str, dict[str, str]] = {}
     predictions: dict[str, list[dict]] = {}
+    wall: dict[str, dict] = {}
     for workload in config.workloads:
+        started, reused = time.monotonic(), []
         work = (root / config.work_dir / workload.name).resolve()
+        cached_before = sum(1 for f in (work / ".dvc" / "cache" / "runs").rglob("*") if f.is_file())
         with project_importable(root):
             params = workload_params(base_params, workload, root)
-        dirs, failed[workload.name] = prepare_workload(work, workload, params, log, root.resolve())
+        noting = _noting_reuse(log, reused)
+        dirs, failed[workload.name] = prepare_workload(work, workload, params, noting, root.resolve())
         log(f"[{workload.name}] timing {2 * len(dirs)} models, interleaved")
         rows[workload.name], predictions[workload.name] = measure_workload(work, workload, dirs, timing)
         pick = select_point(rows[workload.name], workload.max_accuracy_drop_points)
         if pick is not None:
             selected[workload.name] = pick
-    paths = write_report(config, rows, selected, failed, timing, command, root / config.out_dir, predictions)
+        seconds = round(time.monotonic() - started, 1)
+        wall[workload.name] = {"seconds": seconds, "cached_runs_at_start": cached_before, "reused_stages": reused}
+    out = root / config.out_dir
+    paths = write_report(config, rows, selected, failed, timing, command, out, predictions, wall=wall)
     return BenchReport(rows, selected, failed, *paths)
+
+
+def _noting_reuse(log: Callable[[str], None], reused: list[str]) -> Callable[[str], None]:
+    """`log`, also collecting the stages DVC did not run (run-cache or unchanged) into `reused`."""
+
+    def note(line: str) -> None:
+        if "skipping run" in line or "didn't change" in line:
+            reused.append(line.split("] ", 1)[-1])
+        log(line)
+
+    return note
 
 
 def run_bench_file(

@@ -237,8 +237,9 @@ def render_markdown(
     timing,
     command: str,
     predictions: dict | None = None,
+    wall: dict | None = None,
 ) -> str:
-    """The report: command, machine, per-workload tables and the selected points."""
+    """The report: command, machine, per-workload tables, the selected points and wall times."""
     big = str(max(timing.batch_sizes))
     parts = [
         "# Benchmarks: the accuracy–latency frontier\n",
@@ -258,8 +259,32 @@ def render_markdown(
         parts += [f"- {name}: not measured — {why}" for name, why in failed.get(workload.name, {}).items()]
         parts += _selected_lines(workload, selected.get(workload.name), big)
         parts += [*_same_budget_lines(workload, items), *_prediction_lines((predictions or {}).get(workload.name, []))]
+        parts += _wall_lines((wall or {}).get(workload.name))
         parts.append("")
     return "\n".join(parts)
+
+
+def _wall_lines(wall: dict | None) -> list[str]:
+    """How long the workload took, and whether that is its cost from scratch.
+
+    Stages that variants share run once and are restored for the others; that is part of the
+    workload's design. Entries that DVC's run-cache held before the run are not: stages restored
+    from them cost nothing here, so the time is then less than a first run's.
+    """
+    if wall is None:
+        return []
+    minutes, seconds = divmod(round(wall["seconds"]), 60)
+    head = f"\nWall time of this workload (every variant's stages, then the timing): {minutes} min {seconds:02d} s"
+    reused, cached = wall["reused_stages"], wall["cached_runs_at_start"]
+    if not cached:
+        return [
+            head + f"; DVC's run-cache was empty at the start, so this is a first run's cost ({len(reused)} "
+            "stage run(s) shared between variants ran once)."
+        ]
+    return [
+        head + f"; the run-cache held {cached} entries from earlier runs, so this is less than a first run's "
+        f"cost. Stages not run: {len(reused)}:"
+    ] + [f"- {line}" for line in reused]
 
 
 def write_report(
@@ -271,6 +296,7 @@ def write_report(
     command: str,
     out: Path,
     predictions: dict | None = None,
+    wall: dict | None = None,
 ) -> tuple[Path, Path, Path]:
     """Writes the plots, the results JSON and the markdown report under `out`."""
     from pruneops.plots import plot_frontiers, plot_latency_predictions
@@ -289,9 +315,10 @@ def write_report(
             "selected": selected,
             "failed": failed,
             "latency_predictions": predictions or {},
+            "wall": wall or {},
         },
         results,
     )
     markdown = out / "benchmarks.md"
-    markdown.write_text(render_markdown(config, rows, selected, failed, machine, timing, command, predictions))
+    markdown.write_text(render_markdown(config, rows, selected, failed, machine, timing, command, predictions, wall))
     return markdown, plot, results

@@ -105,6 +105,33 @@ def distributed_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+@contextmanager
+def channels_last_(*models: nn.Module | None) -> Iterator[bool]:
+    """Stores the 4-D weights of convolutional `models` channels-last inside the block.
+
+    PyTorch's CPU kernels train depthwise and pointwise convolutions 1.2-3x faster on
+    channels-last tensors (MobileNetV2 at 64x64: 157 -> 481 images/s on 2 cores), and a conv
+    with a channels-last weight makes its output channels-last, so the inputs need no change.
+    The weights are stored contiguously again on exit, as checkpoints, pruning and export expect.
+    Yields whether any model was converted: models without a Conv2d are left alone, and so are
+    models already converted by an enclosing block (which restores them).
+    """
+    convolutional = [m for m in models if m is not None and _stored_contiguously(m)]
+    for m in convolutional:
+        m.to(memory_format=torch.channels_last)
+    try:
+        yield bool(convolutional)
+    finally:
+        for m in convolutional:
+            m.to(memory_format=torch.contiguous_format)
+
+
+def _stored_contiguously(model: nn.Module) -> bool:
+    """Whether `model` has a Conv2d whose weight is stored in the standard (NCHW) layout."""
+    weights = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
+    return any(w.is_contiguous() and not w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+
+
 def seed_everything(seed: int) -> None:
     """Seeds Python, NumPy and torch."""
     random.seed(seed)
@@ -125,7 +152,8 @@ def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> to
     if order is not None:
         xs = rows(xs, order)
     chunks = (trim_padding(rows(xs, slice(i, i + batch_size))) for i in range(0, count_rows(xs), batch_size))
-    logits = torch.cat([run_model(model, xb) for xb in chunks])
+    with channels_last_(model):
+        logits = torch.cat([run_model(model, xb) for xb in chunks])
     if order is None:
         return logits
     restored = torch.empty_like(logits)
@@ -169,8 +197,9 @@ def recalibrate_batchnorm_(model: nn.Module, x: np.ndarray, batch_size: int = 25
         m.momentum = None  # cumulative average over the batches below
     model.train()
     xs = as_tensors(x)
-    for i in range(0, count_rows(xs), batch_size):
-        run_model(model, trim_padding(rows(xs, slice(i, i + batch_size))))
+    with channels_last_(model):
+        for i in range(0, count_rows(xs), batch_size):
+            run_model(model, trim_padding(rows(xs, slice(i, i + batch_size))))
     for m, momentum in zip(norms, saved, strict=True):
         m.momentum = momentum
     model.eval()
@@ -301,9 +330,11 @@ def fit_(
     distillation = _with_teacher_logits(distillation, train, settings.augmented)
     if distillation is not None and distillation.hidden_weight > 0:
         distillation = replace(distillation, taps=BlockTaps(model, distillation.teacher))
+    teacher = distillation.teacher if distillation is not None else None
     try:
-        hooks = (after_backward, after_step)
-        return _fit_epochs(model, train, val, settings, distillation, hooks, desc, frozen_except)
+        with channels_last_(model, teacher):
+            hooks = (after_backward, after_step)
+            return _fit_epochs(model, train, val, settings, distillation, hooks, desc, frozen_except)
     finally:
         if distillation is not None and distillation.taps is not None:
             distillation.taps.close()

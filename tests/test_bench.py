@@ -118,6 +118,11 @@ def test_report_files_and_selection_on_validation(bench_run):
     assert report.plot.stat().st_size > 10_000
     saved = json.loads(report.results.read_text())
     assert saved["machine"]["cores"] >= 1
+    # The wall time is reported with what DVC did not re-run (the shared baseline, here).
+    wall = saved["wall"]["digits-cnn"]
+    assert wall["seconds"] > 0 and wall["cached_runs_at_start"] == 0
+    assert any("'train'" in line for line in wall["reused_stages"])
+    assert "Wall time of this workload" in text and "run-cache was empty at the start, so this is a first" in text
     rows = report.rows["digits-cnn"]
     pick = select_point(rows, 50.0)
     assert pick == report.selected["digits-cnn"] and pick["family"] == "ours" and pick["val_drop_points"] <= 50.0
@@ -136,6 +141,7 @@ def test_rerun_reuses_finished_variants_and_cli_writes_the_report(bench_run, cap
     # Every stage of every finished variant is restored from the run-cache; only the one that
     # failed (out of reach) runs its failing stage again.
     assert ran and all("[digits-cnn] unreachable:" in line for line in ran)
+    assert "so this is less than a first run's cost" in (root / "docs" / "benchmarks.md").read_text()
     assert "selected" in out and "benchmarks.md" in out
 
 

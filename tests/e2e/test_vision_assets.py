@@ -30,7 +30,7 @@ needs_assets = pytest.mark.skipif(
     not (WEIGHTS.is_file() and FASHION.is_dir()),
     reason="ImageNet MobileNetV2 weights or Fashion-MNIST absent (make vision-assets)",
 )
-# 32x32 keeps every stage to seconds here; benchmarks/vision.yaml trains at 48x48.
+# 32x32 keeps every stage to seconds here; benchmarks/vision.yaml trains at 64x64.
 PREPROCESS = {"resize": [32, 32], "channels": 3, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
