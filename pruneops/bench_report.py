@@ -35,6 +35,7 @@ def _model_rows(variant, directory: Path) -> list[dict]:
         m = manifest[file_key]
         # The deployed model's row: "int8" or "fp32", whichever the quantize stage chose here.
         precision = m["precision"] if file_key == "pruned_deployed" else "fp32"
+        deployed_fp32 = file_key == "pruned_deployed" and precision == "fp32"
         rows.append(
             {
                 "name": f"{variant.name} {'deployed' if file_key == 'pruned_deployed' else 'fp32'}",
@@ -43,6 +44,8 @@ def _model_rows(variant, directory: Path) -> list[dict]:
                 "family": variant.family,
                 "label": variant.label or variant.name,
                 "precision": precision,
+                # Two fp32 rows of one variant: say why the second is the deployed one.
+                "note": _why_fp32_deployed(directory / "metrics.json") if deployed_fp32 else "",
                 "path": str(export / m["file"]),
                 "params": m["params"],
                 "nonzero_params": m["nonzero_params"],
@@ -51,6 +54,18 @@ def _model_rows(variant, directory: Path) -> list[dict]:
             }
         )
     return rows
+
+
+def _why_fp32_deployed(metrics_path: Path) -> str:
+    """Why the quantize stage kept fp32, from its candidates (e.g. "deployed (static INT8 -4.33 pts on val)")."""
+    report = read_json(metrics_path).get("quantize", {}) if metrics_path.is_file() else {}
+    fp32 = report.get("fp32_val_accuracy", 0.0)
+    int8 = {k: c for k, c in report.get("candidates", {}).items() if c.get("precision") == "int8"}
+    lost = {k: c for k, c in int8.items() if not c.get("within_tolerance")}
+    if int8 and len(lost) == len(int8):
+        drops = ", ".join(f"{k} INT8 {100 * (c['val_accuracy'] - fp32):+.2f} pts on val" for k, c in lost.items())
+        return f"deployed ({drops})"
+    return "deployed (no INT8 form faster here)" if int8 else "deployed"
 
 
 def _relative_to_dense(models: dict[str, dict], big: str) -> None:
@@ -138,7 +153,10 @@ def bench_columns(batch_sizes: list[int]) -> list[Column]:
     return [
         (
             "model",
-            lambda r: f"{r['label']} {r['precision']}" + (" ⚠ slower than dense" if r["slower_than_dense"] else ""),
+            lambda r: (
+                " ".join(filter(None, (r["label"], r["precision"], r.get("note"))))
+                + (" ⚠ slower than dense" if r["slower_than_dense"] else "")
+            ),
         ),
         ("val acc (%)", lambda r: f"{100 * r['val_accuracy']:.2f}"),
         ("test acc (%)", lambda r: f"{100 * r['test_accuracy']:.2f}"),

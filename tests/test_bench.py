@@ -241,3 +241,21 @@ def test_workload_paths_are_resolved_against_the_project(tmp_path):
     assert params["validate"]["path"] == str(tmp_path / "data/r.csv")
     assert params["validate"]["tokenizer"] == str(tmp_path / "m/tokenizer.json")
     assert params["train"]["pretrained"] == str(tmp_path / "m") and params["train"]["init_weights"] is None
+
+
+def test_a_variant_deployed_as_fp32_says_why(tmp_path):
+    """Two fp32 rows of one variant would read as a duplicate: the deployed one names the reason."""
+    from pruneops.bench_report import _why_fp32_deployed
+
+    def note(candidates: dict) -> str:
+        path = tmp_path / "metrics.json"
+        path.write_text(json.dumps({"quantize": {"fp32_val_accuracy": 0.93, "candidates": candidates}}))
+        return _why_fp32_deployed(path)
+
+    fp32 = {"precision": "fp32", "val_accuracy": 0.93, "within_tolerance": True}
+    lost = {"precision": "int8", "val_accuracy": 0.8867, "within_tolerance": False}
+    kept = {"precision": "int8", "val_accuracy": 0.929, "within_tolerance": True}
+    assert note({"fp32": fp32, "static": lost}) == "deployed (static INT8 -4.33 pts on val)"
+    assert note({"fp32": fp32, "static": kept}) == "deployed (no INT8 form faster here)"
+    assert note({"fp32": fp32}) == "deployed"
+    assert _why_fp32_deployed(tmp_path / "absent.json") == "deployed"
