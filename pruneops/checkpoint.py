@@ -152,14 +152,21 @@ def resize_to_structure_(
     for key, tensor in state.items():
         mod_name, _, leaf = key.rpartition(".")
         module = modules.get(mod_name)
-        if module is None:
-            continue
-        current = getattr(module, leaf, None)
-        if isinstance(current, torch.Tensor) and current.shape != tensor.shape:
-            if leaf in module._parameters:
-                module._parameters[leaf] = nn.Parameter(torch.empty_like(tensor))
-            elif leaf in module._buffers:
-                module._buffers[leaf] = torch.empty_like(tensor)
+        if module is not None:
+            _shape_like_(module, leaf, tensor)
+
+
+def _shape_like_(module: nn.Module, leaf: str, tensor: torch.Tensor) -> None:
+    """Replaces `module.<leaf>` by an empty tensor shaped like `tensor` where its shape differs."""
+    current = getattr(module, leaf, None)
+    if leaf in module._buffers and current is None:
+        # An optional buffer (registered as None) that this checkpoint holds, e.g. a token map.
+        module._buffers[leaf] = torch.empty_like(tensor)
+    elif isinstance(current, torch.Tensor) and current.shape != tensor.shape:
+        if leaf in module._parameters:
+            module._parameters[leaf] = nn.Parameter(torch.empty_like(tensor))
+        elif leaf in module._buffers:
+            module._buffers[leaf] = torch.empty_like(tensor)
 
 
 def read_metadata(path: Path) -> dict[str, Any]:

@@ -279,7 +279,9 @@ class PruneConfig(StageConfig):
     declares which); a key set for a method it does not apply to is refused, not ignored.
     `min_speedup` is the gate: a structured result must be measured at least this much faster
     than dense at batch 1, and not slower at the benchmark's largest batch (null: measured and
-    reported, not gated).
+    reported, not gated). `trim_vocabulary` (text models) keeps only the token embeddings the
+    training texts use; other token ids read as the unknown token (the report says how often on
+    validation and test text).
     """
 
     method: str = "channel"
@@ -299,6 +301,7 @@ class PruneConfig(StageConfig):
     distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
     hidden_distill_weight: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
+    trim_vocabulary: bool = False
     lr: LearningRate = 1e-3
     batch_size: BatchSize = 64
     seed: Seed = 0

@@ -9,16 +9,20 @@ faster (`prune.min_speedup`): a slower model never leaves it.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.config import BenchmarkConfig, PruneConfig
 from pruneops.data import Split, load_prepared
-from pruneops.errors import DataError
+from pruneops.data.text import load_tokenizer, unknown_id
+from pruneops.errors import ConfigError, DataError
 from pruneops.inputs import head_tensors
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.plots import plot_history, plot_sensitivity
@@ -26,6 +30,7 @@ from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, Unit
 from pruneops.pruning.masks import save_masks
 from pruneops.pruning.targets import GateResult, Plan, gate, plan
 from pruneops.pruning.units import round_keep
+from pruneops.pruning.vocabulary import trim_vocabulary_, unknown_fraction, used_token_ids
 from pruneops.stages import StageReport
 from pruneops.training import (
     Distillation,
@@ -35,6 +40,8 @@ from pruneops.training import (
     fit_,
     recalibrate_batchnorm_,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class PruneReport(StageReport):
     speedup: str
     warnings: tuple[str, ...]
     checkpoint: Path
+    vocabulary: dict | None = None  # prune.trim_vocabulary: rows kept, unknown-token rates, val accuracy
 
     def summary(self) -> str:
         latency = ""
@@ -82,7 +90,16 @@ class PruneReport(StageReport):
         return (
             f"{self.method}: {self.mac_reduction:.2f}x fewer MACs, {self.param_reduction:.2f}x fewer params, "
             f"{100 * self.weight_zero_fraction:.1f}% zero weights, val accuracy {100 * self.val_accuracy:.2f}%"
-            f"{latency}; gate: {self.gate} -> {self.checkpoint}"
+            f"{latency}{self._vocabulary_summary()}; gate: {self.gate} -> {self.checkpoint}"
+        )
+
+    def _vocabulary_summary(self) -> str:
+        v = self.vocabulary
+        if not v:
+            return ""
+        return (
+            f", vocabulary {v['rows_before']:,} -> {v['rows_after']:,} rows (unknown tokens on test "
+            f"{100 * v['unknown_fraction_test_before']:.2f}% -> {100 * v['unknown_fraction_test_after']:.2f}%)"
         )
 
 
@@ -221,7 +238,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     """
     layout = layout or Layout()
     torch.set_num_threads(config.threads)
-    meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
+    meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"
     ckpt = load_checkpoint(base_path)
     model, example = ckpt.model, head_tensors(val.x)
@@ -241,15 +258,70 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
             config, benchmark, sweep, layout, model, example, meta.input_shape, target, gated
         )
     ratios = gated.ratios if gated is not None else target.ratios
+    # Before the steps: fine-tuning then updates (and Adam keeps state for) only the rows kept.
+    vocabulary = trim_vocabulary(model, layout, train, val, test) if config.trim_vocabulary else None
     ctx = make_context(config, train, example, target.ratio, ratios)
     ctx.warnings.extend(target.warnings)
     if gated is not None and gated.decision.startswith(("backed off", "refused")):
         ctx.warnings.append(f"prune gate {gated.decision}")
     method = method_cls(ctx)
     history = _prune(config, model, method, train, val, meta.input_shape)
-    report = _report(config, target, gated, history, method, ctx, layout)
+    report = dataclasses.replace(_report(config, target, gated, history, method, ctx, layout), vocabulary=vocabulary)
     _write(layout, config, ckpt, model, method, sweep, target, ratios, history, report, meta.input_shape)
     return report
+
+
+def trim_vocabulary(model, layout: Layout, train: Split, val: Split, test: Split) -> dict:
+    """Trims a text model's token embedding to the ids the training texts use; what it cost.
+
+    Kept: every id of a real training token, the tokenizer's special tokens, the padding id and
+    the unknown token, which every other id now reads as. The cost on unseen text is measured where the
+    model has not trained: the unknown-token rate of validation and test texts, and validation
+    accuracy, before and after.
+
+    Raises:
+        ConfigError: Not text data, or a tokenizer without an unknown token.
+    """
+    if not train.named or "input_ids" not in train.x:
+        raise ConfigError("prune.trim_vocabulary: applies to text data (validate.dataset: text) only")
+    tokenizer = load_tokenizer(layout.stage_dir("validate") / "tokenizer.json")
+    unknown = unknown_id(tokenizer)
+    if unknown is None:
+        raise ConfigError("prune.trim_vocabulary: the tokenizer has no unknown token to map dropped ids to")
+    # Padding fills every batch (as `encode_texts` pads, and as the model's config names it).
+    pads = [tokenizer.padding["pad_id"] if tokenizer.padding else 0, getattr(model.model.config, "pad_token_id", None)]
+    always = [unknown, *tokenizer.get_added_tokens_decoder(), *(p for p in pads if p is not None)]
+    kept = used_token_ids(train.x["input_ids"], train.x["attention_mask"], always)
+
+    def unknown_rates(ids: np.ndarray | None) -> dict[str, float]:
+        everything = np.arange(tokenizer.get_vocab_size(), dtype=np.int64) if ids is None else ids
+        return {
+            name: unknown_fraction(split.x["input_ids"], split.x["attention_mask"], everything, unknown)
+            for name, split in (("val", val), ("test", test))
+        }
+
+    before_acc, before = evaluate(model, val)[0], unknown_rates(None)
+    trim = trim_vocabulary_(model, kept, unknown)
+    after_acc, after = evaluate(model, val)[0], unknown_rates(trim.kept_ids)
+    logger.info(
+        "vocabulary trimmed to the training texts' %d of %d token ids: unknown tokens on val %.2f%% -> %.2f%%, "
+        "val accuracy %.2f%% -> %.2f%%",
+        trim.rows_after,
+        trim.rows_before,
+        100 * before["val"],
+        100 * after["val"],
+        100 * before_acc,
+        100 * after_acc,
+    )
+    return {
+        "rows_before": trim.rows_before,
+        "rows_after": trim.rows_after,
+        "params_removed": (trim.rows_before - trim.rows_after) * model.model.get_input_embeddings().embedding_dim,
+        **{f"unknown_fraction_{k}_before": v for k, v in before.items()},
+        **{f"unknown_fraction_{k}_after": v for k, v in after.items()},
+        "val_accuracy_before": before_acc,
+        "val_accuracy_after": after_acc,
+    }
 
 
 def _prune(config: PruneConfig, model, method, train: Split, val: Split, shape) -> list[dict]:

@@ -31,11 +31,18 @@ class SequenceLogits(nn.Module):
     """A HuggingFace sequence classifier as tensors in, logits out (what tracing and export take).
 
     The inputs are positional in `input_specs` order, so an ONNX export gets named int64 inputs.
+    After `pruneops.pruning.vocabulary.trim_vocabulary_`, `token_map` sends the tokenizer's ids to
+    the rows of the trimmed embedding (ids it dropped to the unknown token's row), so the tokenizer
+    and what serving feeds stay as they were.
     """
+
+    token_map: torch.Tensor | None
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        # A buffer even while None: a trimmed checkpoint's map then loads into it by name.
+        self.register_buffer("token_map", None)
 
     def forward(
         self,
@@ -43,6 +50,8 @@ class SequenceLogits(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if self.token_map is not None:
+            input_ids = self.token_map[input_ids]
         kwargs = {"attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids

@@ -45,6 +45,7 @@ def test_dvc_repro_runs_all_eight_stages_from_a_text_csv_and_a_pretrained_folder
             "use_sensitivity": False,
             "steps": 1,
             "epochs_per_step": 1,
+            "trim_vocabulary": True,
         },
         finetune={"epochs": 2},
     )
@@ -59,6 +60,10 @@ def test_dvc_repro_runs_all_eight_stages_from_a_text_csv_and_a_pretrained_folder
     pruned = load_checkpoint(tmp_path / "artifacts/finetune/model.safetensors").model
     heads = [s.num_heads for s in head_sites(pruned).values()]
     assert len(heads) == 2 and sum(heads) < 8  # heads were removed, not only FFN neurons
+    vocabulary = json.loads((tmp_path / "metrics/prune.json").read_text())["vocabulary"]
+    # The word-level vocabulary: 4 specials and 18 words, all of which the 320 training texts use.
+    assert vocabulary["rows_after"] == vocabulary["rows_before"] == 22
+    assert pruned.token_map is not None  # the map travels with the checkpoint into export
     bench = json.loads((tmp_path / "metrics/benchmark.json").read_text())
     assert bench["mac_reduction"] > 1.2
 
