@@ -190,7 +190,8 @@ def analyze_sensitivity(
         warnings += uninformative_units(curves, at_chance)
     latency = None
     if structured and prune.target in LATENCY_TARGETS:
-        batches = sorted({prune.target_batch or 1, *benchmark.batch_sizes})
+        # Every batch a target may name (checked at load), so the table outlives a change of target batch.
+        batches = sorted({1, *benchmark.batch_sizes})
         latency = measure_latency(base, val, curves, meta.input_shape, benchmark.threads, batches)
     sweep = {
         "baseline_val_accuracy": base_acc,

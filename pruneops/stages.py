@@ -144,7 +144,6 @@ STAGES: tuple[Stage, ...] = (
             "prune.method",
             "prune.use_sensitivity",
             "prune.target",
-            "prune.target_batch",
             "benchmark.threads",
             "benchmark.batch_sizes",
         ),
@@ -244,7 +243,25 @@ def load_configs(params: dict[str, Any], sections: tuple[str, ...] | None = None
         if name in STAGE_NAMES and name not in params:
             raise ConfigError(f"{name}: section missing from the params file (every stage needs its own)")
         configs[name] = parse_section(name, params.get(name), SECTIONS[name])
+    _check_target_batch(configs)
     return configs
+
+
+def _check_target_batch(configs: dict[str, StageConfig]) -> None:
+    """A latency target's batch must be one the latency table is measured at (1 and the benchmark's).
+
+    So the sensitivity stage (the table) does not depend on `prune.target_batch`: moving a target
+    between measured batches reuses the sweep instead of rerunning it.
+    """
+    prune, benchmark = configs.get("prune"), configs.get("benchmark")
+    if prune is None or benchmark is None or prune.target_batch is None:
+        return
+    measured = sorted({1, *benchmark.batch_sizes})
+    if prune.target_batch not in measured:
+        raise ConfigError(
+            f"prune.target_batch: {prune.target_batch} is not a batch the latency table is measured at "
+            f"({measured}: 1 and benchmark.batch_sizes); add it to benchmark.batch_sizes"
+        )
 
 
 def load_section(project: str | Path, name: str, params_file: str = "params.yaml") -> StageConfig:

@@ -127,3 +127,13 @@ def test_an_unknown_key_inside_a_nested_section_lists_that_sections_keys():
     with pytest.raises(ConfigError) as exc:
         parse_section("train", {"preprocess": {"rotate": 90}}, TrainConfig)
     assert str(exc.value) == "train.preprocess.rotate: unknown key; allowed keys: resize, channels, mean, std"
+
+
+def test_a_latency_target_batch_must_be_one_the_latency_table_measures():
+    params = read_params(ROOT / "params.yaml")
+    params["prune"].update({"target": "latency_ratio", "target_value": 0.5, "target_batch": 32})
+    params["benchmark"]["batch_sizes"] = [1, 64]
+    with pytest.raises(ConfigError, match=r"prune.target_batch: 32 is not a batch .* add it to benchmark.batch_sizes"):
+        load_configs(params)
+    params["benchmark"]["batch_sizes"] = [1, 32]
+    assert load_configs(params)["prune"].target_batch == 32
