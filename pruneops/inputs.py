@@ -213,6 +213,11 @@ def unknown_id(tokenizer) -> int | None:
     return None if token is None else tokenizer.token_to_id(token)
 
 
+def pad_id(tokenizer) -> int:
+    """The id `encode_texts` pads with: the tokenizer's padding id, else 0."""
+    return tokenizer.padding["pad_id"] if tokenizer.padding else 0
+
+
 def encode_texts(
     tokenizer, texts: list[str], max_length: int, names: Sequence[str] = ("input_ids", "attention_mask")
 ) -> dict[str, np.ndarray]:
@@ -221,9 +226,8 @@ def encode_texts(
     `names` picks among `input_ids`, `attention_mask` and `token_type_ids`: what `validate` stores
     and serving feeds come from this one piece of code.
     """
-    pad_id = tokenizer.padding["pad_id"] if tokenizer.padding else 0
     tokenizer.enable_truncation(max_length)
-    tokenizer.enable_padding(length=max_length, pad_id=pad_id)
+    tokenizer.enable_padding(length=max_length, pad_id=pad_id(tokenizer))
     encodings = tokenizer.encode_batch(texts)
     fields = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
     return {n: np.array([getattr(e, fields[n]) for e in encodings], dtype=np.int64) for n in names}

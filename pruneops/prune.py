@@ -23,7 +23,7 @@ from pruneops.config import BenchmarkConfig, PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.data.text import load_tokenizer, unknown_id
 from pruneops.errors import ConfigError, DataError
-from pruneops.inputs import head_tensors
+from pruneops.inputs import head_tensors, pad_id
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.plots import plot_history, plot_sensitivity
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, UnitPruner, layer_shapes, sparsity_report
@@ -289,7 +289,7 @@ def trim_vocabulary(model, layout: Layout, train: Split, val: Split, test: Split
     if unknown is None:
         raise ConfigError("prune.trim_vocabulary: the tokenizer has no unknown token to map dropped ids to")
     # Padding fills every batch (as `encode_texts` pads, and as the model's config names it).
-    pads = [tokenizer.padding["pad_id"] if tokenizer.padding else 0, getattr(model.model.config, "pad_token_id", None)]
+    pads = [pad_id(tokenizer), getattr(model.model.config, "pad_token_id", None)]
     always = [unknown, *tokenizer.get_added_tokens_decoder(), *(p for p in pads if p is not None)]
     kept = used_token_ids(train.x["input_ids"], train.x["attention_mask"], always)
 
