@@ -242,7 +242,8 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     base_path = layout.stage_dir("train") / "model.safetensors"
     ckpt = load_checkpoint(base_path)
     model, example = ckpt.model, head_tensors(val.x)
-    check_recorded_accuracy(ckpt, evaluate(model, val)[0], len(val), base_path)
+    val_accuracy = evaluate(model, val)[0]
+    check_recorded_accuracy(ckpt, val_accuracy, len(val), base_path)
     sweep = load_sweep(layout, config)
     method_cls = METHODS.get(config.method)
 
@@ -259,7 +260,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
         )
     ratios = gated.ratios if gated is not None else target.ratios
     # Before the steps: fine-tuning then updates (and Adam keeps state for) only the rows kept.
-    vocabulary = trim_vocabulary(model, layout, train, val, test) if config.trim_vocabulary else None
+    vocabulary = trim_vocabulary(model, layout, train, val, test, val_accuracy) if config.trim_vocabulary else None
     ctx = make_context(config, train, example, target.ratio, ratios)
     ctx.warnings.extend(target.warnings)
     if gated is not None and gated.decision.startswith(("backed off", "refused")):
@@ -271,13 +272,23 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     return report
 
 
-def trim_vocabulary(model, layout: Layout, train: Split, val: Split, test: Split) -> dict:
+def trim_vocabulary(
+    model, layout: Layout, train: Split, val: Split, test: Split, val_accuracy: float | None = None
+) -> dict:
     """Trims a text model's token embedding to the ids the training texts use; what it cost.
 
     Kept: every id of a real training token, the tokenizer's special tokens, the padding id and
     the unknown token, which every other id now reads as. The cost on unseen text is measured where the
     model has not trained: the unknown-token rate of validation and test texts, and validation
     accuracy, before and after.
+
+    Args:
+        model: The text model, trimmed in place.
+        layout: Where the validate stage left the tokenizer.
+        train: The split whose tokens are kept.
+        val: Measured before and after.
+        test: Its unknown-token rate is reported (its accuracy is the benchmark's to report).
+        val_accuracy: The untrimmed model's val accuracy when the caller has just measured it.
 
     Raises:
         ConfigError: Not text data, or a tokenizer without an unknown token.
@@ -300,7 +311,8 @@ def trim_vocabulary(model, layout: Layout, train: Split, val: Split, test: Split
             for name, split in (("val", val), ("test", test))
         }
 
-    before_acc, before = evaluate(model, val)[0], unknown_rates(None)
+    before_acc = evaluate(model, val)[0] if val_accuracy is None else val_accuracy
+    before = unknown_rates(None)
     trim = trim_vocabulary_(model, kept, unknown)
     after_acc, after = evaluate(model, val)[0], unknown_rates(trim.kept_ids)
     logger.info(
