@@ -92,10 +92,17 @@ def pareto_front(rows: list[dict]) -> list[dict]:
     return front
 
 
+def _pad_limits(ax, xs: list[float], ys: list[float]) -> None:
+    """Limits that hold every point and its label: autoscaling a log axis clipped the slowest point."""
+    ax.set_xlim(min(xs) / 1.15, max(xs) * 1.4)  # room on the right for the slowest point's label
+    span = max(max(ys) - min(ys), 0.2)
+    ax.set_ylim(min(ys) - 0.25 * span, max(ys) + 0.15 * span)
+
+
 def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
     """Test accuracy vs batch-1 latency, one panel per workload; our recipe's Pareto front joined."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(rows), figsize=(8.5 * len(rows), 4.8), squeeze=False)
     colors = {"dense": "black", "naive": "tab:red", "torch_pruning": "tab:orange", "ours": "tab:blue"}
     names = {"dense": "dense", "naive": "naive 90% unstructured", "torch_pruning": "Torch-Pruning", "ours": "PruneOps"}
     for ax, (workload, items) in zip(axes[0], rows.items(), strict=True):
@@ -131,14 +138,16 @@ def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
                 fontsize=7,
             )
         ax.set_xscale("log")
+        _pad_limits(ax, [r["latency"]["1"]["p50_ms"] for r in items], [100 * r["test_accuracy"] for r in items])
         ax.set_xlabel("batch-1 p50 latency (ms, ONNX Runtime CPU, log); hollow fp32, filled int8")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(workload)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="lower right")
+        # Outside the axes: inside, it hid a point on a crowded workload.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -161,5 +170,5 @@ def plot_latency_predictions(predictions: dict[str, list[dict]], path: Path) -> 
     ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
