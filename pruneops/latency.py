@@ -34,6 +34,7 @@ from torch import nn
 
 from pruneops.inputs import run_model, timing_inputs
 from pruneops.profiling import forward_with_hooks
+from pruneops.pruning.allocation import cost_of
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, round_keep
 
@@ -610,7 +611,7 @@ def informative_points(curve: dict, chance_drop: float | None) -> list[tuple[flo
     say nothing about how much of the unit can go (the allocator would otherwise cut deepest).
     """
     points, best = [(0.0, 0.0)], 0.0
-    for ratio, drop in zip(curve["ratios"], curve["accuracy_drop"], strict=True):
+    for ratio, drop in zip(curve["ratios"], cost_of(curve), strict=True):
         if chance_drop is not None and drop >= chance_drop:
             break
         best = max(best, drop)

@@ -43,17 +43,19 @@ def save_fit_history(history: list[dict], plots_dir: Path, title: str) -> None:
 
 
 def plot_sensitivity(curves: dict[str, dict], allocation: dict[str, float], path: Path) -> None:
-    """Accuracy drop vs ratio per unit, with each unit's allocated ratio marked (when given)."""
+    """Accuracy drop (or a Fisher sweep's predicted loss increase) vs ratio per unit, allocated ratios marked."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if not curves:
         ax.text(0.5, 0.5, "no sensitivity allocation (uniform ratios)", ha="center", va="center")
+    measured = all("accuracy_drop" in c for c in curves.values())
     for name, curve in curves.items():
-        line = ax.plot(curve["ratios"], [100 * d for d in curve["accuracy_drop"]], marker="o", ms=3, label=name)[0]
+        cost = [100 * d for d in curve["accuracy_drop"]] if measured else curve["predicted_loss_increase"]
+        line = ax.plot(curve["ratios"], cost, marker="o", ms=3, label=name)[0]
         if name in allocation and allocation[name] > 0:
             ax.axvline(allocation[name], color=line.get_color(), ls=":", lw=1)
     ax.set_xlabel("fraction of the group's channels/heads removed (alone)")
-    ax.set_ylabel("validation accuracy drop (points)")
+    ax.set_ylabel("validation accuracy drop (points)" if measured else "predicted loss increase (Fisher, nats)")
     ax.set_title("Sensitivity per unit" + (" (dotted: allocated ratio)" if allocation else ""))
     ax.grid(alpha=0.3)
     if curves:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,15 +14,19 @@ from tqdm.auto import tqdm
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint
 from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig, SensitivityConfig
 from pruneops.data import Split, load_prepared
+from pruneops.errors import ConfigError
 from pruneops.inputs import head_tensors
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
 from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, round_keep
-from pruneops.pruning.allocation import chance_drop, informative
+from pruneops.pruning.allocation import chance_drop, cost_of, informative
+from pruneops.pruning.fisher import fisher_scores
+from pruneops.pruning.heads import head_sites
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
-from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks
+from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks, training_batches
+from pruneops.registry import Registry
 from pruneops.stages import StageReport
 from pruneops.training import calibration_subset, clone_with_grads, evaluate, recalibrate_batchnorm_
 
@@ -184,9 +190,12 @@ def analyze_sensitivity(
     at_chance = chance_drop(base_acc, chance, len(val))
     curves, weights, warnings = {}, {}, []
     if prune.use_sensitivity:
-        curves, weights, warnings = _sweep(
+        estimator = ESTIMATORS.get(config.estimator)
+        curves, weights, warnings = estimator(
             config, base, train, val, meta.input_shape, structured, (base_acc, base_loss)
         )
+        if config.estimator != "evaluate":
+            at_chance = None  # a predicted loss increase is not an accuracy drop: nothing to compare with chance
         warnings += uninformative_units(curves, at_chance)
     latency = None
     if structured and prune.target in LATENCY_TARGETS:
@@ -200,13 +209,14 @@ def analyze_sensitivity(
         "chance_drop": at_chance,
         "val_samples": len(val),
         "importance": config.importance,
+        "estimator": config.estimator,
         "granularity": "units" if structured else "layers",
         "units": curves,
         "weights": weights,
     }
     report = SensitivityReport(
         len(curves),
-        sum(len(c["ratios"]) for c in curves.values()),
+        sum(len(c["ratios"]) for c in curves.values()) if config.estimator == "evaluate" else 0,
         sweep["granularity"],
         base_acc,
         tuple(warnings),
@@ -216,7 +226,15 @@ def analyze_sensitivity(
     return report
 
 
-def _sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, structured: bool, baseline):
+# A sweep estimator: (config, base, train, val, input shape, structured, baseline (acc, loss)) ->
+# (curves per unit, each unit's weight, warnings).
+Estimator = Callable[..., tuple[dict[str, dict], dict[str, float], list[str]]]
+ESTIMATORS: Registry[Estimator] = Registry("sensitivity estimator")
+
+
+@ESTIMATORS.register("evaluate", "prune each unit alone at each ratio and measure the validation accuracy drop")
+def evaluate_sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, structured: bool, baseline):
+    """Measured curves: units (structured methods) or layers (unstructured), each pruned alone."""
     criterion = IMPORTANCES.get(config.importance)
     if criterion.needs_grad:
         accumulate_grads_(base, train, 4, 64)
@@ -225,6 +243,64 @@ def _sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, str
         return sweep_units(base, val, criterion, config.ratios, shape, config.batch_size, baseline, calibration)
     curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, baseline, calibration)
     return curves, weights, []
+
+
+@ESTIMATORS.register(
+    "fisher",
+    "predict each unit's loss increase from the Fisher information of a mask on its heads/neurons "
+    "(Kwon et al. 2022): no evaluation; structured methods",
+)
+def fisher_sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, structured: bool, baseline):
+    """Predicted curves: the loss increase of removing a unit's lowest-Fisher heads or neurons.
+
+    With the diagonal empirical Fisher information F of a mask on each head/neuron, removing a
+    set S raises the loss by about 1/2 sum over S of F (Kwon et al. 2022, eq. 6; interactions
+    between removed items are ignored). The items removed at a ratio are those with the lowest F,
+    as the `fisher` pruning method removes them. A unit with no mask site (channels that feed a
+    convolution, not a Linear) cannot be scored: it is left out of the curves, so the allocation
+    leaves it whole, and a warning says so. Each unit's MAC weight comes from one trial pruned to
+    the largest ratio.
+
+    Raises:
+        ConfigError: An unstructured method (the estimator scores heads and neurons, not weights).
+    """
+    if not structured:
+        raise ConfigError(
+            "sensitivity.estimator: fisher predicts curves for heads and neurons (structured prune.method: "
+            "channel, head, fisher); use evaluate for unstructured methods"
+        )
+    example = head_tensors(val.x)
+    criterion = IMPORTANCES.get(config.importance)
+    pruner = UnitPruner(base, example, criterion)
+    count = -(-config.fisher_samples // config.batch_size)
+    samples = min(len(train), count * config.batch_size)
+    heads, channels = fisher_scores(
+        base, head_sites(base), pruner.linear_consumers(), training_batches(train, count, config.batch_size)
+    )
+    members = pruner.head_unit_members()
+    base_macs = count_macs(base, shape)
+    curves, weights, warnings = {}, {}, []
+    for name, unit in tqdm(pruner.units().items(), desc="sensitivity (fisher)", unit="unit", disable=None):
+        scores = sum(heads[s] for s in members[name]) if name in members else channels.get(name)
+        if scores is None:
+            warnings.append(f"unit {name} has no Fisher score (its channels feed no Linear): left whole")
+            continue
+        ordered = torch.sort(scores.double()).values
+        curve = {"kind": unit.kind, "size": unit.size, "ratios": [], "predicted_loss_increase": []}
+        keep = unit.size
+        for ratio in config.ratios:
+            keep = round_keep(unit.size, ratio, None)
+            effective = 1.0 - keep / unit.size
+            if effective == 0.0 or effective in curve["ratios"]:
+                continue
+            curve["ratios"].append(effective)
+            curve["predicted_loss_increase"].append(0.5 * float(ordered[: unit.size - keep].sum()) / samples)
+        if curve["ratios"]:
+            trial = copy.deepcopy(base)
+            UnitPruner(trial, example, criterion).prune_to_({name: keep})
+            weights[name] = (base_macs - count_macs(trial, shape)) / curve["ratios"][-1]
+            curves[name] = curve
+    return curves, weights, warnings
 
 
 def _write(layout: Layout, sweep: dict, latency, report: SensitivityReport) -> None:
@@ -241,10 +317,12 @@ def _write(layout: Layout, sweep: dict, latency, report: SensitivityReport) -> N
             latency.table.save(tmp / "latency_table.json")
         dump_json(report.metrics(), staged.path(metrics_path))
         plots = staged.dir(plots_dir)
+        # A Fisher sweep's rows carry its predicted cost under the same key, so the DVC plot
+        # still draws; the sweep's "estimator" and the PNG's axis say which it is.
         rows = [
             {"unit": n, "ratio": r, "accuracy_drop": d}
             for n, c in sweep["units"].items()
-            for r, d in zip(c["ratios"], c["accuracy_drop"], strict=True)
+            for r, d in zip(c["ratios"], cost_of(c), strict=True)
         ]
         dump_json(rows, plots / "curves.json")
         plot_sensitivity(sweep["units"], {}, plots / "sensitivity.png")

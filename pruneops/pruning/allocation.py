@@ -18,6 +18,15 @@ def _monotone(values: list[float]) -> list[float]:
     return out
 
 
+def cost_of(curve: dict) -> list[float]:
+    """What the allocation minimises for a unit at each ratio of its curve.
+
+    The accuracy drop the sweep measured (`sensitivity.estimator: evaluate`), else the loss
+    increase it predicted without evaluating (`fisher`).
+    """
+    return curve["accuracy_drop"] if "accuracy_drop" in curve else curve["predicted_loss_increase"]
+
+
 def chance_drop(baseline: float, chance: float, samples: int) -> float:
     """The accuracy drop at which a pruned model is no better than guessing (3 standard errors above chance)."""
     return baseline - chance - 3.0 * (max(chance * (1.0 - chance), 1e-6) / max(samples, 1)) ** 0.5
@@ -25,7 +34,7 @@ def chance_drop(baseline: float, chance: float, samples: int) -> float:
 
 def informative(curve: dict, at_chance: float | None) -> int:
     """How many of a curve's measured points are above chance (they come first: drops only grow)."""
-    drops = _monotone(curve["accuracy_drop"])
+    drops = _monotone(cost_of(curve))
     return len(drops) if at_chance is None else sum(1 for d in drops if d < at_chance)
 
 
@@ -41,7 +50,8 @@ def allocate_ratios(
 
     Args:
         curves: Per unit `{"ratios": [...], "accuracy_drop": [...], "loss_increase": [...]}`,
-            ratios ascending and effective (what was really removed).
+            ratios ascending and effective (what was really removed); a Fisher sweep's curves
+            carry `predicted_loss_increase` instead of the two measured lists (see `cost_of`).
         sizes: Per unit, its weight in the constraint (channel count, or MAC cost).
         target: Global fraction to remove, in [0, 1).
         max_ratio: No unit loses more than this fraction.
@@ -55,7 +65,7 @@ def allocate_ratios(
     """
     points: dict[str, list[tuple[float, float]]] = {}
     for name, c in curves.items():
-        drops = _monotone(c["accuracy_drop"])
+        drops = _monotone(cost_of(c))
         loss = _monotone(c.get("loss_increase", [0.0] * len(drops)))
         keep = informative(c, at_chance)
         # The loss term only breaks ties between equal accuracy drops.
@@ -106,7 +116,7 @@ def achieved_ratio(ratios: dict[str, float], sizes: dict[str, float]) -> float:
 
 def interpolated_drop(curve: dict, ratio: float) -> float:
     """The accuracy drop a unit showed alone at `ratio`, linear between measured ratios."""
-    pts = [(0.0, 0.0)] + list(zip(curve["ratios"], _monotone(curve["accuracy_drop"]), strict=True))
+    pts = [(0.0, 0.0)] + list(zip(curve["ratios"], _monotone(cost_of(curve)), strict=True))
     for (r0, d0), (r1, d1) in itertools.pairwise(pts):
         if r0 <= ratio <= r1:
             return d0 if r1 == r0 else d0 + (d1 - d0) * (ratio - r0) / (r1 - r0)

@@ -117,6 +117,10 @@ class UnitPruner:
         units.update({f"{n}.heads" if n else "heads": (tie.sites, tie) for n, tie in ties.items()})
         return sites, units
 
+    def head_unit_members(self) -> dict[str, tuple[str, ...]]:
+        """Per head unit, the attention sites it prunes together (one, or the layers a tie binds)."""
+        return {unit: members for unit, (members, _) in self._head_units()[1].items()}
+
     def units(self) -> dict[str, UnitInfo]:
         """Every prunable unit, by name."""
         found = {name: UnitInfo(name, "channels", len(group[0].idxs)) for name, group in self._groups(self._graph())}
