@@ -66,21 +66,40 @@ def _batch(x: np.ndarray | dict[str, np.ndarray], size: int) -> dict[str, np.nda
     return as_feed(_repeat(x, size))
 
 
-def measure_latencies(sessions: dict, x: np.ndarray, config: BenchmarkConfig) -> dict[str, dict[int, np.ndarray]]:
+MIN_TURNS = 10  # fewest timed runs per model under a time budget: a median still means something
+
+
+def measure_latencies(
+    sessions: dict, x: np.ndarray, config: BenchmarkConfig, budget_s: float | None = None
+) -> dict[str, dict[int, np.ndarray]]:
     """Latency samples (ms) per model and batch size, `rounds * repeats` each, interleaved run by run.
 
     Each turn runs every model once, the order rotating from turn to turn, so that machine drift
     (clock frequency, other load) falls on every model alike: identical models measured this way
     agree to about 0.5% here, where blocks of runs per model disagreed by up to 20% at 50 µs.
+
+    Args:
+        sessions: ONNX Runtime sessions by name.
+        x: One sample (plain or named inputs), repeated to each batch size.
+        config: Batch sizes, warm-up, repeats and rounds.
+        budget_s: At most about this many seconds of timed turns per batch size (at least
+            `MIN_TURNS` turns), judged from the warm-up runs: for gates inside a stage, where a
+            transformer's large batch (MiniLM: ~0.4 s a run) would otherwise take minutes.
+            None: `rounds * repeats` turns (the benchmark).
     """
     names = list(sessions)
     samples: dict[str, dict[int, np.ndarray]] = {n: {} for n in names}
     for b in config.batch_sizes:
         feed = _batch(x, b)
+        turn_s = 0.0
         for name in names:
-            for _ in range(config.warmup):
+            for _ in range(max(1, config.warmup)):
+                started = time.perf_counter()
                 sessions[name].run(None, feed)
+            turn_s += 2 * (time.perf_counter() - started)  # a turn runs each model twice (see below)
         turns = config.rounds * config.repeats
+        if budget_s is not None:
+            turns = min(turns, max(MIN_TURNS, int(budget_s / turn_s)))
         times = {n: np.empty(turns) for n in names}
         for turn in range(turns):
             k = turn % len(names)

@@ -390,13 +390,16 @@ class LatencyModel:
         )
 
 
-def measured_latency(models: dict[str, nn.Module], input_shape, timing) -> dict[str, dict[int, float]]:
+def measured_latency(
+    models: dict[str, nn.Module], input_shape, timing, budget_s: float | None = None
+) -> dict[str, dict[int, float]]:
     """Median ms per model and batch size of their real ONNX exports, timed interleaved round by round.
 
     Args:
         models: The models to export and time.
         input_shape: One sample's shape.
         timing: A `BenchmarkConfig` (threads, batch sizes, warm-up, repeats, rounds).
+        budget_s: Seconds of timed runs per batch size at most (see `measure_latencies`); None: all.
     """
     import tempfile
 
@@ -410,7 +413,7 @@ def measured_latency(models: dict[str, nn.Module], input_shape, timing) -> dict[
             export_onnx_file(model, list(input_shape), path, 18)
             sessions[name] = make_session(path, timing.threads)
         x = timing_inputs(next(iter(models.values())), input_shape, max(timing.batch_sizes))
-        samples = measure_latencies(sessions, x, timing)
+        samples = measure_latencies(sessions, x, timing, budget_s)
     return {n: {b: float(np.median(t)) for b, t in per.items()} for n, per in samples.items()}
 
 

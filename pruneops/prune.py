@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
+from pruneops.checkpoint import check_recorded_accuracy, file_sha256, load_checkpoint, save_checkpoint
 from pruneops.config import BenchmarkConfig, PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.data.text import load_tokenizer, unknown_id
@@ -125,8 +125,10 @@ def load_sweep(layout: Layout, config: PruneConfig) -> dict | None:
     return sweep
 
 
-def make_context(config: PruneConfig, train: Split, example: torch.Tensor, ratio: float, ratios: dict | None):
-    """The method's context for a resolved ratio and (optional) per-unit allocation."""
+def make_context(
+    config: PruneConfig, train: Split, example: torch.Tensor, ratio: float, ratios: dict | None, shared=None
+):
+    """The method's context for a resolved ratio, (optional) per-unit allocation and shared scores."""
     structured = METHODS.get(config.method).structured
     return PruneContext(
         target_ratio=ratio,
@@ -138,6 +140,7 @@ def make_context(config: PruneConfig, train: Split, example: torch.Tensor, ratio
         scope=config.scope or "global",
         round_to=config.round_to,
         batch_size=config.batch_size,
+        base_scores=shared,
     )
 
 
@@ -246,9 +249,15 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     check_recorded_accuracy(ckpt, val_accuracy, len(val), base_path)
     sweep = load_sweep(layout, config)
     method_cls = METHODS.get(config.method)
+    # The sweep's saved scores are this model's when it read the same file (DVC reruns sensitivity
+    # whenever train changes; this guards a stage run out of order by hand).
+    scored_here = sweep is not None and sweep.get("model_sha256") == file_sha256(base_path)
+    shared = method_cls.shared_scores(
+        model, make_context(config, train, example, 0.0, None), layout.stage_dir("sensitivity") if scored_here else None
+    )
 
     def make_method(ratio: float, ratios: dict | None):
-        return method_cls(make_context(config, train, example, ratio, ratios))
+        return method_cls(make_context(config, train, example, ratio, ratios, shared))
 
     target = plan(
         config, sweep, model, make_method, meta.input_shape, layout.stage_dir("sensitivity"), benchmark.threads
@@ -261,7 +270,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     ratios = gated.ratios if gated is not None else target.ratios
     # Before the steps: fine-tuning then updates (and Adam keeps state for) only the rows kept.
     vocabulary = trim_vocabulary(model, layout, train, val, test, val_accuracy) if config.trim_vocabulary else None
-    ctx = make_context(config, train, example, target.ratio, ratios)
+    ctx = make_context(config, train, example, target.ratio, ratios, shared)
     ctx.warnings.extend(target.warnings)
     if gated is not None and gated.decision.startswith(("backed off", "refused")):
         ctx.warnings.append(f"prune gate {gated.decision}")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint
+from pruneops.checkpoint import check_recorded_accuracy, file_sha256, load_checkpoint
 from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig, SensitivityConfig
 from pruneops.data import Split, load_prepared
 from pruneops.errors import ConfigError
@@ -21,7 +23,7 @@ from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
 from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, round_keep
 from pruneops.pruning.allocation import chance_drop, cost_of, informative
-from pruneops.pruning.fisher import fisher_scores
+from pruneops.pruning.fisher import FISHER_SCORES_FILE, fisher_scores
 from pruneops.pruning.heads import head_sites
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
@@ -188,20 +190,26 @@ def analyze_sensitivity(
     check_recorded_accuracy(checkpoint, base_acc, len(val), base_path)
     chance = float(np.bincount(val.y).max() / len(val))
     at_chance = chance_drop(base_acc, chance, len(val))
-    curves, weights, warnings = {}, {}, []
+    estimator = ESTIMATORS.get(config.estimator)
+    result, seconds = Sweep({}, {}, []), {}
     if prune.use_sensitivity:
-        estimator = ESTIMATORS.get(config.estimator)
-        curves, weights, warnings = estimator(
-            config, base, train, val, meta.input_shape, structured, (base_acc, base_loss)
-        )
-        if config.estimator != "evaluate":
+        started = time.perf_counter()
+        result = estimator.sweep(config, base, train, val, meta.input_shape, structured, (base_acc, base_loss))
+        seconds["estimator"] = time.perf_counter() - started
+        if not estimator.measures_accuracy:
             at_chance = None  # a predicted loss increase is not an accuracy drop: nothing to compare with chance
-        warnings += uninformative_units(curves, at_chance)
+    curves, weights, warnings = (
+        result.curves,
+        result.weights,
+        result.warnings + uninformative_units(result.curves, at_chance),
+    )
     latency = None
     if structured and prune.target in LATENCY_TARGETS:
+        started = time.perf_counter()
         # Every batch a target may name (checked at load), so the table outlives a change of target batch.
         batches = sorted({1, *benchmark.batch_sizes})
         latency = measure_latency(base, val, curves, meta.input_shape, benchmark.threads, batches)
+        seconds["latency_model"] = time.perf_counter() - started
     sweep = {
         "baseline_val_accuracy": base_acc,
         "baseline_val_loss": base_loss,
@@ -213,26 +221,47 @@ def analyze_sensitivity(
         "granularity": "units" if structured else "layers",
         "units": curves,
         "weights": weights,
+        "seconds": seconds,
+        "model_sha256": file_sha256(base_path),
     }
     report = SensitivityReport(
         len(curves),
-        sum(len(c["ratios"]) for c in curves.values()) if config.estimator == "evaluate" else 0,
+        sum(len(c["ratios"]) for c in curves.values()) if estimator.measures_accuracy else 0,
         sweep["granularity"],
         base_acc,
         tuple(warnings),
         layout.stage_dir("sensitivity") / "sensitivity.json",
     )
-    _write(layout, sweep, latency, report)
+    _write(layout, sweep, latency, result.tensors, report)
     return report
 
 
-# A sweep estimator: (config, base, train, val, input shape, structured, baseline (acc, loss)) ->
-# (curves per unit, each unit's weight, warnings).
-Estimator = Callable[..., tuple[dict[str, dict], dict[str, float], list[str]]]
+@dataclass(frozen=True)
+class Sweep:
+    """What an estimator returns: curves per unit, each unit's weight, warnings, tensors to keep."""
+
+    curves: dict[str, dict]
+    weights: dict[str, float]
+    warnings: list[str]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # saved as FISHER_SCORES_FILE
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A way to get sensitivity curves.
+
+    `sweep(config, base, train, val, input shape, structured, baseline (acc, loss)) -> Sweep`;
+    `measures_accuracy`: its curves are validation accuracy drops (comparable with chance, and each
+    point one evaluation), not a predicted cost.
+    """
+
+    sweep: Callable[..., Sweep]
+    measures_accuracy: bool
+
+
 ESTIMATORS: Registry[Estimator] = Registry("sensitivity estimator")
 
 
-@ESTIMATORS.register("evaluate", "prune each unit alone at each ratio and measure the validation accuracy drop")
 def evaluate_sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, structured: bool, baseline):
     """Measured curves: units (structured methods) or layers (unstructured), each pruned alone."""
     criterion = IMPORTANCES.get(config.importance)
@@ -240,16 +269,11 @@ def evaluate_sweep(config: SensitivityConfig, base, train: Split, val: Split, sh
         accumulate_grads_(base, train, 4, 64)
     calibration = calibration_subset(train.x, config.bn_recalibration_samples, config.seed)
     if structured:
-        return sweep_units(base, val, criterion, config.ratios, shape, config.batch_size, baseline, calibration)
+        return Sweep(*sweep_units(base, val, criterion, config.ratios, shape, config.batch_size, baseline, calibration))
     curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, baseline, calibration)
-    return curves, weights, []
+    return Sweep(curves, weights, [])
 
 
-@ESTIMATORS.register(
-    "fisher",
-    "predict each unit's loss increase from the Fisher information of a mask on its heads/neurons "
-    "(Kwon et al. 2022): no evaluation; structured methods",
-)
 def fisher_sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, structured: bool, baseline):
     """Predicted curves: the loss increase of removing a unit's lowest-Fisher heads or neurons.
 
@@ -277,6 +301,8 @@ def fisher_sweep(config: SensitivityConfig, base, train: Split, val: Split, shap
     heads, channels = fisher_scores(
         base, head_sites(base), pruner.linear_consumers(), training_batches(train, count, config.batch_size)
     )
+    # Kept for the prune stage: its `fisher` method ranks the same model's heads/neurons by them.
+    tensors = {**{f"head:{n}": t for n, t in heads.items()}, **{f"channel:{n}": t for n, t in channels.items()}}
     members = pruner.head_unit_members()
     base_macs = count_macs(base, shape)
     curves, weights, warnings = {}, {}, []
@@ -300,10 +326,20 @@ def fisher_sweep(config: SensitivityConfig, base, train: Split, val: Split, shap
             UnitPruner(trial, example, criterion).prune_to_({name: keep})
             weights[name] = (base_macs - count_macs(trial, shape)) / curve["ratios"][-1]
             curves[name] = curve
-    return curves, weights, warnings
+    return Sweep(curves, weights, warnings, tensors)
 
 
-def _write(layout: Layout, sweep: dict, latency, report: SensitivityReport) -> None:
+ESTIMATORS.register("evaluate", "prune each unit alone at each ratio and measure the validation accuracy drop")(
+    Estimator(evaluate_sweep, measures_accuracy=True)
+)
+ESTIMATORS.register(
+    "fisher",
+    "predict each unit's loss increase from the Fisher information of a mask on its heads/neurons "
+    "(Kwon et al. 2022): no evaluation; structured methods",
+)(Estimator(fisher_sweep, measures_accuracy=False))
+
+
+def _write(layout: Layout, sweep: dict, latency, tensors: dict, report: SensitivityReport) -> None:
     out_dir, metrics_path, plots_dir = (
         layout.stage_dir("sensitivity"),
         layout.metrics("sensitivity"),
@@ -312,6 +348,8 @@ def _write(layout: Layout, sweep: dict, latency, report: SensitivityReport) -> N
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         tmp = staged.dir(out_dir)
         dump_json(sweep, tmp / "sensitivity.json")
+        if tensors:
+            save_file({n: t.contiguous() for n, t in tensors.items()}, str(tmp / FISHER_SCORES_FILE))
         if latency is not None:
             dump_json(latency.to_json(), tmp / "latency.json")
             latency.table.save(tmp / "latency_table.json")

@@ -1,10 +1,12 @@
-"""`pruneops.benchmark.measure_latencies`: interleaved turns, each timed run warm."""
+"""`pruneops.benchmark.measure_latencies`: interleaved turns, each timed run warm, optionally time-boxed."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from pruneops.benchmark import measure_latencies
+from pruneops.benchmark import MIN_TURNS, measure_latencies
 from pruneops.config import BenchmarkConfig
 
 
@@ -37,3 +39,23 @@ def test_each_timed_run_follows_an_untimed_run_of_the_same_model_and_turns_rotat
     starts = [pairs[3 * t][0] for t in range(turns)]
     assert starts[:3] == ["a:1", "b:1", "c:1"]
     assert len(log) == 2 * (3 * 2 + 2 * 3 * turns)  # per batch size: warm-up, then two runs a turn
+
+
+class _Sleeper:
+    """A stand-in session whose every run takes at least `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def run(self, _outputs, _feed: dict) -> None:
+        time.sleep(self.seconds)
+
+
+def test_a_time_budget_caps_the_turns_from_the_warm_up_runs_but_keeps_a_floor():
+    sessions = {n: _Sleeper(0.005) for n in ("a", "b")}
+    config = BenchmarkConfig(batch_sizes=[1], warmup=1, repeats=10, rounds=2)
+    x = np.zeros((1, 2), dtype=np.float32)
+    assert measure_latencies(sessions, x, config)["a"][1].shape == (20,)
+    # A turn costs >= 2 models x 2 runs x 5 ms = 20 ms, so 0.1 s buys at most 5 turns: the floor wins.
+    assert measure_latencies(sessions, x, config, budget_s=0.1)["a"][1].shape == (MIN_TURNS,)
+    assert measure_latencies(sessions, x, config, budget_s=100.0)["a"][1].shape == (20,)

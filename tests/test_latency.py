@@ -184,7 +184,7 @@ def test_calibration_fits_a_line_and_falls_back_to_an_offset():
 def _fake_times(factors):
     """`measured_latency` replaced: each candidate's time is dense's times a factor, per batch."""
 
-    def measured(models, input_shape, timing):
+    def measured(models, input_shape, timing, budget_s=None):
         return {
             name: {b: 1.0 if name == "dense" else factors[name][0 if b == 1 else 1] for b in timing.batch_sizes}
             for name in models

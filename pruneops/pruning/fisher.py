@@ -28,13 +28,34 @@ that needs each family's residual input and is not built.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
 from pruneops.inputs import run_model
 from pruneops.pruning.heads import HeadSite
+
+# Where the sensitivity stage's `fisher` estimator keeps the scores, keyed "head:<site>" and
+# "channel:<unit>", so that the prune stage's `fisher` method need not compute them again.
+FISHER_SCORES_FILE = "fisher_scores.safetensors"
+
+
+def load_fisher_scores(
+    path: Path, sites: dict[str, HeadSite], consumers: dict[str, nn.Linear]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+    """Saved `fisher_scores` of this model, or None when absent or not matching its heads and channels."""
+    if not path.exists():
+        return None
+    saved = load_file(str(path))
+    heads = {n: saved.get(f"head:{n}") for n, s in sites.items()}
+    channels = {n: saved.get(f"channel:{n}") for n in consumers}
+    fits = all(t is not None and t.numel() == sites[n].num_heads for n, t in heads.items()) and all(
+        t is not None and t.numel() == consumers[n].in_features for n, t in channels.items()
+    )
+    return (heads, channels) if fits else None
 
 
 class _Stop(Exception):  # noqa: N818 - control flow, not an error: ends a forward pass early

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ from torch import nn
 from pruneops.data.splits import Split
 from pruneops.inputs import as_tensors, rows, run_model, trim_padding
 from pruneops.models import classifier_of
-from pruneops.pruning.fisher import fisher_scores
+from pruneops.pruning.fisher import FISHER_SCORES_FILE, fisher_scores, load_fisher_scores
 from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
@@ -56,6 +57,9 @@ class PruneContext:
     grad_batches: int = 4
     batch_size: int = 64
     warnings: list[str] = field(default_factory=list)
+    # (head, channel) scores of the unpruned model from `shared_scores`: used by the first `apply_`,
+    # which always sees that model (trial copies included), so they are computed once per stage.
+    base_scores: tuple[dict | None, dict | None] | None = None
 
 
 def accumulate_grads_(model: nn.Module, data: Split, batches: int, batch_size: int) -> None:
@@ -86,6 +90,19 @@ class PruningMethod:
     def speedup(self) -> str:
         """What hardware can gain from this method's sparsity."""
         return ""
+
+    @classmethod
+    def shared_scores(
+        cls, model: nn.Module, ctx: PruneContext, saved_dir: Path | None
+    ) -> tuple[dict | None, dict | None] | None:
+        """Scores of the unpruned `model` that every trial copy and the first step may share (None: none).
+
+        Args:
+            model: The unpruned model.
+            ctx: The method's context (data, batch size, criterion).
+            saved_dir: The sensitivity stage's output, when it scored this very model.
+        """
+        return None
 
     def apply_(self, model: nn.Module, fraction: float) -> None:
         """Prunes `model` in place to `fraction` (0..1] of the target."""
@@ -132,7 +149,8 @@ class ChannelPruning(PruningMethod):
 
     def apply_(self, model: nn.Module, fraction: float) -> None:
         pruner = UnitPruner(model, self.ctx.example_input, self.ctx.criterion)
-        if not self.original:
+        first = not self.original
+        if first:
             self.original = {n: u.size for n, u in pruner.units().items()}
         ratios = self.ctx.allocation or dict.fromkeys(self.original, self.ctx.target_ratio)
         keep = {}
@@ -141,7 +159,8 @@ class ChannelPruning(PruningMethod):
             keep[name] = round_keep(size, ratios.get(name, 0.0) * fraction, round_to)
         if self.ctx.criterion.needs_grad:
             accumulate_grads_(model, self.ctx.train, self.ctx.grad_batches, self.ctx.batch_size)
-        head_scores, channel_scores = self.unit_scores(model, pruner)
+        shared = self.ctx.base_scores if first else None
+        head_scores, channel_scores = shared if shared is not None else self.unit_scores(model, pruner)
         pruner.prune_to_(keep, head_scores=head_scores, channel_scores=channel_scores)
         self.ctx.warnings.extend(w for w in pruner.warnings if w not in self.ctx.warnings)
         model.zero_grad(set_to_none=True)
@@ -187,9 +206,27 @@ class FisherPruning(ChannelPruning):
 
     CALIBRATION_SAMPLES = 2048  # what Kwon et al. use
 
+    @classmethod
+    def shared_scores(
+        cls, model: nn.Module, ctx: PruneContext, saved_dir: Path | None
+    ) -> tuple[dict | None, dict | None] | None:
+        """The unpruned model's Fisher scores, computed once for the stage.
+
+        The sensitivity stage's (over `sensitivity.fisher_samples` training samples) when it saved
+        them for this model, else computed here over `CALIBRATION_SAMPLES`.
+        """
+        pruner = UnitPruner(model, ctx.example_input, ctx.criterion)
+        sites, consumers = head_sites(model), pruner.linear_consumers()
+        saved = load_fisher_scores(saved_dir / FISHER_SCORES_FILE, sites, consumers) if saved_dir else None
+        return saved if saved is not None else cls._fisher(model, pruner, ctx)
+
     def unit_scores(self, model: nn.Module, pruner: UnitPruner) -> tuple[dict | None, dict | None]:
-        count = -(-self.CALIBRATION_SAMPLES // self.ctx.batch_size)
-        batches = training_batches(self.ctx.train, count, self.ctx.batch_size)
+        return self._fisher(model, pruner, self.ctx)
+
+    @classmethod
+    def _fisher(cls, model: nn.Module, pruner: UnitPruner, ctx: PruneContext) -> tuple[dict, dict]:
+        count = -(-cls.CALIBRATION_SAMPLES // ctx.batch_size)
+        batches = training_batches(ctx.train, count, ctx.batch_size)
         return fisher_scores(model, head_sites(model), pruner.linear_consumers(), batches)
 
 
