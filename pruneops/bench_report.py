@@ -265,7 +265,8 @@ def render_markdown(
         f"Machine: {machine['cpu']}, {machine['cores']} cores; ONNX Runtime {machine['onnxruntime']} CPU, "
         f"{timing.threads} thread(s); Python {machine['python']}; {machine['date']}. Latency: {timing.rounds} "
         f"interleaved rounds × {timing.repeats} runs after {timing.warmup} warm-up per model and batch size, all "
-        "models in one process. Each variant ran as a DVC experiment of its workload's project.\n",
+        "models in one process; each timed run under 20 ms follows an untimed run of the same model. "
+        "Each variant ran as a DVC experiment of its workload's project.\n",
         "Accuracy drops are against the dense fp32 model of the same workload. The selected point is our "
         "fastest model whose **validation** accuracy drop is within the budget; its test figures are "
         "reported as they came. ⚠ marks a model slower than dense fp32 at batch 1 or the large batch.\n",

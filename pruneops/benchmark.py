@@ -67,6 +67,7 @@ def _batch(x: np.ndarray | dict[str, np.ndarray], size: int) -> dict[str, np.nda
 
 
 MIN_TURNS = 10  # fewest timed runs per model under a time budget: a median still means something
+SELF_WARMING_RUN_S = 0.02  # a run at least this long is timed without an untimed run before it
 
 
 def measure_latencies(
@@ -74,7 +75,7 @@ def measure_latencies(
 ) -> dict[str, dict[int, np.ndarray]]:
     """Latency samples (ms) per model and batch size, `rounds * repeats` each, interleaved run by run.
 
-    Each turn runs every model once, the order rotating from turn to turn, so that machine drift
+    Each turn times every model once, the order rotating from turn to turn, so that machine drift
     (clock frequency, other load) falls on every model alike: identical models measured this way
     agree to about 0.5% here, where blocks of runs per model disagreed by up to 20% at 50 µs.
 
@@ -91,12 +92,18 @@ def measure_latencies(
     samples: dict[str, dict[int, np.ndarray]] = {n: {} for n in names}
     for b in config.batch_sizes:
         feed = _batch(x, b)
-        turn_s = 0.0
+        run_s = {}
         for name in names:
             for _ in range(max(1, config.warmup)):
                 started = time.perf_counter()
                 sessions[name].run(None, feed)
-            turn_s += 2 * (time.perf_counter() - started)  # a turn runs each model twice (see below)
+            run_s[name] = time.perf_counter() - started
+        # One untimed run before each timed one: the timed one then finds this model's weights in
+        # cache, as a server running it request after request does, whatever ran in between here
+        # (timed cold, small models measured up to 20% slower among 30 others than among 3). A run
+        # of tens of milliseconds streams its weights many times over and warms itself: no pair.
+        paired = {n: run_s[n] < SELF_WARMING_RUN_S for n in names}
+        turn_s = sum((2 if paired[n] else 1) * run_s[n] for n in names)
         turns = config.rounds * config.repeats
         if budget_s is not None:
             turns = min(turns, max(MIN_TURNS, int(budget_s / turn_s)))
@@ -104,10 +111,8 @@ def measure_latencies(
         for turn in range(turns):
             k = turn % len(names)
             for name in names[k:] + names[:k]:
-                # One untimed run first: the timed one then finds this model's weights in cache, as
-                # a server running it request after request does, whatever ran in between here
-                # (timed cold, small models measured up to 20% slower among 30 others than among 3).
-                sessions[name].run(None, feed)
+                if paired[name]:
+                    sessions[name].run(None, feed)
                 started = time.perf_counter()
                 sessions[name].run(None, feed)
                 times[name][turn] = time.perf_counter() - started

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import platform
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -398,7 +399,9 @@ def measured_latency(
     Args:
         models: The models to export and time.
         input_shape: One sample's shape.
-        timing: A `BenchmarkConfig` (threads, batch sizes, warm-up, repeats, rounds).
+        timing: A `BenchmarkConfig` (threads, batch sizes, warm-up, repeats, rounds), or one per
+            batch size (each naming that batch size), so that each is timed as long as it needs
+            while every model is exported once.
         budget_s: Seconds of timed runs per batch size at most (see `measure_latencies`); None: all.
     """
     import tempfile
@@ -406,15 +409,20 @@ def measured_latency(
     from pruneops.benchmark import measure_latencies
     from pruneops.onnx_utils import export_onnx_file, make_session
 
+    timings = list(timing.values()) if isinstance(timing, dict) else [timing]
     with tempfile.TemporaryDirectory(prefix="pruneops-latency-") as tmp:
         sessions = {}
         for name, model in models.items():
             path = Path(tmp) / f"{name}.onnx"
             export_onnx_file(model, list(input_shape), path, 18)
-            sessions[name] = make_session(path, timing.threads)
-        x = timing_inputs(next(iter(models.values())), input_shape, max(timing.batch_sizes))
-        samples = measure_latencies(sessions, x, timing, budget_s)
-    return {n: {b: float(np.median(t)) for b, t in per.items()} for n, per in samples.items()}
+            sessions[name] = make_session(path, timings[0].threads)
+        biggest = max(b for t in timings for b in t.batch_sizes)
+        x = timing_inputs(next(iter(models.values())), input_shape, biggest)
+        medians: dict[str, dict[int, float]] = {n: {} for n in models}
+        for each in timings:
+            for name, per in measure_latencies(sessions, x, each, budget_s).items():
+                medians[name].update({b: float(np.median(t)) for b, t in per.items()})
+    return medians
 
 
 def build_latency_model(
@@ -441,9 +449,11 @@ def build_latency_model(
         table,
     )
     batches = sorted(set(batches))
+    started = time.perf_counter()
     for batch in batches:
         for name, _ in units:
             latency.unit_curve(name, batch)  # fills the table on the grid
+    table_s, started = time.perf_counter() - started, time.perf_counter()
     points, models = {}, {}
     lean, lean_example = without_vocabulary(model), within_vocabulary(example)
     for key, widths in _measurement_points(latency, units, batches).items():
@@ -452,14 +462,21 @@ def build_latency_model(
             points[key], models[key] = widths, twin
     # Short runs per model: the fit averages over every export, and there are tens of them. A
     # large batch runs long enough to need fewer (MiniLM: ~100 ms a run at batch 32).
-    by_batch: dict[int, dict[str, float]] = {}
-    for batch in batches:
-        repeats = max(4, 15 // max(1, batch // 8))
-        timing = BenchmarkConfig(
-            threads=table.machine["threads"], batch_sizes=[batch], warmup=3, repeats=repeats, rounds=2
+    timings = {
+        batch: BenchmarkConfig(
+            threads=table.machine["threads"],
+            batch_sizes=[batch],
+            warmup=3 if batch <= 8 else 1,
+            repeats=max(4, 15 // max(1, batch // 8)),
+            rounds=2,
         )
-        by_batch[batch] = {k: t[batch] for k, t in measured_latency(models, input_shape, timing).items()}
-    latency.exports = {"points": points, "measured": by_batch}
+        for batch in batches
+    }
+    measured = measured_latency(models, input_shape, timings)  # each model exported once
+    by_batch = {batch: {k: t[batch] for k, t in measured.items()} for batch in batches}
+    # Where the stage's time went: the table's layer graphs, then the whole-model exports.
+    seconds = {"table": table_s, "exports": time.perf_counter() - started, "models": len(models)}
+    latency.exports = {"points": points, "measured": by_batch, "seconds": seconds}
     for batch in batches:
         latency.fit_(select_cost_model(latency, points, latency.exports["measured"][batch], batch), batch)
     return latency

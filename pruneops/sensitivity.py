@@ -210,6 +210,7 @@ def analyze_sensitivity(
         batches = sorted({1, *benchmark.batch_sizes})
         latency = measure_latency(base, val, curves, meta.input_shape, benchmark.threads, batches)
         seconds["latency_model"] = time.perf_counter() - started
+        seconds["latency_model_parts"] = latency.exports.get("seconds", {})
     sweep = {
         "baseline_val_accuracy": base_acc,
         "baseline_val_loss": base_loss,

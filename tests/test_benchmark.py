@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from pruneops.benchmark import MIN_TURNS, measure_latencies
+from pruneops.benchmark import MIN_TURNS, SELF_WARMING_RUN_S, measure_latencies
 from pruneops.config import BenchmarkConfig
 
 
@@ -59,3 +59,18 @@ def test_a_time_budget_caps_the_turns_from_the_warm_up_runs_but_keeps_a_floor():
     # A turn costs >= 2 models x 2 runs x 5 ms = 20 ms, so 0.1 s buys at most 5 turns: the floor wins.
     assert measure_latencies(sessions, x, config, budget_s=0.1)["a"][1].shape == (MIN_TURNS,)
     assert measure_latencies(sessions, x, config, budget_s=100.0)["a"][1].shape == (20,)
+
+
+def test_a_run_long_enough_to_warm_itself_is_timed_without_an_untimed_run_before_it():
+    log: list[str] = []
+
+    class _Slow(_Recorder):
+        def run(self, outputs, feed: dict) -> None:
+            super().run(outputs, feed)
+            time.sleep(SELF_WARMING_RUN_S)
+
+    sessions = {"fast": _Recorder("fast", log), "slow": _Slow("slow", log)}
+    config = BenchmarkConfig(batch_sizes=[1], warmup=1, repeats=3, rounds=1)
+    measure_latencies(sessions, np.zeros((1, 2), dtype=np.float32), config)
+    timed = log[2:]
+    assert timed.count("fast:1") == 2 * 3 and timed.count("slow:1") == 3
