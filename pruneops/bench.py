@@ -291,17 +291,55 @@ def _noting_reuse(log: Callable[[str], None], reused: list[str]) -> Callable[[st
     return note
 
 
+def select_runs(
+    config: BenchConfig, only: list[str] | None = None, variants: list[str] | None = None, out_dir: str | None = None
+) -> BenchConfig:
+    """`config` narrowed to some workloads and variants, its report written to `out_dir`.
+
+    A variant kept brings along the dense variants (every row is measured against dense) and the
+    variants whose MACs or latency it matches, so a part of a benchmark measures what the whole does.
+
+    Raises:
+        ConfigError: A workload or variant name that the benchmark does not define.
+    """
+    workloads = [w for w in config.workloads if not only or w.name in only]
+    unknown = set(only or ()) - {w.name for w in workloads}
+    unknown |= set(variants or ()) - {v.name for w in workloads for v in w.variants}
+    if unknown:
+        raise ConfigError(f"bench: no workload or variant named {', '.join(sorted(unknown))} in the benchmark")
+    if variants:
+        workloads = [w.model_copy(update={"variants": _variants_needed(w, set(variants))}) for w in workloads]
+    return config.model_copy(update={"workloads": workloads, "out_dir": out_dir or config.out_dir})
+
+
+def _variants_needed(workload: WorkloadConfig, names: set[str]) -> list[VariantConfig]:
+    """The named variants of `workload`, its dense ones, and those they match (in the workload's order)."""
+    by_name = {v.name: v for v in workload.variants}
+    keep = {v.name for v in workload.variants if v.kind == "dense"}
+    pending = [n for n in names if n in by_name]
+    while pending:
+        name = pending.pop()
+        if name not in keep:
+            keep.add(name)
+            pending += [m for m in (by_name[name].match_macs_of, by_name[name].match_latency_of) if m]
+    return [v for v in workload.variants if v.name in keep]
+
+
 def run_bench_file(
-    config_path: Path, root: Path, params_file: str, command: str, only: list[str] | None = None
+    config_path: Path,
+    root: Path,
+    params_file: str,
+    command: str,
+    only: list[str] | None = None,
+    variants: list[str] | None = None,
+    out_dir: str | None = None,
 ) -> BenchReport:
     """`pruneops bench --config FILE`: reads the benchmark definition and the project's params."""
     try:
         raw = yaml.safe_load(Path(config_path).read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{config_path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    config = parse_section("bench", raw, BenchConfig)
-    if only:
-        config = config.model_copy(update={"workloads": [w for w in config.workloads if w.name in only]})
+    config = select_runs(parse_section("bench", raw, BenchConfig), only, variants, out_dir)
     started = time.monotonic()
 
     def log(line: str) -> None:  # elapsed minutes: how far a run of an hour or more has got

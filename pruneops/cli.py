@@ -126,7 +126,9 @@ def _bench(args: argparse.Namespace) -> int:
     from pruneops.bench import run_bench_file
 
     command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
-    report = run_bench_file(Path(args.config), Path(args.root), args.params, command, args.only)
+    report = run_bench_file(
+        Path(args.config), Path(args.root), args.params, command, args.only, args.variants, args.out_dir
+    )
     for name, pick in report.selected.items():
         print(
             f"pruneops bench: {name}: selected {pick['name']}: test {100 * pick['test_accuracy']:.2f}% "
@@ -196,6 +198,13 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--config", default="benchmarks/mnist.yaml", help="benchmark definition (YAML)")
     bench.add_argument("--only", nargs="*", default=None, help="run only these workloads")
+    bench.add_argument(
+        "--variants",
+        nargs="*",
+        default=None,
+        help="run only these variants (with the dense ones and those they match)",
+    )
+    bench.add_argument("--out-dir", default=None, help="write the report here instead of the config's out_dir")
     dvc = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage table (deps = what each stage imports)")
     dvc.add_argument("--check", action="store_true", help="only check dvc.yaml; exit 1 naming what is stale")
 

@@ -456,8 +456,11 @@ def build_latency_model(
     table_s, started = time.perf_counter() - started, time.perf_counter()
     points, models = {}, {}
     lean, lean_example = without_vocabulary(model), within_vocabulary(example)
-    for key, widths in _measurement_points(latency, units, batches).items():
-        twin = _pruned_or_none(lean, lean_example, widths)
+    wanted = _measurement_points(latency, units, batches)
+    # A twin's one-unit points are timed once, on its representative's export (see `twin_units`).
+    shared = shared_points(wanted, twin_units(latency))
+    for key, widths in wanted.items():
+        twin = None if key in shared else _pruned_or_none(lean, lean_example, widths)
         if twin is not None:
             points[key], models[key] = widths, twin
     # Short runs per model: the fit averages over every export, and there are tens of them. A
@@ -473,10 +476,18 @@ def build_latency_model(
         for batch in batches
     }
     measured = measured_latency(models, input_shape, timings)  # each model exported once
+    for key, source in shared.items():
+        if source in measured:
+            points[key], measured[key] = wanted[key], measured[source]
     by_batch = {batch: {k: t[batch] for k, t in measured.items()} for batch in batches}
     # Where the stage's time went: the table's layer graphs, then the whole-model exports.
-    seconds = {"table": table_s, "exports": time.perf_counter() - started, "models": len(models)}
-    latency.exports = {"points": points, "measured": by_batch, "seconds": seconds}
+    seconds = {
+        "table": table_s,
+        "exports": time.perf_counter() - started,
+        "models": len(models),
+        "shared_with_twins": sum(source in measured for source in shared.values()),
+    }
+    latency.exports = {"points": points, "measured": by_batch, "seconds": seconds, "shared": shared}
     for batch in batches:
         latency.fit_(select_cost_model(latency, points, latency.exports["measured"][batch], batch), batch)
     return latency
@@ -602,6 +613,34 @@ def _measurement_points(latency: LatencyModel, units: list[tuple[str, int]], bat
         for width in _spread(widths, UNIT_POINTS):
             points[f"unit:{name}:{width}"] = {name: width}
     return points
+
+
+def twin_units(latency: LatencyModel) -> dict[str, str]:
+    """Each unit's representative: the first unit whose width moves layers of the same shapes the same way.
+
+    Two such units (the heads, or the FFN, of every layer of an encoder; the expansions of the
+    repeated blocks of one inverted-residual stage) leave the model computing the same shapes at
+    the same width, wherever they sit in it, so the whole model with either one narrowed costs the
+    same. Timing one stands for both: on MiniLM this turns 48 one-unit exports into 8. A unit
+    whose layers differ in any shape, field or change per removed channel is its own twin.
+    """
+    first: dict[tuple, str] = {}
+    out = {}
+    for name, unit in latency.units.items():
+        signature = (unit.size, tuple((latency.base[layer], f, round(d, 9)) for layer, f, d in unit.deltas))
+        out[name] = first.setdefault(signature, name)
+    return out
+
+
+def shared_points(points: dict[str, dict[str, int]], twins: dict[str, str]) -> dict[str, str]:
+    """One-unit points of units that are not their own representative -> the representative's point at that width."""
+    keys = {(n, w): k for k, widths in points.items() if k.startswith("unit:") for n, w in widths.items()}
+    shared = {}
+    for (name, width), key in keys.items():
+        source = keys.get((twins.get(name, name), width))
+        if source is not None and source != key:
+            shared[key] = source
+    return shared
 
 
 def _spread(values: list[int], count: int) -> list[int]:

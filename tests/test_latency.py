@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import random
 
@@ -363,3 +364,95 @@ def test_timing_copies_drop_the_vocabulary_but_compute_the_same():
     latency = build_latency_model(model, example, [4], units, LatencyTable(machine_fingerprint(1)), [1])
     assert {n for n, _ in units} == set(latency.units) and len(latency.exports["points"]) > 1 + len(units)
     assert latency.predict({}, 1) > 0
+
+
+def _latency_model(spec):
+    torch.manual_seed(0)
+    model = create_model(spec).eval()
+    example = torch.zeros(1, *SHAPE)
+    sizes = _units(model, example)
+    latency = LatencyModel(
+        layer_shapes(model, SHAPE),
+        {n: probe_unit_layers(model, example, n, s, SHAPE) for n, s in sizes.items()},
+        LatencyTable({"threads": 1}),
+    )
+    return model, example, sizes, latency
+
+
+def _pruned_shapes(model, example, widths):
+    twin = copy.deepcopy(model)
+    UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(widths)
+    return sorted(map(repr, layer_shapes(twin, SHAPE).values()))
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected_groups"),
+    [
+        # Every block of a 3-deep ViT alike: one group of head units, one of MLP units.
+        (ModelSpec("tests.models.families:vit_style", SHAPE, 10, {"dim": 16, "num_heads": 4, "depth": 3}), 2),
+        # The two blocks of the first stage are alike; the strided ones are not.
+        (ModelSpec("tests.models.families:resnet18_style", SHAPE, 10, {"width": 8}), 11),
+        # Widths 16 and 32: no two units alike.
+        (ModelSpec("cnn", SHAPE, 10, {"widths": [16, 32]}), 4),
+    ],
+    ids=lambda v: v.name.rsplit(":", 1)[-1] if isinstance(v, ModelSpec) else str(v),
+)
+def test_twin_units_leave_the_model_computing_the_same_shapes(spec, expected_groups):
+    """A twin narrowed to a width gives the model the very layer shapes its representative does
+    (so timing one stands for both), and units that differ are never paired."""
+    from pruneops.latency import twin_units
+
+    model, example, sizes, latency = _latency_model(spec)
+    twins = twin_units(latency)
+    assert set(twins) == set(sizes) and len(set(twins.values())) == expected_groups
+    for name, rep in twins.items():
+        assert twins[rep] == rep and sizes[rep] == sizes[name]
+        if rep == name:
+            continue
+        for width in {1, sizes[name] // 2, sizes[name] - 1} - {0}:
+            assert _pruned_shapes(model, example, {name: width}) == _pruned_shapes(model, example, {rep: width})
+    # And pairs that are not twins do change the model differently (the signature tells them apart).
+    reps = sorted(set(twins.values()))
+    for a, b in itertools.combinations(reps, 2):
+        if sizes[a] == sizes[b]:
+            width = sizes[a] // 2
+            assert _pruned_shapes(model, example, {a: width}) != _pruned_shapes(model, example, {b: width})
+
+
+def test_the_latency_model_times_one_unit_per_twin_group_and_fits_on_every_point(monkeypatch):
+    """Only representatives' one-unit copies are exported and timed; a twin's points carry the time
+    of its representative's, which a machine whose cost depends on layer shapes alone would give
+    the twin's own copy too; the fit still sees every unit's points."""
+    import pruneops.latency as latency_module
+
+    spec = ModelSpec("tests.models.families:vit_style", SHAPE, 10, {"dim": 16, "num_heads": 4, "depth": 3})
+    model, example, sizes, _ = _latency_model(spec)
+
+    def cost(m):  # a machine whose time depends on layer shapes only
+        return 0.02 + sum(latency_module.layer_mmacs(s) for s in layer_shapes(m, SHAPE).values())
+
+    timed: list[str] = []
+
+    def fake_measured(models, input_shape, timing, budget_s=None):
+        timed.extend(models)
+        return {k: {b: cost(m) * b for b in timing} for k, m in models.items()}
+
+    monkeypatch.setattr(latency_module, "measured_latency", fake_measured)
+    monkeypatch.setattr(LatencyTable, "layer_ms", lambda self, shape, batch: _staircase(shape, batch))
+    latency = latency_module.build_latency_model(
+        model, example, SHAPE, list(sizes.items()), LatencyTable({"threads": 1}), [1]
+    )
+    points, shared = latency.exports["points"], latency.exports["shared"]
+    twins = latency_module.twin_units(latency)
+    one_unit = [k for k in points if k.startswith("unit:")]
+    assert shared and set(shared) <= set(one_unit)
+    assert sorted(timed) == sorted(k for k in points if k not in shared)  # each timed once, twins not at all
+    assert {n for k in one_unit for n in points[k]} == set(sizes)  # yet every unit has its points
+    assert {n for k in timed if k.startswith("unit:") for n in points[k]} == set(twins.values())
+    assert latency.exports["seconds"]["shared_with_twins"] == len(shared)
+    for key, source in shared.items():
+        copy_ms = latency.exports["measured"][1][key]
+        assert copy_ms == latency.exports["measured"][1][source]
+        own = copy.deepcopy(model)
+        UnitPruner(own, example, IMPORTANCES.get("l2")).prune_to_(points[key])
+        assert cost(own) == pytest.approx(copy_ms, rel=1e-12)
