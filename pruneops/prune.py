@@ -39,6 +39,7 @@ from pruneops.training import (
     evaluate,
     fit_,
     recalibrate_batchnorm_,
+    with_teacher_outputs,
 )
 
 logger = logging.getLogger(__name__)
@@ -365,7 +366,8 @@ def _prune(config: PruneConfig, model, method, train: Split, val: Split, shape) 
             "val_loss": loss,
         }
 
-    # The unpruned model teaches every step's fine-tuning (its logits are computed once per step).
+    # The unpruned model teaches every step's fine-tuning: what it gives each training sample
+    # (logits, block outputs) is computed once, here, for all the steps.
     kd = None
     if config.distill_weight > 0 or config.hidden_distill_weight > 0:
         kd = Distillation(
@@ -374,6 +376,8 @@ def _prune(config: PruneConfig, model, method, train: Split, val: Split, shape) 
             config.distill_weight,
             hidden_weight=config.hidden_distill_weight,
         )
+        if config.epochs_per_step > 0 or method.needs_warmup:  # (prune's fitting does not augment)
+            kd = with_teacher_outputs(kd, train, augmented=False)
     hooks = {"after_backward": method.after_backward, "after_step": method.after_step}
 
     def tune(epochs: int, seed: int, desc: str) -> None:

@@ -169,3 +169,91 @@ def test_convolutions_train_channels_last_and_come_back_contiguous(tmp_path):
     assert all(p.is_contiguous() for p in model.parameters())
     with channels_last_(mlp) as converted:
         assert not converted
+
+
+def _text_split(n: int, length: int, vocab: int, seed: int):
+    import numpy as np
+
+    from pruneops.data.splits import Split
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, vocab, (n, length))
+    mask = np.zeros((n, length), dtype=np.int64)
+    for i, kept in enumerate(rng.integers(3, length + 1, n)):
+        mask[i, :kept] = 1
+    ids = np.where(mask == 1, ids, 0)
+    return Split({"input_ids": ids, "attention_mask": mask}, (ids[:, 1] % 2).astype(np.int64))
+
+
+def _tiny_encoder(family: str):
+    import pytest
+
+    transformers = pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
+    from pruneops.models.hf import SequenceLogits
+
+    kwargs = {"vocab_size": 40, "max_position_embeddings": 32, "num_labels": 2}
+    torch.manual_seed(0)
+    if family == "distilbert":
+        config = transformers.DistilBertConfig(dim=16, n_layers=3, n_heads=2, hidden_dim=24, **kwargs)
+        model = transformers.DistilBertForSequenceClassification(config)
+    else:
+        config = transformers.BertConfig(
+            hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24, **kwargs
+        )
+        model = transformers.BertForSequenceClassification(config)
+    return SequenceLogits(model.eval())
+
+
+def _layer_distillation_run(family: str, monkeypatch, budget: int | None):
+    """Two epochs of layer-wise distillation into a perturbed copy; the teacher's forward calls counted."""
+    import pruneops.training as training
+
+    if budget is not None:
+        monkeypatch.setattr(training, "TEACHER_CACHE_BYTES", budget)
+    teacher = _tiny_encoder(family)
+    student = copy.deepcopy(teacher)
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    calls = []
+    teacher.register_forward_pre_hook(lambda *_: calls.append(1))
+    train, val = _text_split(96, 16, 40, 0), _text_split(32, 16, 40, 1)
+    kd = Distillation(teacher, 2.0, 0.5, hidden_weight=1.0)
+    fit = fit_(student, train, val, FitSettings(epochs=2, batch_size=16, lr=1e-3, patience=3, seed=0), distillation=kd)
+    return fit, student, len(calls), val
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_layer_distillation_runs_the_teacher_once_per_fit_to_the_same_effect(family, monkeypatch):
+    """The teacher's block outputs, computed once at the padded length and cut to each batch's, train
+    the student as the teacher run on every (trimmed) batch does; only the teacher's work changes."""
+    cached = _layer_distillation_run(family, monkeypatch, None)
+    per_batch = _layer_distillation_run(family, monkeypatch, 0)
+    # Both: three one-sample runs that size the cache. Cached: then one pass over the 96 samples
+    # (128 a batch). Over budget: 6 batches in each of 2 epochs.
+    assert (cached[2], per_batch[2]) == (3 + 1, 3 + 2 * 6)
+    losses = [[h["train_loss"] for h in fit.history] for fit, *_ in (cached, per_batch)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    x = {k: torch.from_numpy(v) for k, v in cached[3].x.items()}
+    with torch.no_grad():
+        torch.testing.assert_close(cached[1](**x), per_batch[1](**x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_block_cache_finds_the_text_dim_and_keeps_to_its_budget(caplog):
+    import logging
+
+    from pruneops.training import cache_blocks, repeated_blocks
+
+    teacher = _tiny_encoder("bert")
+    split = _text_split(10, 12, 40, 0)
+    logits, blocks = cache_blocks(teacher, split.x, batch_size=4)
+    names = repeated_blocks(teacher, teacher)
+    assert list(blocks.outputs) == names and len(names) == 3
+    assert blocks.seq_dims == dict.fromkeys(names, 1)  # (batch, tokens, hidden)
+    assert blocks.outputs[names[0]].shape == (10, 12, 16) and logits.shape == (10, 2)
+    with caplog.at_level(logging.INFO, logger="pruneops.training"):
+        assert cache_blocks(teacher, split.x, budget=10 * 12 * 16 * 3 * 4 - 1) is None
+    assert "the teacher runs on every batch" in caplog.text
