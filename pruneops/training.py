@@ -485,13 +485,16 @@ def cache_blocks(
     """
     budget = TEACHER_CACHE_BYTES if budget is None else budget
     names = repeated_blocks(teacher, teacher)
+    if not names:
+        return None  # nothing to distil layer by layer (`BlockTaps` says so)
     modules = dict(teacher.named_modules())
     latest: dict[str, torch.Tensor] = {}
     hooks = [modules[n].register_forward_hook(_recording(latest, n)) for n in names]
     try:
-        xs, n = as_tensors(x), count_rows(as_tensors(x))
-        seq_dims = _sequence_dims(teacher, xs, latest)
-        per_sample = sum(t[0].numel() for t in latest.values())
+        xs = as_tensors(x)
+        n = count_rows(xs)
+        shapes, seq_dims = _sample_shapes(teacher, xs, latest)
+        per_sample = sum(math.prod(shape) for shape in shapes.values())
         if per_sample * n * 4 > budget:
             logger.info(
                 "layer-wise distillation: the teacher's block outputs would take %.1f GiB (over %.1f): "
@@ -500,7 +503,7 @@ def cache_blocks(
                 budget / 2**30,
             )
             return None
-        outputs = {name: torch.empty((n, *t.shape[1:]), dtype=torch.float32) for name, t in latest.items()}
+        outputs = {name: torch.empty((n, *shape), dtype=torch.float32) for name, shape in shapes.items()}
         logits = []
         with channels_last_(teacher):
             for i in range(0, n, batch_size):
@@ -520,21 +523,23 @@ def _recording(latest: dict[str, torch.Tensor], name: str):
     return hook
 
 
-def _sequence_dims(teacher: nn.Module, xs, latest: dict[str, torch.Tensor]) -> dict[str, int | None]:
-    """Per block, the output dim that shortens with the text (None: none does), from one sample run twice."""
+def _sample_shapes(teacher: nn.Module, xs, latest: dict[str, torch.Tensor]):
+    """Per block, one sample's output shape at the padded length and the dim that shortens with the text.
+
+    From the first sample, run as it is and one token shorter (None: no dim follows the length).
+    """
     first = rows(xs, slice(0, 1))
     run_model(teacher, first)
-    full = {name: t.shape for name, t in latest.items()}
+    full = {name: tuple(t.shape[1:]) for name, t in latest.items()}
     if not isinstance(first, Mapping) or "attention_mask" not in first or first["attention_mask"].shape[-1] < 2:
-        return dict.fromkeys(full)
+        return full, dict.fromkeys(full)
     length = first["attention_mask"].shape[-1]
     run_model(teacher, {k: v[..., : length - 1] if v.shape[-1] == length else v for k, v in first.items()})
     dims = {}
     for name, shape in full.items():
-        moved = [d for d, (a, b) in enumerate(zip(shape, latest[name].shape, strict=True)) if a != b]
+        moved = [d for d, (a, b) in enumerate(zip(shape, latest[name].shape[1:], strict=True), 1) if a != b]
         dims[name] = moved[0] if moved else None
-    run_model(teacher, first)  # `latest` holds full-length outputs again: the caller sizes the cache on them
-    return dims
+    return full, dims
 
 
 def _train_epoch(model, forward, ys, batches, optimizer, distillation, hooks) -> float:

@@ -232,9 +232,9 @@ def test_layer_distillation_runs_the_teacher_once_per_fit_to_the_same_effect(fam
     the student as the teacher run on every (trimmed) batch does; only the teacher's work changes."""
     cached = _layer_distillation_run(family, monkeypatch, None)
     per_batch = _layer_distillation_run(family, monkeypatch, 0)
-    # Both: three one-sample runs that size the cache. Cached: then one pass over the 96 samples
+    # Both: two one-sample runs that size the cache. Cached: then one pass over the 96 samples
     # (128 a batch). Over budget: 6 batches in each of 2 epochs.
-    assert (cached[2], per_batch[2]) == (3 + 1, 3 + 2 * 6)
+    assert (cached[2], per_batch[2]) == (2 + 1, 2 + 2 * 6)
     losses = [[h["train_loss"] for h in fit.history] for fit, *_ in (cached, per_batch)]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     x = {k: torch.from_numpy(v) for k, v in cached[3].x.items()}
@@ -257,3 +257,8 @@ def test_the_block_cache_finds_the_text_dim_and_keeps_to_its_budget(caplog):
     with caplog.at_level(logging.INFO, logger="pruneops.training"):
         assert cache_blocks(teacher, split.x, budget=10 * 12 * 16 * 3 * 4 - 1) is None
     assert "the teacher runs on every batch" in caplog.text
+    # No repeated blocks: nothing to cache, and no pass over the data (`BlockTaps` then refuses).
+    calls = []
+    lone = torch.nn.Linear(4, 2)
+    lone.register_forward_pre_hook(lambda *_: calls.append(1))
+    assert cache_blocks(lone, torch.zeros(8, 4).numpy()) is None and not calls
