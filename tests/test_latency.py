@@ -32,6 +32,19 @@ def _units(model, example):
     return {n: u.size for n, u in UnitPruner(model, example, IMPORTANCES.get("l2")).units().items()}
 
 
+def _latency_model(spec):
+    torch.manual_seed(0)  # which side of a concat loses a channel follows the weights
+    model = create_model(spec).eval()
+    example = torch.zeros(1, *SHAPE)
+    sizes = _units(model, example)
+    latency = LatencyModel(
+        layer_shapes(model, SHAPE),
+        {n: probe_unit_layers(model, example, n, s, SHAPE) for n, s in sizes.items()},
+        LatencyTable({"threads": 1}),
+    )
+    return model, example, sizes, latency
+
+
 @pytest.mark.parametrize(
     "spec",
     [
@@ -43,15 +56,7 @@ def _units(model, example):
     ids=lambda s: s.name.rsplit(":", 1)[-1],
 )
 def test_unit_maps_predict_exactly_the_shapes_real_pruning_gives(spec):
-    torch.manual_seed(0)  # which side of a concat loses a channel follows the weights
-    model = create_model(spec).eval()
-    example = torch.zeros(1, *SHAPE)
-    sizes = _units(model, example)
-    latency = LatencyModel(
-        layer_shapes(model, SHAPE),
-        {n: probe_unit_layers(model, example, n, s, SHAPE) for n, s in sizes.items()},
-        LatencyTable({"threads": 1}),
-    )
+    model, example, sizes, latency = _latency_model(spec)
     rng = random.Random(0)
     for _ in range(3):
         widths = {n: rng.randint(max(1, s // 4), s) for n, s in sizes.items()}
@@ -79,14 +84,7 @@ def _staircase(shape, batch):
 def synthetic(monkeypatch):
     """A latency model of a residual CNN over the synthetic staircase (no timing)."""
     monkeypatch.setattr(LatencyTable, "layer_ms", lambda self, shape, batch: _staircase(shape, batch))
-    model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]})).eval()
-    example = torch.zeros(1, *SHAPE)
-    sizes = _units(model, example)
-    latency = LatencyModel(
-        layer_shapes(model, SHAPE),
-        {n: probe_unit_layers(model, example, n, s, SHAPE) for n, s in sizes.items()},
-        LatencyTable({"threads": 1}),
-    )
+    _, _, sizes, latency = _latency_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]}))
     return latency, sizes
 
 
@@ -364,19 +362,6 @@ def test_timing_copies_drop_the_vocabulary_but_compute_the_same():
     latency = build_latency_model(model, example, [4], units, LatencyTable(machine_fingerprint(1)), [1])
     assert {n for n, _ in units} == set(latency.units) and len(latency.exports["points"]) > 1 + len(units)
     assert latency.predict({}, 1) > 0
-
-
-def _latency_model(spec):
-    torch.manual_seed(0)
-    model = create_model(spec).eval()
-    example = torch.zeros(1, *SHAPE)
-    sizes = _units(model, example)
-    latency = LatencyModel(
-        layer_shapes(model, SHAPE),
-        {n: probe_unit_layers(model, example, n, s, SHAPE) for n, s in sizes.items()},
-        LatencyTable({"threads": 1}),
-    )
-    return model, example, sizes, latency
 
 
 def _pruned_shapes(model, example, widths):
