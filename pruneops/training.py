@@ -299,14 +299,10 @@ class BlockTaps:
         self.outputs: dict[str, dict[str, torch.Tensor]] = {"student": {}, "teacher": {}}
         modules = {"student": dict(student.named_modules()), "teacher": dict(teacher.named_modules())}
         self.handles = [
-            modules[side][name].register_forward_hook(self._keep(side, name)) for side in modules for name in self.names
+            modules[side][name].register_forward_hook(_recording(self.outputs[side], name))
+            for side in modules
+            for name in self.names
         ]
-
-    def _keep(self, side: str, name: str):
-        def hook(_module: nn.Module, _inputs: tuple, output) -> None:
-            self.outputs[side][name] = block_output(output)
-
-        return hook
 
     def mse(self) -> torch.Tensor:
         """Mean over the blocks of equal output shape of the student's squared error to the teacher (last batch).
@@ -517,8 +513,10 @@ def cache_blocks(
 
 
 def _recording(latest: dict[str, torch.Tensor], name: str):
+    """A forward hook keeping block `name`'s output in `latest` (the cache runs without grad; taps need it)."""
+
     def hook(_module: nn.Module, _inputs: tuple, output) -> None:
-        latest[name] = block_output(output).detach()
+        latest[name] = block_output(output)
 
     return hook
 
