@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -101,56 +102,74 @@ def _pad_limits(ax, xs: list[float], ys: list[float]) -> None:
     ax.set_ylim(min(ys) - 0.25 * span, max(ys) + 0.15 * span)
 
 
+FAMILY_COLORS = {"dense": "black", "naive": "tab:red", "torch_pruning": "tab:orange", "ours": "tab:blue"}
+FAMILY_NAMES = {
+    "dense": "dense",
+    "naive": "naive 90% unstructured",
+    "torch_pruning": "Torch-Pruning",
+    "ours": "PruneOps",
+}
+
+
 def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
     """Test accuracy vs batch-1 latency, one panel per workload; our recipe's Pareto front joined."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(rows), figsize=(8.5 * len(rows), 4.8), squeeze=False)
-    colors = {"dense": "black", "naive": "tab:red", "torch_pruning": "tab:orange", "ours": "tab:blue"}
-    names = {"dense": "dense", "naive": "naive 90% unstructured", "torch_pruning": "Torch-Pruning", "ours": "PruneOps"}
     for ax, (workload, items) in zip(axes[0], rows.items(), strict=True):
-        front = pareto_front([r for r in items if r["family"] == "ours"])
-        ax.plot(
-            [r["latency"]["1"]["p50_ms"] for r in front],
-            [100 * r["test_accuracy"] for r in front],
-            "-",
-            color="tab:blue",
-            alpha=0.5,
-            label="PruneOps front",
-        )
-        for family, color in colors.items():
-            for precision, marker in (("fp32", "o"), ("int8", "s")):
-                # Deployed rows in fp32 (where no INT8 form was faster) are drawn as fp32.
-                pts = [r for r in items if r["family"] == family and r["precision"] == precision]
-                if pts:
-                    ax.scatter(
-                        [r["latency"]["1"]["p50_ms"] for r in pts],
-                        [100 * r["test_accuracy"] for r in pts],
-                        color=color,
-                        marker=marker,
-                        s=45,
-                        facecolors="none" if precision == "fp32" else color,
-                        label=f"{names[family]} {precision}",
-                    )
-        for r in items:
-            ax.annotate(
-                r["label"],
-                (r["latency"]["1"]["p50_ms"], 100 * r["test_accuracy"]),
-                textcoords="offset points",
-                xytext=(4, 3),
-                fontsize=7,
-            )
-        ax.set_xscale("log")
-        _pad_limits(ax, [r["latency"]["1"]["p50_ms"] for r in items], [100 * r["test_accuracy"] for r in items])
-        ax.set_xlabel("batch-1 p50 latency (ms, ONNX Runtime CPU, log); hollow fp32, filled int8")
-        ax.set_ylabel("test accuracy (%)")
-        ax.set_title(workload)
-        ax.grid(alpha=0.3, which="both")
-        # Outside the axes: inside, it hid a point on a crowded workload.
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        draw_frontier_(ax, workload, items)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def draw_frontier_(ax, workload: str, items: list[dict]) -> None:
+    """Draws one workload's rows on `ax`: a marker and a label per row, our Pareto front joined."""
+    front = pareto_front([r for r in items if r["family"] == "ours"])
+    ax.plot(
+        [r["latency"]["1"]["p50_ms"] for r in front],
+        [100 * r["test_accuracy"] for r in front],
+        "-",
+        color="tab:blue",
+        alpha=0.5,
+        label="PruneOps front",
+    )
+    for family, color in FAMILY_COLORS.items():
+        for precision, marker in (("fp32", "o"), ("int8", "s")):
+            # Deployed rows in fp32 (where no INT8 form was faster) are drawn as fp32.
+            pts = [r for r in items if r["family"] == family and r["precision"] == precision]
+            if pts:
+                ax.scatter(
+                    [r["latency"]["1"]["p50_ms"] for r in pts],
+                    [100 * r["test_accuracy"] for r in pts],
+                    color=color,
+                    marker=marker,
+                    s=45,
+                    facecolors="none" if precision == "fp32" else color,
+                    label=f"{FAMILY_NAMES[family]} {precision}",
+                )
+    xs = [r["latency"]["1"]["p50_ms"] for r in items]
+    middle = math.sqrt(min(xs) * max(xs))  # the log axis's middle
+    for r in items:
+        # Right of the middle, labels run leftwards: a long label at the slowest point ran past
+        # the axes and was clipped.
+        right = r["latency"]["1"]["p50_ms"] > middle
+        ax.annotate(
+            r["label"],
+            (r["latency"]["1"]["p50_ms"], 100 * r["test_accuracy"]),
+            textcoords="offset points",
+            xytext=(-4, 3) if right else (4, 3),
+            ha="right" if right else "left",
+            fontsize=7,
+        )
+    ax.set_xscale("log")
+    _pad_limits(ax, xs, [100 * r["test_accuracy"] for r in items])
+    ax.set_xlabel("batch-1 p50 latency (ms, ONNX Runtime CPU, log); hollow fp32, filled int8")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(workload)
+    ax.grid(alpha=0.3, which="both")
+    # Outside the axes: inside, it hid a point on a crowded workload.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def plot_latency_predictions(predictions: dict[str, list[dict]], path: Path) -> None:

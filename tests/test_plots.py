@@ -2,7 +2,7 @@
 
 import pytest
 
-from pruneops.plots import _pad_limits, _pyplot
+from pruneops.plots import _pad_limits, _pyplot, draw_frontier_
 
 
 @pytest.mark.parametrize(
@@ -24,5 +24,38 @@ def test_every_point_lies_inside_the_limits(xs: list[float], ys: list[float]) ->
         (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
         assert x0 < min(xs) and max(xs) < x1
         assert y0 < min(ys) and max(ys) < y1
+    finally:
+        plt.close(fig)
+
+
+def _row(label: str, ms: float, accuracy: float, family: str = "ours", precision: str = "int8") -> dict:
+    return {
+        "label": label,
+        "family": family,
+        "precision": precision,
+        "test_accuracy": accuracy,
+        "latency": {"1": {"p50_ms": ms}},
+    }
+
+
+def test_every_label_stays_inside_the_axes() -> None:
+    # The text run: the slowest point's label (dense fp32, at the right edge) ran past the axes.
+    rows = [
+        _row("dense MiniLM fine-tuned, a long label", 12.15, 0.8299, "dense", "fp32"),
+        _row("dense MiniLM fine-tuned, a long label", 5.16, 0.8271, "dense"),
+        _row("ours (Fisher), latency ratio 0.25", 3.12, 0.8240, precision="fp32"),
+        _row("ours (Fisher), latency ratio 0.25", 1.92, 0.8216),
+    ]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    try:
+        draw_frontier_(ax, "text", rows)
+        fig.canvas.draw()
+        box = ax.get_window_extent()
+        labels = [t for t in ax.texts if t.get_text() in {r["label"] for r in rows}]
+        assert len(labels) == len(rows)
+        for text in labels:
+            extent = text.get_window_extent()
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1, text.get_text()
     finally:
         plt.close(fig)
