@@ -49,7 +49,8 @@ class VariantConfig(BaseModel):
     `match_macs_of` names an earlier variant: this one prunes to that variant's MACs
     (`prune.target: macs`), for a comparison at the same compute budget. `match_latency_of`
     likewise prunes to that variant's measured batch-1 latency, as a ratio of dense measured in
-    the same run (`prune.target: latency_ratio`): a comparison at the same milliseconds.
+    the same run (`prune.target: latency_ratio`) and in the same `prune.latency_form`: a
+    comparison at the same milliseconds.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -165,7 +166,16 @@ def variant_overrides(variant: VariantConfig, done: dict[str, dict]) -> dict[str
     if variant.match_latency_of is not None:
         prune = done[variant.match_latency_of]["prune"]
         ratio = prune["measured_ms"]["1"] / prune["dense_ms"]["1"]
+        # The ratio holds in the form it was timed in; a variant timing another form would aim wrong.
+        form = prune.get("latency_form", "fp32")
+        if overrides.get("prune.latency_form", form) != form:
+            raise ConfigError(
+                f"{variant.name}: prune.latency_form {overrides['prune.latency_form']} cannot match the latency "
+                f"of {variant.match_latency_of!r}, timed in {form}"
+            )
         overrides.update({"prune.target": "latency_ratio", "prune.target_value": ratio, "prune.target_batch": 1})
+        if form != "fp32":  # the default: left unwritten, so that params (and the run-cache) stay as they were
+            overrides["prune.latency_form"] = form
     return overrides
 
 

@@ -285,8 +285,11 @@ class PruneConfig(StageConfig):
 
     `target` says what to reach and `target_value` how much: `ratio` (fraction of channels/heads,
     MAC-weighted, or of weights to remove), `macs` or `params` (the most one sample's forward pass
-    may cost, or the model may hold), `latency_ms` or `latency_ratio` (predicted fp32 latency at
+    may cost, or the model may hold), `latency_ms` or `latency_ratio` (predicted latency at
     `target_batch` on this machine, in milliseconds or as a fraction of dense; structured methods).
+    `latency_form` is the form that latency, and the gate's, is measured in: `fp32`, or a
+    quantizer's name (`static`, `dynamic`) when that is what will be deployed: INT8 and fp32 do not
+    rank plans alike (a plan 13% faster in fp32 measured 3% slower in static INT8 on a CNN here).
     `target`, `scope`, `importance` and `round_to` apply to some methods only (each method
     declares which); a key set for a method it does not apply to is refused, not ignored.
     `min_speedup` is the gate: a structured result must be measured at least this much faster
@@ -301,6 +304,7 @@ class PruneConfig(StageConfig):
     target_value: Annotated[float, Field(ge=0.0, le=1e18)] | None = 0.5
     target_batch: Annotated[int, Field(ge=1, le=4096)] | None = 1
     min_speedup: Annotated[float, Field(ge=1.0, le=100.0)] | None = 1.05
+    latency_form: str = "fp32"
     max_unit_ratio: Ratio = 0.8
     scope: Literal["global", "layer"] | None = None
     steps: Annotated[int, Field(ge=1, le=1000)] = 4
@@ -323,6 +327,11 @@ class PruneConfig(StageConfig):
     @classmethod
     def _known_method(cls, v: str) -> str:
         return registered("pruneops.pruning.methods:METHODS", v)
+
+    @field_validator("latency_form")
+    @classmethod
+    def _known_form(cls, v: str) -> str:
+        return registered("pruneops.quantize:QUANTIZERS", v)
 
     @field_validator("schedule")
     @classmethod

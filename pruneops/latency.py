@@ -277,6 +277,7 @@ class LatencyModel:
     # The whole-model exports the predictors were fitted on: "points" (key -> unit widths) and
     # "measured" (batch -> key -> median ms). Empty for a model read back from JSON.
     exports: dict[str, Any] = field(default_factory=dict)
+    form: str = "fp32"  # the form the whole-model exports were timed in (`measured_latency`)
 
     def fit_(
         self,
@@ -364,6 +365,7 @@ class LatencyModel:
         """What the sensitivity stage writes (`latency.json`)."""
         return {
             "machine": self.table.machine,
+            "form": self.form,
             "base": {n: asdict(s) for n, s in self.base.items()},
             "units": {n: {"size": u.size, "deltas": [list(d) for d in u.deltas]} for n, u in self.units.items()},
             "calibration": {str(b): list(ab) for b, ab in self.calibration.items()},
@@ -388,11 +390,12 @@ class LatencyModel:
                 int(b): (v["feature"], float(v["intercept"]), {n: float(c) for n, c in v["costs"].items()})
                 for b, v in data.get("layer_costs", {}).items()
             },
+            form=data.get("form", "fp32"),
         )
 
 
 def measured_latency(
-    models: dict[str, nn.Module], input_shape, timing, budget_s: float | None = None
+    models: dict[str, nn.Module], input_shape, timing, budget_s: float | None = None, form: str = "fp32"
 ) -> dict[str, dict[int, float]]:
     """Median ms per model and batch size of their real ONNX exports, timed interleaved round by round.
 
@@ -403,21 +406,28 @@ def measured_latency(
             batch size (each naming that batch size), so that each is timed as long as it needs
             while every model is exported once.
         budget_s: Seconds of timed runs per batch size at most (see `measure_latencies`); None: all.
+        form: The form timed: `fp32`, or a quantizer's name (`static`, `dynamic`): each export is
+            quantized as the quantize stage would (`pruneops.quantize.quantized_copy`), calibrated
+            on the timing inputs (their values do not change what the INT8 graph costs).
     """
     import tempfile
 
     from pruneops.benchmark import measure_latencies
     from pruneops.onnx_utils import export_onnx_file, make_session
+    from pruneops.quantize import quantized_copy
 
     timings = list(timing.values()) if isinstance(timing, dict) else [timing]
+    biggest = max(b for t in timings for b in t.batch_sizes)
+    x = timing_inputs(next(iter(models.values())), input_shape, biggest)
     with tempfile.TemporaryDirectory(prefix="pruneops-latency-") as tmp:
         sessions = {}
         for name, model in models.items():
             path = Path(tmp) / f"{name}.onnx"
             export_onnx_file(model, list(input_shape), path, 18)
+            if form != "fp32":
+                quantized_copy(path, path.with_suffix(f".{form}.onnx"), form, x)
+                path = path.with_suffix(f".{form}.onnx")
             sessions[name] = make_session(path, timings[0].threads)
-        biggest = max(b for t in timings for b in t.batch_sizes)
-        x = timing_inputs(next(iter(models.values())), input_shape, biggest)
         medians: dict[str, dict[int, float]] = {n: {} for n in models}
         for each in timings:
             for name, per in measure_latencies(sessions, x, each, budget_s).items():
@@ -432,6 +442,7 @@ def build_latency_model(
     units: Iterable[tuple[str, int]],
     table: LatencyTable,
     batches: Iterable[int],
+    form: str = "fp32",
 ) -> LatencyModel:
     """Probes the units, fills the table on every unit's width grid and measures real exports.
 
@@ -439,6 +450,8 @@ def build_latency_model(
     first efficient width above 3/4, 1/2, 1/3 and 1/4 of its size (on which the calibration line
     `a + b * sum(layer ms)` is fitted); and, per unit, the model with only that unit at up to
     `UNIT_POINTS` of its efficient widths. Then `select_cost_model` picks the predictor per batch.
+    The exports are timed in `form` (fp32, or the quantizer named: the form that will be
+    deployed); the one-operator table stays fp32, a feature the per-layer fit scales to that form.
     """
     from pruneops.config import BenchmarkConfig
 
@@ -447,6 +460,7 @@ def build_latency_model(
         layer_shapes(model, input_shape),
         {n: probe_unit_layers(model, example, n, s, input_shape) for n, s in units},
         table,
+        form=form,
     )
     batches = sorted(set(batches))
     started = time.perf_counter()
@@ -475,7 +489,7 @@ def build_latency_model(
         )
         for batch in batches
     }
-    measured = measured_latency(models, input_shape, timings)  # each model exported once
+    measured = measured_latency(models, input_shape, timings, form=form)  # each model exported once
     for key, source in shared.items():
         if source in measured:
             points[key], measured[key] = wanted[key], measured[source]

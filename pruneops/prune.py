@@ -53,8 +53,8 @@ class PruneReport(StageReport):
     accuracy drop each chosen ratio caused alone in the sweep, before any fine-tuning. It ranks
     allocations; it is not a forecast of the final accuracy (it can exceed 1). None without one.
     The latency fields compare the table's prediction for the planned widths (anchored on dense
-    measured in the same run) with their measured export (fp32, ONNX Runtime here, at
-    `target_batch`); `gate` says what the measured gate did.
+    measured in the same run) with their measured export (ONNX Runtime here, at
+    `target_batch`, in `latency_form`); `gate` says what the measured gate did.
     """
 
     method: str
@@ -69,6 +69,7 @@ class PruneReport(StageReport):
     measured_speedups: dict[str, float] | None
     measured_ms: dict[str, float] | None
     dense_ms: dict[str, float] | None
+    latency_form: str
     gate: str
     steps: int
     params: int
@@ -164,7 +165,7 @@ def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape
     widths = _planned_widths(config, sizes, target)
     planned = {n: 1.0 - w / sizes[n] for n, w in widths.items()}
     timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target_batch or 1})})
-    result = gate(model, example, shape, planned, sizes, config.min_speedup, timing)
+    result = gate(model, example, shape, planned, sizes, config.min_speedup, timing, config.latency_form)
     if result.ratios is None:  # refused: every unit kept whole
         return GateResult(
             result.decision, dict.fromkeys(sizes, 0.0), result.speedups, result.measured_ms, result.dense_ms
@@ -428,6 +429,7 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
         measured_speedups=gated.speedups if gated is not None else None,
         measured_ms=gated.measured_ms if gated is not None else None,
         dense_ms=gated.dense_ms if gated is not None else None,
+        latency_form=config.latency_form,
         gate=gated.decision if gated is not None else "not applied (unstructured: no dense-kernel speed-up)",
         steps=config.steps,
         params=final["params"],

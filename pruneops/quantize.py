@@ -123,6 +123,20 @@ def _preprocess(src: Path, dst: Path) -> None:
     quant_pre_process(str(cleaned), str(dst), skip_symbolic_shape=True)
 
 
+def quantized_copy(src: Path, dst: Path, method: str, calib: np.ndarray | dict[str, np.ndarray]) -> None:
+    """`src` in the form `method` (a quantizer's name) at `dst`, with the stage's default settings.
+
+    What the latency model and the prune stage's gate time when they measure a form other than
+    fp32 (`prune.latency_form`): the graph the quantize stage would make, not its accuracy.
+    """
+    if method == "fp32":
+        shutil.copyfile(src, dst)
+        return
+    prepared = dst.with_suffix(".prepared.onnx")
+    _preprocess(src, prepared)
+    QUANTIZERS.get(method)(prepared, dst, calib, QuantizeConfig())
+
+
 def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, batch_sizes: list[int]) -> dict[str, dict]:
     """Validation accuracy, size, and median latency per batch size, timed interleaved.
 

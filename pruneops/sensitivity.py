@@ -148,14 +148,20 @@ def uninformative_units(curves: dict[str, dict], at_chance: float) -> list[str]:
 
 
 def measure_latency(
-    base: torch.nn.Module, val: Split, curves: dict[str, dict], shape: list[int], threads: int, batches: list[int]
+    base: torch.nn.Module,
+    val: Split,
+    curves: dict[str, dict],
+    shape: list[int],
+    threads: int,
+    batches: list[int],
+    form: str = "fp32",
 ):
-    """The latency model of the baseline's units on this machine (see `pruneops.latency`)."""
+    """The latency model of the baseline's units on this machine, timed in `form` (see `pruneops.latency`)."""
     from pruneops.latency import LatencyTable, build_latency_model, machine_fingerprint
 
     table = LatencyTable(machine_fingerprint(threads))
     units = [(n, c["size"]) for n, c in curves.items()]
-    return build_latency_model(base, head_tensors(val.x), shape, units, table, batches)
+    return build_latency_model(base, head_tensors(val.x), shape, units, table, batches, form)
 
 
 def analyze_sensitivity(
@@ -208,7 +214,7 @@ def analyze_sensitivity(
         started = time.perf_counter()
         # Every batch a target may name (checked at load), so the table outlives a change of target batch.
         batches = sorted({1, *benchmark.batch_sizes})
-        latency = measure_latency(base, val, curves, meta.input_shape, benchmark.threads, batches)
+        latency = measure_latency(base, val, curves, meta.input_shape, benchmark.threads, batches, prune.latency_form)
         seconds["latency_model"] = time.perf_counter() - started
         seconds["latency_model_parts"] = latency.exports.get("seconds", {})
     sweep = {

@@ -144,6 +144,7 @@ STAGES: tuple[Stage, ...] = (
             "prune.method",
             "prune.use_sensitivity",
             "prune.target",
+            "prune.latency_form",
             "benchmark.threads",
             "benchmark.batch_sizes",
         ),

@@ -183,7 +183,7 @@ def test_calibration_fits_a_line_and_falls_back_to_an_offset():
 def _fake_times(factors):
     """`measured_latency` replaced: each candidate's time is dense's times a factor, per batch."""
 
-    def measured(models, input_shape, timing, budget_s=None):
+    def measured(models, input_shape, timing, budget_s=None, form="fp32"):
         return {
             name: {b: 1.0 if name == "dense" else factors[name][0 if b == 1 else 1] for b in timing.batch_sizes}
             for name in models
@@ -418,7 +418,7 @@ def test_the_latency_model_times_one_unit_per_twin_group_and_fits_on_every_point
 
     timed: list[str] = []
 
-    def fake_measured(models, input_shape, timing, budget_s=None):
+    def fake_measured(models, input_shape, timing, budget_s=None, form="fp32"):
         timed.extend(models)
         return {k: {b: cost(m) * b for b in timing} for k, m in models.items()}
 

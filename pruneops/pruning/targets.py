@@ -100,6 +100,11 @@ def plan_latency(
     table, same = LatencyTable.load(sensitivity_dir / "latency_table.json", machine)
     warnings = [] if same else ["the latency table was measured on another machine: layers re-measured here"]
     latency = LatencyModel.from_json(read_json(path), table)
+    if latency.form != config.latency_form:
+        raise ConfigError(
+            f"prune.latency_form: {config.latency_form}, but the latency table was timed in {latency.form}; "
+            "rerun `pruneops sensitivity`"
+        )
     batch = config.target_batch
     if measured:
         recalibrate_(latency, batch, measured)
@@ -181,10 +186,12 @@ def gate(
     sizes: dict[str, int],
     min_speedup: float | None,
     benchmark: BenchmarkConfig,
+    form: str = "fp32",
 ) -> GateResult:
     """Measures the planned widths against dense and backs off until they are faster (see the module docstring).
 
     With `min_speedup` None the widths are measured and reported, and kept whatever they measure.
+    Both are timed in `form` (`prune.latency_form`): fp32, or quantized as the quantize stage would.
     """
     timing = BenchmarkConfig(
         threads=benchmark.threads, batch_sizes=sorted({1, *benchmark.batch_sizes}), warmup=5, repeats=30, rounds=3
@@ -197,7 +204,7 @@ def gate(
     candidates = {"dense": model, **{f"plan{i}": _pruned_copy(model, example, w) for i, (_, w) in enumerate(ladder)}}
     # Exported and timed interleaved, about GATE_BUDGET_S per batch size (a transformer's large batch
     # runs for tenths of a second, and the gate compares medians with a margin, not percentiles).
-    times = measured_latency(candidates, input_shape, timing, budget_s=GATE_BUDGET_S)
+    times = measured_latency(candidates, input_shape, timing, budget_s=GATE_BUDGET_S, form=form)
     dense = times["dense"]
     first = times["plan0"]
     speedups = {str(b): dense[b] / first[b] for b in timing.batch_sizes}
