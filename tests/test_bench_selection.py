@@ -58,3 +58,18 @@ def test_every_committed_benchmark_variant_can_be_selected_alone():
                 picked = select_runs(config, only=[workload.name], variants=[variant.name])
                 names = [v.name for v in picked.workloads[0].variants]
                 assert variant.name in names and any(v.kind == "dense" for v in picked.workloads[0].variants)
+
+
+def test_matching_a_latency_keeps_the_form_it_was_timed_in():
+    """A ratio measured in static INT8 is a static-INT8 ratio: the matching variant times that form too."""
+    from pruneops.bench import VariantConfig, variant_overrides
+
+    done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 4.0}, "latency_form": "static"}}}
+    plain = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done)
+    assert plain["prune.target_value"] == pytest.approx(0.25)
+    assert plain["prune.latency_form"] == "static"
+    asked = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "fp32"})
+    with pytest.raises(ConfigError, match="cannot match the latency of 'tp', timed in static"):
+        variant_overrides(asked, done)
+    fp32 = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}  # a report from before the field
+    assert "prune.latency_form" not in variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), fp32)

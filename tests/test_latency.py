@@ -180,10 +180,15 @@ def test_calibration_fits_a_line_and_falls_back_to_an_offset():
     assert fit_calibration(np.array([1.0, 1.0]), np.array([1.5, 2.5])) == pytest.approx((1.0, 1.0))
 
 
-def _fake_times(factors):
-    """`measured_latency` replaced: each candidate's time is dense's times a factor, per batch."""
+def _fake_times(factors, forms=None):
+    """`measured_latency` replaced: each candidate's time is dense's times a factor, per batch.
+
+    `forms`, a list, collects the form each call timed in.
+    """
 
     def measured(models, input_shape, timing, budget_s=None, form="fp32"):
+        if forms is not None:
+            forms.append(form)
         return {
             name: {b: 1.0 if name == "dense" else factors[name][0 if b == 1 else 1] for b in timing.batch_sizes}
             for name in models
@@ -218,6 +223,74 @@ def test_the_gate_passes_backs_off_or_refuses_on_measured_latency(monkeypatch, f
     }
     if decision.startswith("backed off"):
         assert all((1 - r) * sizes[n] % 16 == 0 for n, r in result.ratios.items())
+
+
+@pytest.mark.parametrize("form", ["fp32", "static"])
+def test_the_gate_times_the_form_that_will_ship(monkeypatch, form):
+    from pruneops.config import BenchmarkConfig
+
+    forms = []
+    monkeypatch.setattr(targets_module, "measured_latency", _fake_times({"plan0": (0.5, 0.5)}, forms))
+    model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [32, 64]})).eval()
+    example = torch.zeros(1, *SHAPE)
+    sizes = _units(model, example)
+    ratios = {n: 0.5 for n in sizes}  # whole blocks of 16: no back-off step
+    targets_module.gate(model, example, SHAPE, ratios, sizes, 1.05, BenchmarkConfig(batch_sizes=[1]), form)
+    assert forms == [form]
+
+
+@pytest.mark.parametrize(
+    ("form", "int8_ops"),
+    [("fp32", set()), ("static", {"QuantizeLinear", "DequantizeLinear"}), ("dynamic", {"ConvInteger"})],
+)
+def test_measured_latency_times_each_export_in_the_form_asked(monkeypatch, form, int8_ops):
+    """An INT8 form times the quantize stage's graph of each export, not the fp32 export."""
+    import onnx
+
+    from pruneops import onnx_utils
+    from pruneops.config import BenchmarkConfig
+    from pruneops.latency import measured_latency
+
+    timed_ops = []
+    make_session = onnx_utils.make_session
+
+    def spy(path, threads=1):
+        timed_ops.append({node.op_type for node in onnx.load(str(path)).graph.node})
+        return make_session(path, threads)
+
+    monkeypatch.setattr(onnx_utils, "make_session", spy)
+    models = {
+        "dense": create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [16, 32]})).eval(),
+        "narrow": create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [8, 16]})).eval(),
+    }
+    timing = BenchmarkConfig(threads=1, batch_sizes=[1, 4], warmup=1, repeats=3, rounds=1)
+    times = measured_latency(models, SHAPE, timing, form=form)
+    assert len(timed_ops) == 2
+    for ops in timed_ops:
+        assert int8_ops <= ops
+        if form == "fp32":
+            assert not {"QuantizeLinear", "ConvInteger", "DynamicQuantizeLinear"} & ops
+    assert all(ms > 0 for per in times.values() for ms in per.values()) and set(times["dense"]) == {1, 4}
+
+
+def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_path):
+    from pruneops.config import PruneConfig
+    from pruneops.errors import ConfigError
+    from pruneops.pruning.targets import plan_latency
+
+    latency, sizes = synthetic
+    latency.calibration[1] = (0.0, 1.0)
+    latency.form = "static"
+    saved = latency.to_json()
+    assert LatencyModel.from_json(saved, latency.table).form == "static"
+    (tmp_path / "latency.json").write_text(__import__("json").dumps(saved))
+    latency.table.save(tmp_path / "latency_table.json")
+    sweep = _sweep(sizes, lambda n: [0.0, 0.01, 0.02])
+    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.8)
+    with pytest.raises(ConfigError, match=r"latency_form: fp32, but the latency table was timed in static; rerun"):
+        plan_latency(config, sweep, tmp_path, 1)
+    planned = plan_latency(config.model_copy(update={"latency_form": "static"}), sweep, tmp_path, 1)
+    assert planned.predicted_ms <= 0.5 * planned.dense_predicted_ms * 1.001
 
 
 def _skewed_machine(latency):
