@@ -289,7 +289,7 @@ class PruneConfig(StageConfig):
     `target_batch` on this machine, in milliseconds or as a fraction of dense; structured methods).
     `latency_form` is the form that latency, and the gate's, is measured in: `fp32`, or a
     quantizer's name (`static`, `dynamic`) when that is what will be deployed: INT8 and fp32 do not
-    rank plans alike (a plan 13% faster in fp32 measured 3% slower in static INT8 on a CNN here).
+    rank plans alike (INT8 kernels have their own fast channel counts and per-operator costs).
     `target`, `scope`, `importance` and `round_to` apply to some methods only (each method
     declares which); a key set for a method it does not apply to is refused, not ignored.
     `min_speedup` is the gate: a structured result must be measured at least this much faster
