@@ -61,9 +61,14 @@ def _why_fp32_deployed(metrics_path: Path) -> str:
     report = read_json(metrics_path).get("quantize", {}) if metrics_path.is_file() else {}
     fp32 = report.get("fp32_val_accuracy", 0.0)
     int8 = {k: c for k, c in report.get("candidates", {}).items() if c.get("precision") == "int8"}
-    lost = {k: c for k, c in int8.items() if not c.get("within_tolerance")}
-    if int8 and len(lost) == len(int8):
-        drops = ", ".join(f"{k} INT8 {100 * (c['val_accuracy'] - fp32):+.2f} pts on val" for k, c in lost.items())
+    lost = {k: c for k, c in int8.items() if not c.get("within_tolerance") and c.get("val_accuracy") is not None}
+    if lost and all(c.get("val_accuracy") is None or k in lost for k, c in int8.items()):
+        drops = ", ".join(
+            f"{k} INT8 {100 * (c['val_accuracy'] - fp32):+.2f} pts on val"
+            if k in lost
+            else f"{k} INT8 {c.get('not_evaluated', 'not evaluated')}"
+            for k, c in int8.items()
+        )
         return f"deployed ({drops})"
     return "deployed (no INT8 form faster here)" if int8 else "deployed"
 

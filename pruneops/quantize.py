@@ -138,11 +138,15 @@ def quantized_copy(src: Path, dst: Path, method: str, calib: np.ndarray | dict[s
 
 
 def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, batch_sizes: list[int]) -> dict[str, dict]:
-    """Validation accuracy, size, and median latency per batch size, timed interleaved.
+    """Median latency per batch size, timed interleaved, then validation accuracy and size.
 
     Every batch size the benchmark serves is measured, not only batch 1: dynamic INT8 can win at
     batch 1 and lose at batch 16 (a ViT here did), and that model would then ship slower than
     fp32 where it is used. Larger batches get fewer repeats (each run is longer and steadier).
+    With `fp32` among the candidates, a candidate measured slower than it at some batch size is
+    not evaluated on validation (`val_accuracy` None, `not_evaluated` says why): `_choose` never
+    ships it, fp32 being within tolerance and not slower. Dynamic INT8 of a CNN runs ~10x slower
+    than fp32 here, and evaluating it took a minute of each MobileNetV2 quantize stage.
     """
     from pruneops.benchmark import measure_latencies
 
@@ -156,16 +160,20 @@ def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, bat
         samples = measure_latencies(sessions, val.x, timing)
         for n in paths:
             latency[n][str(b)] = float(np.median(samples[n][b]))
-    return {
-        n: {
-            "precision": "fp32" if n == "fp32" else "int8",
-            "val_accuracy": ort_accuracy(sessions[n], val.x, val.y),
+    measured = {}
+    for n in paths:
+        slower = (
+            _slower_than_fp32({"latency_ms": latency[n]}, {"latency_ms": latency["fp32"]}) if "fp32" in paths else []
+        )
+        measured[n] = {
+            "precision": "fp32" if n in ("fp32", "reference") else "int8",
+            "val_accuracy": None if slower else ort_accuracy(sessions[n], val.x, val.y),
             "latency_ms_b1": latency[n]["1"],
             "latency_ms": latency[n],
             "size_bytes": file_size(paths[n]),
+            **({"not_evaluated": f"slower than fp32 at {', '.join(slower)}"} if slower else {}),
         }
-        for n in paths
-    }
+    return measured
 
 
 def _slower_than_fp32(candidate: dict, fp32: dict) -> list[str]:
@@ -186,7 +194,9 @@ def _choose(names: list[str], candidates: dict[str, dict], reference: dict) -> t
     eligible = [n for n in names if candidates[n]["within_tolerance"]]
     if not eligible:
         figures = ", ".join(
-            f"{n} {100 * (c['val_accuracy'] - reference['val_accuracy']):+.2f} pts" for n, c in candidates.items()
+            f"{n} {100 * (c['val_accuracy'] - reference['val_accuracy']):+.2f} pts"
+            for n, c in candidates.items()
+            if c["val_accuracy"] is not None
         )
         raise QualityGateError(f"no candidate within the accuracy tolerance of fp32 validation accuracy ({figures})")
     fp32 = candidates.get("fp32", reference)
@@ -228,7 +238,8 @@ def quantize_model(config: QuantizeConfig, benchmark: BenchmarkConfig, layout: L
         fp32, prepared = work / "reference.onnx", work / "prepared.onnx"
         export_onnx_file(model, meta.input_shape, fp32, config.opset, config.exporter)
         _preprocess(fp32, prepared)
-        paths = {"reference": fp32}
+        # The fp32 candidate is the export itself: it is the reference when it competes.
+        paths = {} if "fp32" in names else {"reference": fp32}
         for name in names:
             paths[name] = work / f"candidate-{name}.onnx"
             # INT8 is made from the pre-processed graph; fp32 ships (and is compared) as exported,
@@ -237,22 +248,29 @@ def quantize_model(config: QuantizeConfig, benchmark: BenchmarkConfig, layout: L
             QUANTIZERS.get(name)(fp32 if name == "fp32" else prepared, paths[name], calib, config)
         batch_sizes = sorted({1, *benchmark.batch_sizes})
         measured = _measure_candidates(paths, val, config, batch_sizes)
-        reference = measured.pop("reference")
+        reference = measured.pop("reference") if "reference" in measured else measured["fp32"]
         candidates = {
-            n: {**c, "within_tolerance": reference["val_accuracy"] - c["val_accuracy"] <= config.accuracy_tolerance}
+            n: {
+                **c,
+                "within_tolerance": c["val_accuracy"] is not None
+                and reference["val_accuracy"] - c["val_accuracy"] <= config.accuracy_tolerance,
+            }
             for n, c in measured.items()
         }
         try:
             chosen, warnings = _choose(names, candidates, reference)
         except QualityGateError as e:
             raise QualityGateError(f"quantize.accuracy_tolerance={config.accuracy_tolerance}: {e}") from None
+        test_accuracy = ort_accuracy(make_session(paths[chosen], config.threads), test.x, test.y)
         report = QuantizeReport(
             method=chosen,
             precision=candidates[chosen]["precision"],
             fp32_val_accuracy=reference["val_accuracy"],
             val_accuracy=candidates[chosen]["val_accuracy"],
-            test_accuracy=ort_accuracy(make_session(paths[chosen], config.threads), test.x, test.y),
-            fp32_test_accuracy=ort_accuracy(make_session(fp32, config.threads), test.x, test.y),
+            test_accuracy=test_accuracy,
+            fp32_test_accuracy=test_accuracy
+            if chosen == "fp32"
+            else ort_accuracy(make_session(fp32, config.threads), test.x, test.y),
             latency_ms_b1=candidates[chosen]["latency_ms_b1"],
             fp32_latency_ms_b1=reference["latency_ms_b1"],
             size_bytes=candidates[chosen]["size_bytes"],

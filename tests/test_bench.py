@@ -258,4 +258,14 @@ def test_a_variant_deployed_as_fp32_says_why(tmp_path):
     assert note({"fp32": fp32, "static": lost}) == "deployed (static INT8 -4.33 pts on val)"
     assert note({"fp32": fp32, "static": kept}) == "deployed (no INT8 form faster here)"
     assert note({"fp32": fp32}) == "deployed"
+    slow = {
+        "precision": "int8",
+        "val_accuracy": None,
+        "within_tolerance": False,
+        "not_evaluated": "slower than fp32 at b1 8.10x",
+    }
+    assert note({"fp32": fp32, "static": lost, "dynamic": slow}) == (
+        "deployed (static INT8 -4.33 pts on val, dynamic INT8 slower than fp32 at b1 8.10x)"
+    )
+    assert note({"fp32": fp32, "dynamic": slow}) == "deployed (no INT8 form faster here)"
     assert _why_fp32_deployed(tmp_path / "absent.json") == "deployed"

@@ -35,7 +35,8 @@ def _scaled_latencies(real, factors: dict[str, dict[int, float]]):
 
     def scaled(sessions, x, config):
         samples = real(sessions, x, config)
-        return {n: {b: samples["reference"][b] * factors.get(n, {}).get(b, 1.0) for b in samples[n]} for n in samples}
+        fp32 = samples["fp32"] if "fp32" in samples else samples["reference"]  # the export, under either name
+        return {n: {b: fp32[b] * factors.get(n, {}).get(b, 1.0) for b in samples[n]} for n in samples}
 
     return scaled
 
@@ -63,6 +64,11 @@ def test_quantize_ships_int8_only_where_it_is_not_slower_at_any_benchmark_batch(
     report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
     assert report.method == expected and report.warnings == ()
     assert set(report.candidates) == {"static", "dynamic", "fp32"}
+    # A candidate slower than fp32 somewhere can never ship: it is not evaluated, and says why.
+    for name, candidate in report.candidates.items():
+        slower = [f"b{b} {f:.2f}x" for b, f in factors.get(name, {}).items() if f > 1.0]
+        assert (candidate["val_accuracy"] is None) == bool(slower), name
+        assert candidate.get("not_evaluated") == (f"slower than fp32 at {', '.join(slower)}" if slower else None)
     if expected != "fp32":
         return
     monkeypatch.undo()
