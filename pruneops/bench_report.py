@@ -115,6 +115,9 @@ def _latency_prediction(variant, directory: Path) -> dict | None:
         "predicted_ms": prune["predicted_latency_ms"],
         "measured_ms": prune["measured_latency_ms"],
         "error": prune["latency_prediction_error"],
+        # Reports from before these fields were all of fp32 at batch 1 or unlabelled.
+        "form": prune.get("latency_form", "fp32"),
+        "batch": prune.get("target_batch") or 1,
     }
 
 
@@ -242,10 +245,14 @@ def _same_budget_lines(workload: WorkloadConfig, items: list[dict]) -> list[str]
 def _prediction_lines(predictions: list[dict]) -> list[str]:
     if not predictions:
         return []
-    lines = ["", "Latency table, predicted vs measured (fp32, batch 1, the prune stage's planned widths):", ""]
+    lines = [
+        "",
+        "Latency table, predicted vs measured (the prune stage's planned widths, at its target's form and batch):",
+        "",
+    ]
     lines += [
         f"- {p['label']}: predicted {p['predicted_ms']:.4f} ms, measured {p['measured_ms']:.4f} ms "
-        f"({100 * p['error']:+.1f}%)"
+        f"({100 * p['error']:+.1f}%; {p.get('form', 'fp32')}, batch {p.get('batch', 1)})"
         for p in predictions
     ]
     return lines

@@ -172,8 +172,18 @@ def draw_frontier_(ax, workload: str, items: list[dict]) -> None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
+def _grouped(items: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for p in items:
+        groups.setdefault((p.get("form", "fp32"), p.get("batch", 1)), []).append(p)
+    return groups
+
+
 def plot_latency_predictions(predictions: dict[str, list[dict]], path: Path) -> None:
-    """Predicted vs measured batch-1 latency of the planned widths, every workload, with the ±15% band."""
+    """Predicted vs measured latency of the planned widths, every workload, with the ±15% band.
+
+    Each point is at its target's batch size and in its latency form (fp32 or INT8); the marker says which.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 5))
     points = [p for items in predictions.values() for p in items]
@@ -181,8 +191,15 @@ def plot_latency_predictions(predictions: dict[str, list[dict]], path: Path) -> 
     ax.plot([0, top], [0, top], color="black", lw=1, label="exact")
     ax.fill_between([0, top], [0, 0.85 * top], [0, 1.15 * top], color="grey", alpha=0.2, label="±15%")
     for workload, items in predictions.items():
-        ax.scatter([p["measured_ms"] for p in items], [p["predicted_ms"] for p in items], s=30, label=workload)
-    ax.set_xlabel("measured latency (ms, fp32, batch 1)")
+        for (form, batch), group in _grouped(items).items():
+            ax.scatter(
+                [p["measured_ms"] for p in group],
+                [p["predicted_ms"] for p in group],
+                s=30,
+                marker="o" if form == "fp32" else "s",
+                label=f"{workload} ({form}, batch {batch})",
+            )
+    ax.set_xlabel("measured latency (ms)")
     ax.set_ylabel("predicted by the latency table (ms)")
     ax.set_title("Latency table: predicted vs measured")
     ax.set_xscale("log")

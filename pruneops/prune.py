@@ -60,6 +60,7 @@ class PruneReport(StageReport):
     method: str
     target: str | None
     target_value: float | None
+    target_batch: int | None
     target_ratio: float
     achieved_ratio: float | None
     summed_isolated_drop: float | None
@@ -420,6 +421,7 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
         method=config.method,
         target=config.target,
         target_value=config.target_value,
+        target_batch=config.target_batch,
         target_ratio=target.ratio,
         achieved_ratio=target.allocation.achieved_ratio if target.allocation else None,
         summed_isolated_drop=target.allocation.summed_isolated_drop if target.allocation else None,

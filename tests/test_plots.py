@@ -59,3 +59,24 @@ def test_every_label_stays_inside_the_axes() -> None:
             assert box.x0 <= extent.x0 and extent.x1 <= box.x1, text.get_text()
     finally:
         plt.close(fig)
+
+
+def test_latency_predictions_say_the_form_and_batch_each_was_timed_at(tmp_path) -> None:
+    """A batch-64 INT8 prediction is not a batch-1 fp32 one: the report line and the legend say which."""
+    from pruneops.bench_report import _prediction_lines
+    from pruneops.plots import plot_latency_predictions
+
+    points = [
+        {"label": "a", "predicted_ms": 0.30, "measured_ms": 0.33, "error": -0.09, "form": "fp32", "batch": 1},
+        {"label": "b", "predicted_ms": 9.0, "measured_ms": 9.5, "error": -0.05, "form": "static", "batch": 64},
+        {"label": "c", "predicted_ms": 0.10, "measured_ms": 0.10, "error": 0.0},  # a report from before the fields
+    ]
+    lines = _prediction_lines(points)
+    assert lines[3:] == [
+        "- a: predicted 0.3000 ms, measured 0.3300 ms (-9.0%; fp32, batch 1)",
+        "- b: predicted 9.0000 ms, measured 9.5000 ms (-5.0%; static, batch 64)",
+        "- c: predicted 0.1000 ms, measured 0.1000 ms (+0.0%; fp32, batch 1)",
+    ]
+    path = tmp_path / "latency_prediction.png"
+    plot_latency_predictions({"w": points}, path)
+    assert path.stat().st_size > 10_000
