@@ -151,23 +151,32 @@ class Experiment:
 
     def remove(self) -> None:
         """Deletes the worktree (the experiment stays in git refs and its outputs in the cache)."""
-        subprocess.run(
-            ["git", "worktree", "remove", "--force", str(self.repo_root)],
-            cwd=self.project,
-            env=tool_env(),
-            capture_output=True,
-            check=False,
-        )
-        shutil.rmtree(self.repo_root, ignore_errors=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=self.project, env=tool_env(), capture_output=True, check=False)
+        _remove_worktree(self.project, self.repo_root)
+
+
+def _remove_worktree(project: Path, tree: Path) -> None:
+    subprocess.run(
+        ["git", "worktree", "remove", "--force", str(tree)],
+        cwd=project,
+        env=tool_env(),
+        capture_output=True,
+        check=False,
+    )
+    shutil.rmtree(tree, ignore_errors=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=project, env=tool_env(), capture_output=True, check=False)
 
 
 def _dvc(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "dvc"), *args]
 
 
-def _make_worktree(project: Path, name: str) -> tuple[Path, Path]:
-    """A worktree of the workspace state under `state/experiments/<name>`: (its repo root, its project dir)."""
+def _make_worktree(project: Path, name: str, replace: bool = False) -> tuple[Path, Path]:
+    """A worktree of the workspace state under `state/experiments/<name>`: (its repo root, its project dir).
+
+    With `replace`, a worktree of that name is removed first: a run killed by a signal (a
+    stopped `pruneops bench`) leaves its worktree behind, and the rerun meant to replace it would
+    otherwise refuse the variant (a benchmark then lost its dense reference that way).
+    """
     top = Path(_git(project, "rev-parse", "--show-toplevel")).resolve()
     try:
         _git(project, "rev-parse", "--verify", "HEAD")
@@ -175,6 +184,8 @@ def _make_worktree(project: Path, name: str) -> tuple[Path, Path]:
         raise PruneOpsError(f"{project}: DVC experiments need a git commit; commit the project first") from None
     base = _git(project, "stash", "create") or "HEAD"  # uncommitted changes, without touching them
     tree = Layout(project).state_dir() / "experiments" / name
+    if tree.exists() and replace:
+        _remove_worktree(project, tree)
     if tree.exists():
         raise PruneOpsError(f"{tree}: an experiment named {name!r} is already there")
     tree.parent.mkdir(parents=True, exist_ok=True)
@@ -214,7 +225,7 @@ def run_experiment(
     with project_importable(project, *pythonpath):
         params = apply_overrides(read_params(project / "params.yaml"), overrides)
     cache = subprocess.run(_dvc("cache", "dir"), cwd=project, env=tool_env(), capture_output=True, text=True)
-    tree, root = _make_worktree(project, name)
+    tree, root = _make_worktree(project, name, replace)
     experiment = Experiment(name, root, tree, project)
     try:
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
