@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +38,10 @@ class _Calibration:
 
 
 @QUANTIZERS.register("static", "QDQ with calibrated activations (uint8 act/int8 weights by default)")
-def quantize_static_qdq(src: Path, dst: Path, calib: np.ndarray, config: QuantizeConfig) -> None:
-    """Static QDQ quantization calibrated (MinMax) on training samples."""
+def quantize_static_qdq(
+    src: Path, dst: Path, calib: np.ndarray, config: QuantizeConfig, exclude: Sequence[str] = ()
+) -> None:
+    """Static QDQ quantization calibrated (MinMax) on training samples; nodes named in `exclude` stay fp32."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     act = QuantType.QUInt8 if config.activation_type == "uint8" else QuantType.QInt8
@@ -57,6 +59,7 @@ def quantize_static_qdq(src: Path, dst: Path, calib: np.ndarray, config: Quantiz
         per_channel=config.per_channel,
         activation_type=act,
         weight_type=QuantType.QInt8,
+        nodes_to_exclude=list(exclude),
         **extra,
     )
 

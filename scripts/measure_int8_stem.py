@@ -1,10 +1,10 @@
 """Where static INT8 stops paying: fp32, static INT8, and static INT8 with the stem conv kept fp32.
 
 Usage: `python scripts/measure_int8_stem.py MODEL.onnx [MODEL.onnx ...]` (fp32 exports taking one
-image input, e.g. a bench run's `results/<variant>/artifacts/export/pruned_fp32.onnx`). Each model
-is quantized as `quantize.method: static` makes it (QDQ, per-channel int8 weights, uint8
-activations, calibrated here on 64 random inputs: their values do not change what the INT8 graph
-costs), and again with its stem (ungrouped convolutions over at most 4 input channels) excluded.
+image input of the same shape, e.g. a bench run's `results/<variant>/artifacts/export/pruned_fp32.onnx`).
+Each model is quantized by `quantize.method: static`'s quantizer with the stage's default settings
+(calibrated here on 64 random inputs: their values do not change what the INT8 graph costs), and
+again with its stem (ungrouped convolutions over at most 4 input channels) excluded.
 All forms of all models are timed interleaved in one process at batch 1 and 64, one thread. Prints
 JSON: median ms per model, form and batch size.
 """
@@ -36,12 +36,11 @@ def stem_convs(path: Path) -> list[str]:
 def main(paths: list[Path]) -> None:
     """Quantizes each model both ways and times every form interleaved."""
     import onnxruntime as ort
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     from pruneops.benchmark import measure_latencies
-    from pruneops.config import BenchmarkConfig
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
     from pruneops.onnx_utils import make_session
-    from pruneops.quantize import _Calibration, _preprocess
+    from pruneops.quantize import _preprocess, quantize_static_qdq
 
     sessions = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,16 +51,7 @@ def main(paths: list[Path]) -> None:
             _preprocess(path, prepared)
             for form, exclude in (("static", []), ("static_fp32_stem", stem_convs(prepared))):
                 out = Path(tmp) / f"{path.stem}.{form}.onnx"
-                quantize_static(
-                    str(prepared),
-                    str(out),
-                    _Calibration(x),
-                    quant_format=QuantFormat.QDQ,
-                    per_channel=True,
-                    activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8,
-                    nodes_to_exclude=exclude,
-                )
+                quantize_static_qdq(prepared, out, x, QuantizeConfig(), exclude)
                 sessions[f"{path} {form}"] = make_session(out, 1)
             sessions[f"{path} fp32"] = make_session(path, 1)
         medians: dict[str, dict[int, float]] = {n: {} for n in sessions}
