@@ -14,6 +14,7 @@ import torch
 from pruneops.latency import (
     LatencyModel,
     LatencyTable,
+    LayerShape,
     _candidates,
     allocate_latency,
     fit_calibration,
@@ -83,7 +84,7 @@ def _staircase(shape, batch):
 @pytest.fixture
 def synthetic(monkeypatch):
     """A latency model of a residual CNN over the synthetic staircase (no timing)."""
-    monkeypatch.setattr(LatencyTable, "layer_ms", lambda self, shape, batch: _staircase(shape, batch))
+    monkeypatch.setattr(LatencyTable, "layer_ms", lambda self, shape, batch, form="fp32": _staircase(shape, batch))
     _, _, sizes, latency = _latency_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]}))
     return latency, sizes
 
@@ -271,6 +272,53 @@ def test_measured_latency_times_each_export_in_the_form_asked(monkeypatch, form,
         if form == "fp32":
             assert not {"QuantizeLinear", "ConvInteger", "DynamicQuantizeLinear"} & ops
     assert all(ms > 0 for per in times.values() for ms in per.values()) and set(times["dense"]) == {1, 4}
+
+
+@pytest.mark.parametrize(
+    ("form", "int8_ops"),
+    [("fp32", set()), ("static", {"QuantizeLinear", "DequantizeLinear"}), ("dynamic", {"ConvInteger"})],
+)
+def test_the_one_operator_table_is_timed_in_the_form_asked(monkeypatch, form, int8_ops):
+    """Each form gets its own entries, timed on the layer graph quantized as the quantize stage would."""
+    import onnx
+
+    from pruneops import latency as latency_module
+
+    timed_ops = []
+
+    def spy(model, feed, threads, repeats, warmup):
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
+        timed_ops.append({node.op_type for node in proto.graph.node})
+        return 1.0
+
+    monkeypatch.setattr(latency_module, "time_model_bytes", spy)
+    table = LatencyTable({"threads": 1})
+    shape = LayerShape("conv", 16, 16, 1, (3, 3), (1, 1), (1, 1), (1, 1), (8, 8))
+    table.layer_ms(shape, 1, form)
+    assert int8_ops <= timed_ops[0]  # the layer graph; the overhead graph (a Relu) stays fp32
+    if form == "fp32":
+        assert "QuantizeLinear" not in timed_ops[0] and timed_ops[1] == {"Relu"}
+    table.layer_ms(shape, 1, "fp32" if form != "fp32" else "static")
+    assert table.measured == 2  # the other form is its own entry, measured again
+
+
+def test_a_latency_model_reads_the_table_in_its_own_form(monkeypatch):
+    """The staircase of fast widths is the deployed form's: INT8 kernels have other fast widths."""
+
+    def by_form(self, shape, batch, form="fp32"):
+        if form == "fp32":  # linear below one block of 16, then whole blocks
+            blocks = shape.cout / 16 if shape.cout <= 16 else math.ceil(shape.cout / 16)
+        else:  # INT8: fastest at whole blocks of 16, a part-filled block costs more
+            blocks = math.ceil(shape.cout / 16) + (0.5 if shape.cout % 16 else 0.0)
+        return 0.001 * blocks * math.ceil(shape.cin / shape.groups / 16) * (math.prod(shape.spatial) or 1) * batch
+
+    monkeypatch.setattr(LatencyTable, "layer_ms", by_form)
+    _, _, sizes, latency = _latency_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]}))
+    fp32_widths = {n: latency.efficient_widths(n, 1) for n in sizes}
+    latency.form = "static"
+    static_widths = {n: latency.efficient_widths(n, 1) for n in sizes}
+    assert all(w % 16 == 0 for ws in static_widths.values() for w in ws), static_widths
+    assert any(w % 16 for ws in fp32_widths.values() for w in ws), fp32_widths  # fp32 keeps widths under 16
 
 
 def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_path):
@@ -496,7 +544,7 @@ def test_the_latency_model_times_one_unit_per_twin_group_and_fits_on_every_point
         return {k: {b: cost(m) * b for b in timing} for k, m in models.items()}
 
     monkeypatch.setattr(latency_module, "measured_latency", fake_measured)
-    monkeypatch.setattr(LatencyTable, "layer_ms", lambda self, shape, batch: _staircase(shape, batch))
+    monkeypatch.setattr(LatencyTable, "layer_ms", lambda self, shape, batch, form="fp32": _staircase(shape, batch))
     latency = latency_module.build_latency_model(
         model, example, SHAPE, list(sizes.items()), LatencyTable({"threads": 1}), [1]
     )
