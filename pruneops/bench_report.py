@@ -73,6 +73,11 @@ def _why_fp32_deployed(metrics_path: Path) -> str:
     return "deployed (no INT8 form faster here)" if int8 else "deployed"
 
 
+# A row is marked slower than dense fp32 when it is slower by more than this fraction: identical
+# graphs timed interleaved in one process differ by up to ~1% here (README, "Pruning for milliseconds").
+SLOWER_TOLERANCE = 0.02
+
+
 def _relative_to_dense(models: dict[str, dict], big: str) -> None:
     dense = next(m for m in models.values() if m["family"] == "dense" and m["precision"] == "fp32")
     # What quantising the dense model alone gives: the bar a pruned-and-quantised model must clear.
@@ -87,7 +92,9 @@ def _relative_to_dense(models: dict[str, dict], big: str) -> None:
         m["speedup_per_mac_reduction"] = m["speedup_b1"] / m["mac_reduction"]
         m["val_drop_points"] = 100 * (dense["val_accuracy"] - m["val_accuracy"])
         m["test_drop_points"] = 100 * (dense["test_accuracy"] - m["test_accuracy"])
-        m["slower_than_dense"] = m["speedup_b1"] < 1.0 or m[f"throughput_gain_b{big}"] < 1.0
+        # Beyond timing noise: a from-scratch twin of dense (same graph) measured 0.8% slower at batch 1.
+        floor = 1.0 - SLOWER_TOLERANCE
+        m["slower_than_dense"] = m["speedup_b1"] < floor or m[f"throughput_gain_b{big}"] < floor
 
 
 def paired_bootstrap_ci(correct: np.ndarray, reference: np.ndarray, draws: int = 2000, seed: int = 0) -> list[float]:

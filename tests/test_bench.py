@@ -269,3 +269,26 @@ def test_a_variant_deployed_as_fp32_says_why(tmp_path):
     )
     assert note({"fp32": fp32, "dynamic": slow}) == "deployed (no INT8 form faster here)"
     assert _why_fp32_deployed(tmp_path / "absent.json") == "deployed"
+
+
+def test_a_row_is_marked_slower_than_dense_only_beyond_timing_noise():
+    """The same graph trained from scratch times within noise of dense: not a regression to flag."""
+    from pruneops.bench_report import SLOWER_TOLERANCE, _relative_to_dense
+
+    def row(family, b1_ms, b64_ms):
+        latency = {
+            "1": {"p50_ms": b1_ms, "throughput": 1e3 / b1_ms},
+            "64": {"p50_ms": b64_ms, "throughput": 64e3 / b64_ms},
+        }
+        return {"family": family, "precision": "fp32", "latency": latency, "macs": 10, "size_bytes": 10}
+
+    rows = {
+        "dense": row("dense", 1.0, 40.0),
+        "twin": row("dense", 1.0 + SLOWER_TOLERANCE / 2, 40.0),
+        "slower_b1": row("ours", 1.0 + 2 * SLOWER_TOLERANCE, 20.0),
+        "slower_b64": row("ours", 0.5, 40.0 * (1 + 2 * SLOWER_TOLERANCE)),
+    }
+    for r in rows.values():
+        r.update(val_accuracy=0.9, test_accuracy=0.9)
+    _relative_to_dense(rows, "64")
+    assert {n for n, r in rows.items() if r["slower_than_dense"]} == {"slower_b1", "slower_b64"}
