@@ -173,11 +173,17 @@ def _quantized_bytes(model: bytes, feed: dict[str, np.ndarray], form: str) -> by
     """A one-operator model quantized by the quantizer `form`, calibrated on its feed."""
     import tempfile
 
+    import onnx
+
     from pruneops.quantize import quantized_copy
 
+    proto = onnx.load_from_string(model)
+    # Calibration feeds the graph in batches of its own size; the layer graph's batch is fixed
+    # (64 would refuse 32), so it is made free as in the whole-model exports.
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     with tempfile.TemporaryDirectory(prefix="pruneops-layer-") as tmp:
         src, dst = Path(tmp) / "layer.onnx", Path(tmp) / f"layer.{form}.onnx"
-        src.write_bytes(model)
+        src.write_bytes(proto.SerializeToString())
         quantized_copy(src, dst, form, feed)
         return dst.read_bytes()
 

@@ -300,6 +300,10 @@ def test_the_one_operator_table_is_timed_in_the_form_asked(monkeypatch, form, in
         assert "QuantizeLinear" not in timed_ops[0] and timed_ops[1] == {"Relu"}
     table.layer_ms(shape, 1, "fp32" if form != "fp32" else "static")
     assert table.measured == 2  # the other form is its own entry, measured again
+    # Large batches calibrate in smaller batches than the graph's (a fixed batch of 64 refused 32).
+    for layer in (shape, LayerShape("linear", 32, 10)):
+        table.layer_ms(layer, 64, form)
+    assert table.measured == 4
 
 
 def test_a_latency_model_reads_the_table_in_its_own_form(monkeypatch):
@@ -562,3 +566,21 @@ def test_the_latency_model_times_one_unit_per_twin_group_and_fits_on_every_point
         own = copy.deepcopy(model)
         UnitPruner(own, example, IMPORTANCES.get("l2")).prune_to_(points[key])
         assert cost(own) == pytest.approx(copy_ms, rel=1e-12)
+
+
+def test_a_static_int8_latency_model_builds_at_batch_1_and_a_large_batch():
+    """The whole sensitivity-stage path in static INT8, really timed (its one-operator graphs at
+    batch 64 once failed to calibrate: the calibration batch is 32)."""
+    from pruneops.latency import build_latency_model, machine_fingerprint
+
+    torch.manual_seed(0)
+    model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [8, 16]})).eval()
+    example = torch.zeros(1, *SHAPE)
+    units = list(_units(model, example).items())
+    table = LatencyTable(machine_fingerprint(1))
+    latency = build_latency_model(model, example, SHAPE, units, table, [1, 64], form="static")
+    assert latency.form == "static" and set(latency.layer_costs) | set(latency.calibration) == {1, 64}
+    assert table.entries and all(k.startswith(("static:", '["overhead"')) for k in table.entries)
+    # Not "narrower is faster": in INT8 half of a 16-channel unit can cost more (the point of timing it).
+    half = {n: size // 2 for n, size in units}
+    assert 0 < latency.predict({}, 1) < latency.predict({}, 64) and latency.predict(half, 1) > 0
