@@ -395,6 +395,19 @@ class FinetuneConfig(FitParams):
     distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     hidden_distill_weight: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
     world_size: Annotated[int, Field(ge=1, le=16)] = 1
+    # Where the frozen teacher runs when its outputs cannot be cached (augmented inputs):
+    # `onnxruntime` exports it once and runs it ~3x faster on a CPU (MobileNetV2 at 64x64),
+    # checked against PyTorch first. Layer-wise distillation needs its blocks' outputs: torch.
+    teacher_runtime: Literal["torch", "onnxruntime"] = "torch"
+
+    @model_validator(mode="after")
+    def _teacher_runtime_gives_blocks(self) -> FinetuneConfig:
+        if self.teacher_runtime == "onnxruntime" and self.hidden_distill_weight > 0:
+            raise ValueError(
+                "teacher_runtime onnxruntime gives logits only; hidden_distill_weight > 0 needs "
+                "the teacher's block outputs: use teacher_runtime torch"
+            )
+        return self
 
 
 class QuantizeConfig(StageConfig):

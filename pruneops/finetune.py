@@ -18,7 +18,8 @@ from pruneops.pruning import sparsity_report
 from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_
 from pruneops.stages import StageReport
 from pruneops.train import fit_settings
-from pruneops.training import Distillation, FitResult, evaluate, fit_, torchrun_group
+from pruneops.inputs import head_tensors
+from pruneops.training import Distillation, FitResult, evaluate, fit_, onnx_forward, torchrun_group
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class FinetuneReport(StageReport):
     weight_zero_fraction: float
     epochs_run: int
     world_size: int
+    teacher_runtime: str  # where the teacher ran: onnxruntime, torch, or none (no distillation)
     checkpoint: Path
 
     def summary(self) -> str:
@@ -69,8 +71,17 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
         masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
         model = pruned.model
+        run_teacher = None
+        if config.teacher_runtime == "onnxruntime" and config.distill_weight > 0 and config.epochs:
+            run_teacher = onnx_forward(
+                teacher, meta.input_shape, head_tensors(train.x, 8), max(1, config.threads // world)
+            )
         kd = Distillation(
-            teacher, config.distill_temperature, config.distill_weight, hidden_weight=config.hidden_distill_weight
+            teacher,
+            config.distill_temperature,
+            config.distill_weight,
+            hidden_weight=config.hidden_distill_weight,
+            run_teacher=run_teacher,
         )
         fit = FitResult()
         if config.epochs:
@@ -105,6 +116,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             weight_zero_fraction=sparsity_report(model, meta.input_shape)["global"]["weight_zero_fraction"],
             epochs_run=len(fit.history),
             world_size=world,
+            teacher_runtime="onnxruntime" if run_teacher else ("torch" if config.distill_weight > 0 or config.hidden_distill_weight > 0 else "none"),
             checkpoint=out_dir / "model.safetensors",
         )
         if rank != 0:  # rank 0 alone writes; every rank holds the same weights

@@ -129,6 +129,14 @@ def test_an_unknown_key_inside_a_nested_section_lists_that_sections_keys():
     assert str(exc.value) == "train.preprocess.rotate: unknown key; allowed keys: resize, channels, mean, std"
 
 
+def test_a_teacher_on_onnx_runtime_cannot_give_block_outputs():
+    from pruneops.config import FinetuneConfig
+
+    with pytest.raises(ConfigError, match="hidden_distill_weight > 0 needs the teacher's block outputs"):
+        parse_section("finetune", {"teacher_runtime": "onnxruntime", "hidden_distill_weight": 1.0}, FinetuneConfig)
+    assert parse_section("finetune", {"teacher_runtime": "onnxruntime"}, FinetuneConfig).teacher_runtime == "onnxruntime"
+
+
 def test_a_latency_target_batch_must_be_one_the_latency_table_measures():
     params = read_params(ROOT / "params.yaml")
     params["prune"].update({"target": "latency_ratio", "target_value": 0.5, "target_batch": 32})

@@ -185,3 +185,19 @@ def test_prune_steps_distil_from_the_unpruned_model_when_asked(pipeline_dir, tmp
         for key, value in baseline.state_dict().items():
             torch.testing.assert_close(teacher[key], value)
         assert student_params < sum(p.numel() for p in baseline.parameters())
+
+
+def test_finetune_runs_the_teacher_of_augmented_batches_on_onnx_runtime_when_asked(pipeline_dir, tmp_path):
+    import shutil
+
+    from pruneops.stages import run_stage
+    from tests.conftest import tiny_params, write_params
+
+    for stage in ("validate", "train", "prune"):
+        shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
+    finetune = {"teacher_runtime": "onnxruntime", "augment": {"crop_padding": 1}, "distill_weight": 0.5}
+    run_stage("finetune", write_params(tmp_path, tiny_params(finetune=finetune)), tmp_path)
+    m, plain = _metrics(tmp_path, "finetune"), _metrics(pipeline_dir, "finetune")
+    assert (m["teacher_runtime"], plain["teacher_runtime"]) == ("onnxruntime", "torch")
+    # Same budget as the plain run, other (augmented) batches: recovery alike, far above chance.
+    assert m["test_accuracy"] > 0.8

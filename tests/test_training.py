@@ -262,3 +262,40 @@ def test_the_block_cache_finds_the_text_dim_and_keeps_to_its_budget(caplog):
     lone = torch.nn.Linear(4, 2)
     lone.register_forward_pre_hook(lambda *_: calls.append(1))
     assert cache_blocks(lone, torch.zeros(8, 4).numpy()) is None and not calls
+
+
+def test_the_teacher_on_onnx_runtime_gives_its_logits_and_an_augmented_fit_trains_alike(tmp_path):
+    from pruneops.training import onnx_forward
+
+    meta, train, val, _ = _digits(tmp_path)
+    torch.manual_seed(0)
+    teacher = create_model(ModelSpec("cnn", meta.input_shape, 10, {"widths": [8, 16]}))
+    fit_(teacher, train, val, FitSettings(epochs=2, lr=3e-3))
+    student = create_model(ModelSpec("cnn", meta.input_shape, 10, {"widths": [4, 8]}))
+    xs = torch.from_numpy(val.x)
+    run_teacher = onnx_forward(teacher, meta.input_shape, xs[:4], threads=1)
+    with torch.no_grad():
+        expected = teacher(xs)
+    got = run_teacher(xs)
+    # fp32 kernels of two runtimes: they agree to rounding, far below the logits' scale.
+    assert got.shape == expected.shape
+    assert float((got - expected).abs().max()) < 1e-4 * float(expected.abs().max())
+    # Augmented inputs: the teacher runs on every batch, in PyTorch or on ONNX Runtime.
+    settings = FitSettings(epochs=2, lr=3e-3, batch_size=32, crop_padding=1, hflip=True)
+    students = [copy.deepcopy(student), copy.deepcopy(student)]
+    fit_(students[0], train, val, settings, distillation=Distillation(teacher, 2.0, 0.5))
+    fit_(students[1], train, val, settings, distillation=Distillation(teacher, 2.0, 0.5, run_teacher=run_teacher))
+    for a, b in zip(students[0].parameters(), students[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_a_teacher_on_onnx_runtime_that_disagrees_with_pytorch_is_refused(tmp_path):
+    import pytest
+
+    from pruneops.errors import PruneOpsError
+    from pruneops.training import onnx_forward
+
+    meta, _, val, _ = _digits(tmp_path)
+    model = create_model(ModelSpec("cnn", meta.input_shape, 10, {"widths": [4, 8]}))
+    with pytest.raises(PruneOpsError, match="teacher_runtime: torch"):
+        onnx_forward(model, meta.input_shape, torch.from_numpy(val.x[:4]), threads=1, atol=0.0)
