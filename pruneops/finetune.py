@@ -11,6 +11,7 @@ from pruneops.augment import check_augmentable
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.config import FinetuneConfig
 from pruneops.data import load_prepared
+from pruneops.inputs import head_tensors
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
@@ -18,7 +19,6 @@ from pruneops.pruning import sparsity_report
 from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_
 from pruneops.stages import StageReport
 from pruneops.train import fit_settings
-from pruneops.inputs import head_tensors
 from pruneops.training import Distillation, FitResult, evaluate, fit_, onnx_forward, torchrun_group
 
 
@@ -76,6 +76,8 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             run_teacher = onnx_forward(
                 teacher, meta.input_shape, head_tensors(train.x, 8), max(1, config.threads // world)
             )
+        distilled = config.distill_weight > 0 or config.hidden_distill_weight > 0
+        teacher_runtime = "onnxruntime" if run_teacher else ("torch" if distilled else "none")
         kd = Distillation(
             teacher,
             config.distill_temperature,
@@ -116,7 +118,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             weight_zero_fraction=sparsity_report(model, meta.input_shape)["global"]["weight_zero_fraction"],
             epochs_run=len(fit.history),
             world_size=world,
-            teacher_runtime="onnxruntime" if run_teacher else ("torch" if config.distill_weight > 0 or config.hidden_distill_weight > 0 else "none"),
+            teacher_runtime=teacher_runtime,
             checkpoint=out_dir / "model.safetensors",
         )
         if rank != 0:  # rank 0 alone writes; every rank holds the same weights

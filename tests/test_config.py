@@ -134,7 +134,8 @@ def test_a_teacher_on_onnx_runtime_cannot_give_block_outputs():
 
     with pytest.raises(ConfigError, match="hidden_distill_weight > 0 needs the teacher's block outputs"):
         parse_section("finetune", {"teacher_runtime": "onnxruntime", "hidden_distill_weight": 1.0}, FinetuneConfig)
-    assert parse_section("finetune", {"teacher_runtime": "onnxruntime"}, FinetuneConfig).teacher_runtime == "onnxruntime"
+    config = parse_section("finetune", {"teacher_runtime": "onnxruntime"}, FinetuneConfig)
+    assert config.teacher_runtime == "onnxruntime"
 
 
 def test_a_latency_target_batch_must_be_one_the_latency_table_measures():
