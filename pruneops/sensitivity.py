@@ -17,7 +17,7 @@ from pruneops.checkpoint import check_recorded_accuracy, file_sha256, load_check
 from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig, SensitivityConfig
 from pruneops.data import Split, load_prepared
 from pruneops.errors import ConfigError
-from pruneops.inputs import head_tensors
+from pruneops.inputs import head_tensors, rows
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import plot_sensitivity
 from pruneops.profiling import count_macs
@@ -194,6 +194,9 @@ def analyze_sensitivity(
     structured = METHODS.get(prune.method).structured
     base_acc, base_loss = evaluate(base, val, config.batch_size)
     check_recorded_accuracy(checkpoint, base_acc, len(val), base_path)
+    if config.val_samples is not None and config.val_samples < len(val):
+        val = stratified_subset(val, config.val_samples, config.seed)
+        base_acc, base_loss = evaluate(base, val, config.batch_size)
     chance = float(np.bincount(val.y).max() / len(val))
     at_chance = chance_drop(base_acc, chance, len(val))
     estimator = ESTIMATORS.get(config.estimator)
@@ -241,6 +244,22 @@ def analyze_sensitivity(
     )
     _write(layout, sweep, latency, result.tensors, report)
     return report
+
+
+def stratified_subset(split: Split, n: int, seed: int) -> Split:
+    """`n` samples of `split` drawn by `seed`, each class in its share (rounded), in their original order."""
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(split.y, return_counts=True)
+    quotas = np.floor(counts * n / len(split)).astype(int)
+    # The samples that rounding down left out go to the classes with the largest remainders.
+    short = n - int(quotas.sum())
+    quotas[np.argsort(-(counts * n / len(split) - quotas), kind="stable")[:short]] += 1
+    quotas = np.minimum(quotas, counts)
+    picks = np.concatenate(
+        [rng.choice(np.flatnonzero(split.y == c), q, replace=False) for c, q in zip(classes, quotas, strict=True)]
+    )
+    picks = np.sort(picks)
+    return Split(rows(split.x, picks), split.y[picks])
 
 
 @dataclass(frozen=True)

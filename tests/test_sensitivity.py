@@ -188,3 +188,36 @@ def test_fisher_estimator_refuses_unstructured_methods(trained, tmp_path):
 def test_unknown_estimator_is_refused_at_load():
     with pytest.raises(ConfigError, match="sensitivity.estimator: unknown sensitivity estimator 'hessian'"):
         parse_section("sensitivity", {"estimator": "hessian"}, SensitivityConfig)
+
+
+def test_the_scoring_subset_keeps_every_class_in_its_share_and_follows_the_seed():
+    from pruneops.data import Split
+    from pruneops.sensitivity import stratified_subset
+
+    y = np.repeat(np.arange(4), [500, 300, 150, 50])
+    split = Split(np.arange(len(y), dtype=np.float32)[:, None], y)
+    picked = stratified_subset(split, 200, seed=0)
+    assert len(picked) == 200
+    # Proportional quotas (100, 60, 30, 10) are whole here, so they are met exactly.
+    assert np.bincount(picked.y).tolist() == [100, 60, 30, 10]
+    index = picked.x[:, 0].astype(int)
+    assert np.all(np.diff(index) > 0) and np.array_equal(y[index], picked.y)  # original order, no repeats
+    assert np.array_equal(stratified_subset(split, 200, seed=0).x, picked.x)
+    assert not np.array_equal(stratified_subset(split, 200, seed=1).x, picked.x)
+    odd = stratified_subset(split, 97, seed=0)  # quotas 48.5, 29.1, 14.55, 4.85: remainders decide
+    assert len(odd) == 97 and np.bincount(odd.y).tolist() == [48, 29, 15, 5]
+
+
+def test_the_sweep_scores_on_val_samples_when_asked(pipeline_dir, tmp_path):
+    from pruneops.sensitivity import stratified_subset
+
+    for stage in ("validate", "train"):
+        shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
+    params = tiny_params(sensitivity={"ratios": [0.5], "val_samples": 120})
+    run_stage("sensitivity", write_params(tmp_path, params), tmp_path)
+    sweep = read_json(tmp_path / "artifacts/sensitivity/sensitivity.json")
+    _, _, val, _ = load_prepared(tmp_path / "artifacts/validate")
+    assert len(val) > 120 and sweep["val_samples"] == 120
+    base = load_checkpoint(tmp_path / "artifacts/train/model.safetensors").model
+    subset = stratified_subset(val, 120, params["sensitivity"]["seed"])
+    assert sweep["baseline_val_accuracy"] == pytest.approx(evaluate(base, subset)[0])
