@@ -72,7 +72,9 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
         model = pruned.model
         run_teacher = None
-        if config.teacher_runtime == "onnxruntime" and config.distill_weight > 0 and config.epochs:
+        # Without augmentation `fit_` caches the teacher's logits in one pass: nothing to export.
+        augmented = fit_settings(config).augmented
+        if config.teacher_runtime == "onnxruntime" and config.distill_weight > 0 and config.epochs and augmented:
             run_teacher = onnx_forward(
                 teacher, meta.input_shape, head_tensors(train.x, 8), max(1, config.threads // world)
             )

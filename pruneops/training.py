@@ -86,8 +86,8 @@ def onnx_forward(model: nn.Module, input_shape: Sequence[int], example, threads:
 
     A frozen teacher runs once per batch of every epoch when the inputs are augmented; ONNX
     Runtime ran MobileNetV2's at 64x64 in 45 ms per batch of 128 on 2 cores against 142 ms in
-    PyTorch (channels-last, no grad), which cut a distilled fine-tuning epoch of a pruned student
-    by about a third.
+    PyTorch (channels-last, no grad), which took a distilled, augmented fine-tuning epoch of a
+    pruned student (1/9 of the teacher's parameters) from ~107 to ~96 s: the rest is the student.
 
     Args:
         model: The model; exported as it is (eval mode), never trained afterwards.
