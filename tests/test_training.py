@@ -289,13 +289,24 @@ def test_the_teacher_on_onnx_runtime_gives_its_logits_and_an_augmented_fit_train
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
 
 
-def test_a_teacher_on_onnx_runtime_that_disagrees_with_pytorch_is_refused(tmp_path):
+def test_a_teacher_on_onnx_runtime_that_disagrees_with_pytorch_is_refused(tmp_path, monkeypatch):
     import pytest
 
+    import pruneops.onnx_utils
     from pruneops.errors import PruneOpsError
     from pruneops.training import onnx_forward
 
+    real = pruneops.onnx_utils.make_session
+
+    class Shifted:  # an export whose logits are off by one: what a wrong export would give
+        def __init__(self, *args):
+            self.session = real(*args)
+
+        def run(self, *args):
+            return [out + 1.0 for out in self.session.run(*args)]
+
+    monkeypatch.setattr(pruneops.onnx_utils, "make_session", Shifted)
     meta, _, val, _ = _digits(tmp_path)
     model = create_model(ModelSpec("cnn", meta.input_shape, 10, {"widths": [4, 8]}))
-    with pytest.raises(PruneOpsError, match="teacher_runtime: torch"):
-        onnx_forward(model, meta.input_shape, torch.from_numpy(val.x[:4]), threads=1, atol=0.0)
+    with pytest.raises(PruneOpsError, match="differs from PyTorch by 1.00e\\+00 > 0.001.*teacher_runtime: torch"):
+        onnx_forward(model, meta.input_shape, torch.from_numpy(val.x[:4]), threads=1)
