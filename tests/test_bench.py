@@ -292,3 +292,26 @@ def test_a_row_is_marked_slower_than_dense_only_beyond_timing_noise():
         r.update(val_accuracy=0.9, test_accuracy=0.9)
     _relative_to_dense(rows, "64")
     assert {n for n, r in rows.items() if r["slower_than_dense"]} == {"slower_b1", "slower_b64"}
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "ms", "verdict"),
+    [
+        (0.91, 1.00, "equal or better"),
+        (0.91, 1.01, "equal or better"),  # within timing noise
+        (0.89, 1.00, "**worse**"),
+        (0.91, 1.20, "**not comparable**: 20% slower at batch 1, so not the same latency"),
+        (0.89, 1.20, "**worse**, and 20% slower at batch 1, so not the same latency"),
+    ],
+)
+def test_a_latency_match_is_judged_on_milliseconds_too(accuracy, ms, verdict):
+    from pruneops.bench_report import same_budget_verdict
+
+    def row(acc, b1_ms):
+        return {"test_accuracy": acc, "latency": {"1": {"p50_ms": b1_ms}}}
+
+    assert same_budget_verdict("measured latency", row(accuracy, ms), row(0.90, 1.0)) == verdict
+    # A MAC match is judged on accuracy alone: the MACs are matched by construction.
+    assert same_budget_verdict("MAC budget", row(accuracy, 5.0), row(0.90, 1.0)) == (
+        "equal or better" if accuracy >= 0.90 else "**worse**"
+    )
