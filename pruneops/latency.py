@@ -354,9 +354,9 @@ class LatencyModel:
         """The layers whose shape `name`'s width moves."""
         return {layer for layer, _, _ in self.units[name].deltas if layer in self.base}
 
-    def layer_sum(self, widths: dict[str, int], batch: int) -> float:
-        """Summed table time of every layer at these widths."""
-        return sum(self.table.layer_ms(s, batch, self.form) for s in self.shapes(widths).values())
+    def layer_sum(self, widths: dict[str, int], batch: int, only: set[str] | None = None) -> float:
+        """Summed table time of every layer (or those in `only`) at these widths."""
+        return sum(self.table.layer_ms(s, batch, self.form) for s in self.shapes(widths, only).values())
 
     def predict(self, widths: dict[str, int], batch: int) -> float:
         """Predicted milliseconds of the whole model at these widths.
@@ -409,11 +409,7 @@ class LatencyModel:
         (on MobileNetV2 at 64x64, batch 64, a 960-wide expansion kept 3 widths: 40, 480, 960).
         """
         layers = self.unit_layers(name)
-        out = {}
-        for width in width_grid(self.units[name].size):
-            shapes = self.shapes({name: width}, layers)
-            out[width] = sum(self.table.layer_ms(s, batch, self.form) for s in shapes.values())
-        return out
+        return {w: self.layer_sum({name: w}, batch, layers) for w in width_grid(self.units[name].size)}
 
     def efficient_widths(self, name: str, batch: int, margin: float = 0.02) -> list[int]:
         """Grid widths faster than every larger one by `margin` (the fast steps of the staircase).
