@@ -52,9 +52,10 @@ class VariantConfig(BaseModel):
 
     `match_macs_of` names an earlier variant: this one prunes to that variant's MACs
     (`prune.target: macs`), for a comparison at the same compute budget. `match_latency_of`
-    likewise prunes to that variant's measured batch-1 latency, as a ratio of dense measured in
-    the same run (`prune.target: latency_ratio`) and in the same `prune.latency_form`: a
-    comparison at the same milliseconds.
+    likewise prunes to that variant's batch-1 latency as a ratio of dense's (`prune.target:
+    latency_ratio`), in the same `prune.latency_form`: a comparison at the same milliseconds.
+    In fp32 the bench times the two exported models itself (`matched_latency_ratio`); in an
+    INT8 form it takes the ratio the other variant's prune stage measured.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -150,12 +151,17 @@ def prepare_repo(repo: Path, params: dict[str, Any], root: Path) -> None:
         subprocess.run(["git", "commit", "-qm", "workload params"], cwd=repo, env=env, check=True)
 
 
-def variant_overrides(variant: VariantConfig, done: dict[str, dict]) -> dict[str, Any]:
+def variant_overrides(
+    variant: VariantConfig, done: dict[str, dict], latency_ratio: float | None = None
+) -> dict[str, Any]:
     """The variant's overrides, with what its kind and MAC or latency matching add.
 
     Args:
         variant: The variant.
         done: Each finished earlier variant's metrics (by stage).
+        latency_ratio: For `match_latency_of`, the matched variant's batch-1 latency over dense's
+            as the bench timed their exports (`matched_latency_ratio`); None: the ratio that
+            variant's prune stage measured for its planned widths.
 
     Raises:
         ConfigError: It matches a variant that failed or is not earlier.
@@ -169,7 +175,7 @@ def variant_overrides(variant: VariantConfig, done: dict[str, dict]) -> dict[str
         overrides.update({"prune.target": "macs", "prune.target_value": float(macs), "prune.target_batch": None})
     if variant.match_latency_of is not None:
         prune = done[variant.match_latency_of]["prune"]
-        ratio = prune["measured_ms"]["1"] / prune["dense_ms"]["1"]
+        ratio = latency_ratio if latency_ratio is not None else prune["measured_ms"]["1"] / prune["dense_ms"]["1"]
         # The ratio holds in the form it was timed in; a variant timing another form would aim wrong.
         form = prune.get("latency_form", "fp32")
         if overrides.get("prune.latency_form", form) != form:
@@ -177,10 +183,86 @@ def variant_overrides(variant: VariantConfig, done: dict[str, dict]) -> dict[str
                 f"{variant.name}: prune.latency_form {overrides['prune.latency_form']} cannot match the latency "
                 f"of {variant.match_latency_of!r}, timed in {form}"
             )
-        overrides.update({"prune.target": "latency_ratio", "prune.target_value": ratio, "prune.target_batch": 1})
+        # Aimed so that the most the prune stage accepts over its target is the other row's time:
+        # a match may end faster than the other row, not slower by the stage's tolerance.
+        aim = ratio / PRUNE_ACCEPTS_OVER_TARGET
+        overrides.update({"prune.target": "latency_ratio", "prune.target_value": aim, "prune.target_batch": 1})
         if form != "fp32":  # the default: left unwritten, so that params (and the run-cache) stay as they were
             overrides["prune.latency_form"] = form
     return overrides
+
+
+# The prune stage keeps a plan measured up to 5% over its latency target (`prune._meet_measured`).
+PRUNE_ACCEPTS_OVER_TARGET = 1.05
+# Seconds of interleaved batch-1 runs per model when the bench times a pair to match (the gate's budget).
+MATCH_BUDGET_S = 20.0
+
+
+def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: BenchmarkConfig) -> float:
+    """The batch-1 latency of `matched`'s fp32 export over `dense`'s, timed here interleaved.
+
+    A latency match aims at what the report compares: the two exported models, timed as the
+    bench times them. The other variant's prune stage measured its *planned* widths against
+    dense in its own run, and on the ResNet family that reading was 0.48 of dense where the
+    report's timing gave 0.40, so ours was planned 20% slower (2026-11-26). The ratio is kept
+    in `<work>/latency-matches.json` by the two files' content, so that a rerun asks for the same
+    target (and DVC's run-cache serves it) while neither model changed.
+
+    Args:
+        work: The workload's project (where the ratios are kept).
+        dense: The dense variant's results directory.
+        matched: The matched variant's results directory.
+        timing: The bench's timing (threads, warm-up, repeats, rounds).
+    """
+    import hashlib
+
+    import numpy as np
+
+    from pruneops.benchmark import measure_latencies
+    from pruneops.data import load_split
+    from pruneops.onnx_utils import make_session
+
+    def fp32_file(directory: Path, key: str) -> Path:
+        export = Layout(directory).stage_dir("export")
+        return export / read_json(export / "manifest.json")["models"][key]["file"]
+
+    files = {"dense": fp32_file(dense, "dense_fp32"), "matched": fp32_file(matched, "pruned_fp32")}
+    digest = hashlib.sha256(b"".join(hashlib.sha256(f.read_bytes()).digest() for f in files.values()))
+    key = f"{digest.hexdigest()[:16]} threads={timing.threads}"
+    kept_path = work / "latency-matches.json"
+    kept = read_json(kept_path) if kept_path.exists() else {}
+    if key not in kept:
+        sessions = {n: make_session(f, timing.threads) for n, f in files.items()}
+        x = load_split(Layout(dense).stage_dir("validate"), "val").x
+        one = timing.model_copy(update={"batch_sizes": [1]})
+        times = measure_latencies(sessions, x, one, budget_s=MATCH_BUDGET_S)
+        kept[key] = float(np.median(times["matched"][1]) / np.median(times["dense"][1]))
+        dump_json(kept, kept_path)
+    return kept[key]
+
+
+def _latency_ratio_to_match(
+    work: Path,
+    workload: WorkloadConfig,
+    variant: VariantConfig,
+    dirs: dict[str, Path],
+    done: dict[str, dict],
+    timing: BenchmarkConfig,
+    log: Callable[[str], None],
+) -> float | None:
+    """`matched_latency_ratio` for a variant matching an fp32 latency; None where the gate's reading is used."""
+    other = variant.match_latency_of
+    if other is None or other not in done:
+        return None
+    form = done[other]["prune"].get("latency_form", "fp32")
+    dense = next((v.name for v in workload.variants if v.kind == "dense" and v.name in dirs), None)
+    if form != "fp32" or dense is None:
+        why = f"timed in {form}" if form != "fp32" else "no dense variant finished"
+        log(f"{variant.name}: matching {other}'s latency as its prune stage measured it ({why})")
+        return None
+    ratio = matched_latency_ratio(work, dirs[dense], dirs[other], timing)
+    log(f"{variant.name}: matching {other}'s batch-1 latency, {ratio:.3f} of {dense}'s (fp32 exports, timed here)")
+    return ratio
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -219,7 +301,12 @@ def run_variant(
 
 
 def prepare_workload(
-    work: Path, workload: WorkloadConfig, params: dict[str, Any], log: Callable[[str], None], root: Path
+    work: Path,
+    workload: WorkloadConfig,
+    params: dict[str, Any],
+    log: Callable[[str], None],
+    root: Path,
+    timing: BenchmarkConfig | None = None,
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """Runs every variant of a workload; a failing one is reported and the others go on.
 
@@ -232,12 +319,16 @@ def prepare_workload(
     dirs: dict[str, Path] = {}
     failed: dict[str, str] = {}
     done: dict[str, dict] = {}
+    timing = timing or BenchmarkConfig()
+
+    def tagged(line: str) -> None:
+        log(f"[{workload.name}] {line}")
+
     for variant in workload.variants:
         try:
-            overrides = variant_overrides(variant, done)
-            dirs[variant.name] = run_variant(
-                work, variant, overrides, lambda line: log(f"[{workload.name}] {line}"), (root,)
-            )
+            ratio = _latency_ratio_to_match(work, workload, variant, dirs, done, timing, tagged)
+            overrides = variant_overrides(variant, done, ratio)
+            dirs[variant.name] = run_variant(work, variant, overrides, tagged, (root,))
         except PruneOpsError as exc:
             failed[variant.name] = str(exc)
             log(f"[{workload.name}] {variant.name}: skipped: {exc}")
@@ -281,7 +372,7 @@ def run_benchmarks(
         with project_importable(root):
             params = workload_params(base_params, workload, root)
         noting = _noting_reuse(log, reused)
-        dirs, failed[workload.name] = prepare_workload(work, workload, params, noting, root.resolve())
+        dirs, failed[workload.name] = prepare_workload(work, workload, params, noting, root.resolve(), timing)
         log(f"[{workload.name}] timing {2 * len(dirs)} models, interleaved")
         rows[workload.name], predictions[workload.name] = measure_workload(work, workload, dirs, timing)
         pick = select_point(rows[workload.name], workload.max_accuracy_drop_points)

@@ -62,14 +62,68 @@ def test_every_committed_benchmark_variant_can_be_selected_alone():
 
 def test_matching_a_latency_keeps_the_form_it_was_timed_in():
     """A ratio measured in static INT8 is a static-INT8 ratio: the matching variant times that form too."""
-    from pruneops.bench import VariantConfig, variant_overrides
+    from pruneops.bench import PRUNE_ACCEPTS_OVER_TARGET, VariantConfig, variant_overrides
 
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 4.0}, "latency_form": "static"}}}
     plain = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done)
-    assert plain["prune.target_value"] == pytest.approx(0.25)
+    assert plain["prune.target_value"] == pytest.approx(0.25 / PRUNE_ACCEPTS_OVER_TARGET)
     assert plain["prune.latency_form"] == "static"
     asked = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "fp32"})
     with pytest.raises(ConfigError, match="cannot match the latency of 'tp', timed in static"):
         variant_overrides(asked, done)
     fp32 = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}  # a report from before the field
     assert "prune.latency_form" not in variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), fp32)
+
+
+def _export_dir(directory, model, key: str):
+    """A variant's results directory as the bench keeps it: the export (one fp32 model) and val."""
+    import numpy as np
+
+    from pruneops.data.splits import Split, save_split
+    from pruneops.io import Layout, dump_json
+    from pruneops.onnx_utils import export_onnx_file
+
+    export = Layout(directory).stage_dir("export")
+    export.mkdir(parents=True)
+    export_onnx_file(model.eval(), [256], export / "model.onnx", 18)
+    dump_json({"models": {key: {"file": "model.onnx"}}}, export / "manifest.json")
+    validate = Layout(directory).stage_dir("validate")
+    validate.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    save_split(Split(rng.random((8, 256), dtype=np.float32), np.zeros(8, dtype=np.int64)), validate / "val.npz")
+    return directory
+
+
+def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, monkeypatch):
+    """The ratio is the two exported files timed together, and a rerun with the same files reuses it."""
+    from torch import nn
+
+    import pruneops.benchmark
+    from pruneops.bench import PRUNE_ACCEPTS_OVER_TARGET, VariantConfig, matched_latency_ratio, variant_overrides
+    from pruneops.config import BenchmarkConfig
+
+    def mlp(hidden: int) -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(256, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+        )
+
+    dense = _export_dir(tmp_path / "dense", mlp(1024), "dense_fp32")
+    small = _export_dir(tmp_path / "tp", mlp(64), "pruned_fp32")
+    timing = BenchmarkConfig(threads=1, batch_sizes=[1, 64], warmup=3, repeats=20, rounds=2)
+    ratio = matched_latency_ratio(tmp_path, dense, small, timing)
+    # 1/16 of the hidden width, ~1/200 of the MACs: faster by far more than timing noise, but not free.
+    assert 0.0 < ratio < 0.5
+    same_size = _export_dir(tmp_path / "same", mlp(1024), "pruned_fp32")
+    assert matched_latency_ratio(tmp_path, dense, same_size, timing) == pytest.approx(1.0, abs=0.25)
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed again although neither file changed")
+
+    monkeypatch.setattr(pruneops.benchmark, "measure_latencies", no_timing)
+    assert matched_latency_ratio(tmp_path, dense, small, timing) == ratio
+    # The measured ratio is the target; the prune stage's reading of the planned widths is not used.
+    done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}
+    overrides = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done, ratio)
+    assert overrides["prune.target"] == "latency_ratio"
+    # aimed below it by what the prune stage accepts over a target: ours may end faster, not slower
+    assert overrides["prune.target_value"] == pytest.approx(ratio / PRUNE_ACCEPTS_OVER_TARGET)
