@@ -241,6 +241,8 @@ def same_budget_verdict(what: str, mine: dict, other: dict) -> str:
     if what != "measured latency":
         return verdict
     slower = mine["latency"]["1"]["p50_ms"] / other["latency"]["1"]["p50_ms"] - 1.0
+    if slower < -SLOWER_TOLERANCE:  # faster: the accuracy verdict stands, and says what it bought
+        return f"{verdict}, at {100 * -slower:.0f}% fewer ms at batch 1"
     if slower <= SLOWER_TOLERANCE:
         return verdict
     missed = f"{100 * slower:.0f}% slower at batch 1, so not the same latency"

@@ -300,6 +300,8 @@ def test_a_row_is_marked_slower_than_dense_only_beyond_timing_noise():
         (0.91, 1.00, "equal or better"),
         (0.91, 1.01, "equal or better"),  # within timing noise
         (0.89, 1.00, "**worse**"),
+        (0.91, 0.85, "equal or better, at 15% fewer ms at batch 1"),
+        (0.89, 0.85, "**worse**, at 15% fewer ms at batch 1"),
         (0.91, 1.20, "**not comparable**: 20% slower at batch 1, so not the same latency"),
         (0.89, 1.20, "**worse**, and 20% slower at batch 1, so not the same latency"),
     ],
