@@ -46,6 +46,11 @@ DENSE = {
     "finetune.epochs": 0,
 }
 
+# The prune stage keeps a plan measured up to 5% over its latency target (`prune._meet_measured`).
+PRUNE_ACCEPTS_OVER_TARGET = 1.05
+# At most this many seconds of interleaved batch-1 runs when the bench times a pair to match (as the gate).
+MATCH_BUDGET_S = 20.0
+
 
 class VariantConfig(BaseModel):
     """One recipe: dotted params overrides on top of the workload's params.
@@ -190,12 +195,6 @@ def variant_overrides(
         if form != "fp32":  # the default: left unwritten, so that params (and the run-cache) stay as they were
             overrides["prune.latency_form"] = form
     return overrides
-
-
-# The prune stage keeps a plan measured up to 5% over its latency target (`prune._meet_measured`).
-PRUNE_ACCEPTS_OVER_TARGET = 1.05
-# Seconds of interleaved batch-1 runs per model when the bench times a pair to match (the gate's budget).
-MATCH_BUDGET_S = 20.0
 
 
 def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: BenchmarkConfig) -> float:
