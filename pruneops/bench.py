@@ -305,7 +305,7 @@ def prepare_workload(
     params: dict[str, Any],
     log: Callable[[str], None],
     root: Path,
-    timing: BenchmarkConfig | None = None,
+    timing: BenchmarkConfig,
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """Runs every variant of a workload; a failing one is reported and the others go on.
 
@@ -318,7 +318,6 @@ def prepare_workload(
     dirs: dict[str, Path] = {}
     failed: dict[str, str] = {}
     done: dict[str, dict] = {}
-    timing = timing or BenchmarkConfig()
 
     def tagged(line: str) -> None:
         log(f"[{workload.name}] {line}")
