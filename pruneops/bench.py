@@ -46,8 +46,6 @@ DENSE = {
     "finetune.epochs": 0,
 }
 
-# The prune stage keeps a plan measured up to 5% over its latency target (`prune._meet_measured`).
-PRUNE_ACCEPTS_OVER_TARGET = 1.05
 # At most this many seconds of interleaved batch-1 runs when the bench times a pair to match (as the gate).
 MATCH_BUDGET_S = 20.0
 
@@ -190,7 +188,9 @@ def variant_overrides(
             )
         # Aimed so that the most the prune stage accepts over its target is the other row's time:
         # a match may end faster than the other row, not slower by the stage's tolerance.
-        aim = ratio / PRUNE_ACCEPTS_OVER_TARGET
+        from pruneops.prune import LATENCY_BAND  # torch: imported where a match needs it
+
+        aim = ratio / LATENCY_BAND[1]
         overrides.update({"prune.target": "latency_ratio", "prune.target_value": aim, "prune.target_batch": 1})
         if form != "fp32":  # the default: left unwritten, so that params (and the run-cache) stay as they were
             overrides["prune.latency_form"] = form

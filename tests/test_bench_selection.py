@@ -62,11 +62,12 @@ def test_every_committed_benchmark_variant_can_be_selected_alone():
 
 def test_matching_a_latency_keeps_the_form_it_was_timed_in():
     """A ratio measured in static INT8 is a static-INT8 ratio: the matching variant times that form too."""
-    from pruneops.bench import PRUNE_ACCEPTS_OVER_TARGET, VariantConfig, variant_overrides
+    from pruneops.bench import VariantConfig, variant_overrides
+    from pruneops.prune import LATENCY_BAND
 
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 4.0}, "latency_form": "static"}}}
     plain = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done)
-    assert plain["prune.target_value"] == pytest.approx(0.25 / PRUNE_ACCEPTS_OVER_TARGET)
+    assert plain["prune.target_value"] == pytest.approx(0.25 / LATENCY_BAND[1])
     assert plain["prune.latency_form"] == "static"
     asked = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "fp32"})
     with pytest.raises(ConfigError, match="cannot match the latency of 'tp', timed in static"):
@@ -99,7 +100,8 @@ def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, m
     from torch import nn
 
     import pruneops.benchmark
-    from pruneops.bench import PRUNE_ACCEPTS_OVER_TARGET, VariantConfig, matched_latency_ratio, variant_overrides
+    from pruneops.bench import VariantConfig, matched_latency_ratio, variant_overrides
+    from pruneops.prune import LATENCY_BAND
     from pruneops.config import BenchmarkConfig
 
     def mlp(hidden: int) -> nn.Module:
@@ -126,4 +128,4 @@ def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, m
     overrides = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done, ratio)
     assert overrides["prune.target"] == "latency_ratio"
     # aimed below it by what the prune stage accepts over a target: ours may end faster, not slower
-    assert overrides["prune.target_value"] == pytest.approx(ratio / PRUNE_ACCEPTS_OVER_TARGET)
+    assert overrides["prune.target_value"] == pytest.approx(ratio / LATENCY_BAND[1])
