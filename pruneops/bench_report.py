@@ -232,7 +232,8 @@ def same_budget_verdict(what: str, mine: dict, other: dict) -> str:
 
     A latency match is a match only where `mine` is no slower at batch 1 than `other` beyond
     timing noise (`SLOWER_TOLERANCE`), in this run's interleaved timing: the prune stage meets
-    its latency target within -15%/+5% of its own gate's reading, and until the bench timed the
+    its latency target within `prune.LATENCY_BAND` of its own gate's reading (-15%/+5% before
+    2026-11-26), and until the bench timed the
     matched exports itself (`pruneops.bench.matched_latency_ratio`) it aimed at the other row's
     gate reading, which on the ResNet family was 20% above the interleaved one (2026-11-25).
     """
