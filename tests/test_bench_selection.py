@@ -101,8 +101,8 @@ def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, m
 
     import pruneops.benchmark
     from pruneops.bench import VariantConfig, matched_latency_ratio, variant_overrides
-    from pruneops.prune import LATENCY_BAND
     from pruneops.config import BenchmarkConfig
+    from pruneops.prune import LATENCY_BAND
 
     def mlp(hidden: int) -> nn.Module:
         return nn.Sequential(
