@@ -182,6 +182,22 @@ def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape
     return result
 
 
+def _log_latency_try(number: int, target: Plan, gated: GateResult, key: str, fraction: float) -> None:
+    # Where a latency target landed, plan by plan: the prune stage's progress on a slow machine,
+    # and how to tell a coarse staircase from a misfit table afterwards.
+    known = target.predicted_ms is not None and target.dense_predicted_ms
+    predicted = target.predicted_ms / target.dense_predicted_ms * gated.dense_ms[key] if known else float("nan")
+    logger.info(
+        "latency plan %d: predicted %.4f ms, measured %.4f ms at batch %s (dense %.4f), %.3f of the target",
+        number,
+        predicted,
+        gated.measured_ms[key],
+        key,
+        gated.dense_ms[key],
+        fraction,
+    )
+
+
 def _meet_measured(config, benchmark, sweep, layout, model, example, shape, target: Plan, gated: GateResult):
     """Closes the loop on milliseconds for a latency target.
 
@@ -211,21 +227,26 @@ def _meet_measured(config, benchmark, sweep, layout, model, example, shape, targ
 
     low, high = LATENCY_BAND
     tried, points = [(target, gated)], []
+    _log_latency_try(1, target, gated, key, fraction(gated))
     for _ in range(LATENCY_RETRIES):
         off = fraction(gated)
         if low <= off <= high:
             break
         points.append((_planned_widths(config, sizes, target), gated.measured_ms[key] / gated.dense_ms[key]))
         retry = ask(None, points)
-        step = 0.9 if off > high else 1.1
-        for _ in range(5):
-            if retry.ratios != target.ratios:
+        # Small steps along the staircase, past plans already measured: between two measured plans
+        # that straddle the band a 10% step jumped back to one of them (vision, 2026-11-26).
+        step = 0.97 if off > high else 1.03
+        seen = [t.ratios for t, _ in tried]
+        for _ in range(8):
+            if retry.ratios not in seen:
                 break
             retry = ask(retry.aim_ms * step, points)
-        if retry.ratios == target.ratios:
+        if retry.ratios in seen:
             break
         target, gated = retry, _gate(config, benchmark, model, example, shape, retry)
         tried.append((target, gated))
+        _log_latency_try(len(tried), target, gated, key, fraction(gated))
     # A plan the gate refused ships nothing pruned, whatever its own widths measured.
     within = [t for t in tried if fraction(t[1]) <= high and not t[1].decision.startswith("refused")]
     target, gated = max(within, key=lambda t: fraction(t[1])) if within else min(tried, key=lambda t: fraction(t[1]))
