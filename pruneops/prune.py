@@ -205,7 +205,7 @@ def _meet_measured(config, benchmark, sweep, layout, model, example, shape, targ
     run, `latency_ms` as is. While the planned widths measure outside `LATENCY_BAND` of the
     target (above it, or pruned further than asked, at an accuracy cost), the table's predicted
     savings are rescaled to fit every plan measured so far and the table asked again (stepping
-    along the staircase where it gives the same widths), `LATENCY_RETRIES` times at most. Of the
+    along the staircase past plans already measured), `LATENCY_RETRIES` times at most. Of the
     plans measured, the least pruned one within the target is kept (else the fastest). Each
     plan's prediction is the one made before it was measured, so the reported prediction error
     is honest.
@@ -234,14 +234,16 @@ def _meet_measured(config, benchmark, sweep, layout, model, example, shape, targ
             break
         points.append((_planned_widths(config, sizes, target), gated.measured_ms[key] / gated.dense_ms[key]))
         retry = ask(None, points)
-        # Small steps along the staircase, past plans already measured: between two measured plans
-        # that straddle the band a 10% step jumped back to one of them (vision, 2026-11-26).
-        step = 0.97 if off > high else 1.03
         seen = [t.ratios for t, _ in tried]
-        for _ in range(8):
-            if retry.ratios not in seen:
-                break
-            retry = ask(retry.aim_ms * step, points)
+        if retry.ratios in seen and target.aim_ms is not None:
+            # The refit asks for a plan already measured: step from this plan towards the target,
+            # 3% at a time, to the next plan not measured. Between two measured plans that straddle
+            # the band, the refit alternated between them (vision, 2026-11-26).
+            step, retry = (0.97 if off > high else 1.03), target
+            for _ in range(8):
+                retry = ask(retry.aim_ms * step, points)
+                if retry.ratios not in seen:
+                    break
         if retry.ratios in seen:
             break
         target, gated = retry, _gate(config, benchmark, model, example, shape, retry)

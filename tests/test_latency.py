@@ -428,8 +428,11 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]})).eval()
     example = torch.zeros(1, *SHAPE)
 
+    measured_plans = []
+
     def measured_gate(config, benchmark, model, example, shape, target):
         widths = prune_module._planned_widths(config, sizes, target)
+        measured_plans.append(target.ratios)
         ms = real(widths)
         return GateResult("passed", target.ratios, {"1": real({}) / ms}, {"1": ms}, {"1": real({})})
 
@@ -460,6 +463,9 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     measured = gated.measured_ms["1"]
     low, high = prune_module.LATENCY_BAND
     assert low * 0.5 * real({}) <= measured <= high * 0.5 * real({})
+    # every retry measured a plan not measured before (the first is measured by the caller, above)
+    assert len(measured_plans) >= 2
+    assert all(plan not in measured_plans[:i] for i, plan in enumerate(measured_plans)), len(measured_plans)
     predicted = target.predicted_ms * gated.dense_ms["1"] / target.dense_predicted_ms
     assert abs(predicted / measured - 1) <= 0.15, (predicted, measured, first_error)
 
@@ -615,3 +621,51 @@ def test_a_static_int8_latency_model_builds_at_batch_1_and_a_large_batch():
     # Not "narrower is faster": in INT8 half of a 16-channel unit can cost more (the point of timing it).
     half = {n: size // 2 for n, size in units}
     assert 0 < latency.predict({}, 1) < latency.predict({}, 64) and latency.predict(half, 1) > 0
+
+
+def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(tmp_path, monkeypatch):
+    """A refit that alternates between two measured plans straddling the band (one 8% over, one
+    10% under, as on the vision workload) must not re-measure them: the loop steps from the last
+    plan towards the target, 3% at a time, and finds the plan between them that meets it."""
+    from pruneops import prune as prune_module
+    from pruneops.config import BenchmarkConfig, PruneConfig
+    from pruneops.io import Layout
+    from pruneops.pruning import targets
+    from pruneops.pruning.targets import GateResult, Plan
+
+    over, between, under = 0.46, 0.52, 0.55  # pruned ratios; measured 1.08, 0.97, 0.90 of the target
+    measured_ms = {over: 0.54, between: 0.485, under: 0.45}
+
+    def staircase(config, sweep, directory, threads, aim_ms=None, measured=()):
+        if aim_ms is None:  # the refit: alternates once it has measured both neighbours
+            aim_ms = 0.50 if len(measured) % 2 == 0 else 0.46
+        ratio = under if aim_ms < 0.47 else between if aim_ms < 0.49 else over
+        return Plan(ratio, None, {"u": ratio}, aim_ms, 1.0, 0.5, [], aim_ms)
+
+    gated = []
+
+    def gate(config, benchmark, model, example, shape, target):
+        gated.append(target.ratios["u"])
+        ms = measured_ms[target.ratios["u"]]
+        return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
+
+    monkeypatch.setattr(targets, "plan_latency", staircase)
+    monkeypatch.setattr(prune_module, "_gate", gate)
+    monkeypatch.setattr(prune_module, "_unit_sizes", lambda model, example: {"u": 100})
+    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
+    first = staircase(config, None, None, 1)
+    target, result = prune_module._meet_measured(
+        config,
+        BenchmarkConfig(batch_sizes=[1]),
+        None,
+        Layout(tmp_path),
+        None,
+        None,
+        [1],
+        first,
+        gate(config, None, None, None, None, first),
+    )
+    assert gated == [over, under, between]
+    assert target.ratios == {"u": between}
+    low, high = prune_module.LATENCY_BAND
+    assert low <= result.measured_ms["1"] / 0.5 <= high
