@@ -37,6 +37,7 @@ class FinetuneReport(StageReport):
     epochs_run: int
     world_size: int
     teacher_runtime: str  # where the teacher ran: onnxruntime, torch, or none (no distillation)
+    distilled_epochs: int  # epochs run with the teacher's loss (`distill_schedule`)
     checkpoint: Path
 
     def summary(self) -> str:
@@ -67,7 +68,8 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         teacher_path = layout.stage_dir("train") / "model.safetensors"
         baseline = load_checkpoint(teacher_path)
         teacher = baseline.model
-        check_recorded_accuracy(baseline, evaluate(teacher, val)[0], len(val), teacher_path)
+        teacher_val = evaluate(teacher, val)[0]
+        check_recorded_accuracy(baseline, teacher_val, len(val), teacher_path)
         pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
         masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
         model = pruned.model
@@ -86,6 +88,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             config.distill_weight,
             hidden_weight=config.hidden_distill_weight,
             run_teacher=run_teacher,
+            until_accuracy=teacher_val if config.distill_schedule == "while_below_teacher" else None,
         )
         fit = FitResult()
         if config.epochs:
@@ -121,6 +124,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             epochs_run=len(fit.history),
             world_size=world,
             teacher_runtime=teacher_runtime,
+            distilled_epochs=sum(e["distilled"] for e in fit.history) if distilled else 0,
             checkpoint=out_dir / "model.safetensors",
         )
         if rank != 0:  # rank 0 alone writes; every rank holds the same weights
@@ -130,5 +134,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
                 staged.dir(out_dir) / "model.safetensors", model, pruned.spec, {**pruned.extra, "stage": "finetune"}
             )
             dump_json(report.metrics(), staged.path(metrics_path))
-            save_fit_history(fit.history, staged.dir(plots_dir), "Recovery fine-tuning (distilled)")
+            taught = f"distilled {report.distilled_epochs} of {report.epochs_run} epochs"
+            taught = taught if distilled else "labels only"
+            save_fit_history(fit.history, staged.dir(plots_dir), f"Recovery fine-tuning ({taught})")
         return report

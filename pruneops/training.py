@@ -68,6 +68,11 @@ class Distillation:
     # Runs the teacher's forward pass in its place (`onnx_forward`): on ONNX Runtime the frozen
     # teacher of an augmented fine-tuning is ~3x cheaper than in PyTorch on a CPU.
     run_teacher: Callable[[object], torch.Tensor] | None = None
+    # Distil only in epochs that begin with the student's validation accuracy below this (the
+    # teacher's): a teacher the student already matches pulls it back towards the teacher's
+    # errors (a pruned ViT fine-tuned from an under-trained 85.7 % teacher reached 88.7 %
+    # distilled, 91.1 % on labels alone). None: every epoch.
+    until_accuracy: float | None = None
 
     def teacher_logits(self, idx: torch.Tensor, xb) -> torch.Tensor:
         """The teacher's logits on batch `xb` (training samples `idx`); its block outputs go to `taps`."""
@@ -445,6 +450,7 @@ def _fit_epochs(model, train: Split, val: Split, settings: FitSettings, distilla
     best_key = (-1.0, 0.0)
     best_state = copy.deepcopy(model.state_dict())
     stale = 0
+    val_acc = evaluate(model, val)[0] if distillation is not None and distillation.until_accuracy is not None else 0.0
     bar = tqdm(range(1, settings.epochs + 1), desc=desc, unit="epoch", disable=None, leave=False)
     for epoch in bar:
         started = time.perf_counter()
@@ -459,7 +465,8 @@ def _fit_epochs(model, train: Split, val: Split, settings: FitSettings, distilla
         if settings.augmented:
             crop, flip = settings.crop_padding, settings.hflip
             batches = ((idx, augment_images(xb, crop, flip, aug_gen)) for idx, xb in batches)
-        train_loss = _train_epoch(model, forward, ys, batches, (opt, sched), distillation, hooks)
+        teaching = epoch_distillation(distillation, val_acc, epoch, desc)
+        train_loss = _train_epoch(model, forward, ys, batches, (opt, sched), teaching, hooks)
         val_acc, val_loss = evaluate(model, val)
         result.history.append(
             {
@@ -468,6 +475,7 @@ def _fit_epochs(model, train: Split, val: Split, settings: FitSettings, distilla
                 "val_loss": val_loss,
                 "val_accuracy": val_acc,
                 "lr": opt.param_groups[0]["lr"],
+                "distilled": teaching is not None,
             }
         )
         bar.set_postfix(val_acc=f"{val_acc:.4f}")
@@ -496,6 +504,34 @@ def _fit_epochs(model, train: Split, val: Split, settings: FitSettings, distilla
         p.requires_grad_(True)
     model.load_state_dict(best_state)
     return result
+
+
+def epoch_distillation(
+    distillation: Distillation | None, student_val_accuracy: float, epoch: int, desc: str
+) -> Distillation | None:
+    """The distillation an epoch trains with: none once the student matches the teacher.
+
+    Args:
+        distillation: The fit's distillation (None: fitting on labels alone).
+        student_val_accuracy: The student's validation accuracy as the epoch begins.
+        epoch: The epoch (1-based), for the log line.
+        desc: The fit's label, for the log line.
+
+    Returns:
+        `distillation`, or None when its `until_accuracy` is set and reached.
+    """
+    if distillation is None or distillation.until_accuracy is None:
+        return distillation
+    if student_val_accuracy < distillation.until_accuracy:
+        return distillation
+    logger.info(
+        "%s epoch %d: val acc %.4f >= the teacher's %.4f: this epoch fits on labels alone",
+        desc,
+        epoch,
+        student_val_accuracy,
+        distillation.until_accuracy,
+    )
+    return None
 
 
 def with_teacher_outputs(distillation: Distillation | None, train: Split, augmented: bool) -> Distillation | None:

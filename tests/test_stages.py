@@ -187,6 +187,27 @@ def test_prune_steps_distil_from_the_unpruned_model_when_asked(pipeline_dir, tmp
         assert student_params < sum(p.numel() for p in baseline.parameters())
 
 
+def test_finetune_distils_while_the_student_is_below_the_teacher_when_asked(pipeline_dir, tmp_path):
+    import shutil
+
+    from pruneops.stages import run_stage
+    from tests.conftest import tiny_params, write_params
+
+    for stage in ("validate", "train", "prune"):
+        shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
+    finetune = {"distill_schedule": "while_below_teacher", "epochs": 4, "patience": 4}
+    run_stage("finetune", write_params(tmp_path, tiny_params(finetune=finetune)), tmp_path)
+    m, plain = _metrics(tmp_path, "finetune"), _metrics(pipeline_dir, "finetune")
+    assert plain["distilled_epochs"] == plain["epochs_run"] > 0  # every_epoch, the default
+    history = read_json(tmp_path / "plots" / "finetune" / "history.json")
+    flags = [e["distilled"] for e in history]
+    assert m["distilled_epochs"] == sum(flags) and m["epochs_run"] == len(flags) == 4
+    # From the second epoch on, each distilled exactly when the one before ended below the
+    # teacher (the baseline, whose validation accuracy the train stage recorded).
+    teacher_val = load_checkpoint(tmp_path / "artifacts/train/model.safetensors").extra["val_accuracy"]
+    assert flags[1:] == [e["val_accuracy"] < teacher_val for e in history[:-1]]
+
+
 def test_finetune_runs_the_teacher_of_augmented_batches_on_onnx_runtime_when_asked(pipeline_dir, tmp_path):
     import shutil
 

@@ -50,6 +50,32 @@ def test_distillation_pulls_student_towards_teacher(tmp_path):
     assert agree_after > 0.85 > agree_before
 
 
+def test_distillation_stops_once_the_student_matches_the_teacher(tmp_path):
+    meta, train, val, _ = _digits(tmp_path)
+    torch.manual_seed(0)
+    # An under-trained teacher (~80% here): what a baseline trained for few epochs gives.
+    teacher = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [32]}))
+    fit_(teacher, train, val, FitSettings(epochs=3, lr=3e-3))
+    teacher_acc = evaluate(teacher, val)[0]
+    student = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [32]}))
+    start_acc = evaluate(student, val)[0]
+    settings = FitSettings(epochs=6, lr=3e-3, patience=6)
+    until = copy.deepcopy(student)
+    fit = fit_(until, train, val, settings, distillation=Distillation(teacher, 2.0, 0.5, until_accuracy=teacher_acc))
+    # Each epoch distilled exactly when it began below the teacher's validation accuracy: here
+    # the first ones did, and the student went past the teacher and stopped.
+    began = [start_acc] + [e["val_accuracy"] for e in fit.history[:-1]]
+    assert [e["distilled"] for e in fit.history] == [acc < teacher_acc for acc in began]
+    assert fit.history[0]["distilled"] and not fit.history[-1]["distilled"]
+    # A teacher the student starts level with is never used: the fit is the one on labels alone.
+    plain, level = copy.deepcopy(student), copy.deepcopy(student)
+    fit_(plain, train, val, settings)
+    fit = fit_(level, train, val, settings, distillation=Distillation(teacher, 2.0, 0.5, until_accuracy=start_acc))
+    assert not any(e["distilled"] for e in fit.history)
+    for a, b in zip(plain.parameters(), level.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 def test_the_teacher_runs_once_per_fit_and_its_cached_logits_train_alike(tmp_path):
     meta, train, val, _ = _digits(tmp_path)
     torch.manual_seed(0)
