@@ -124,7 +124,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             epochs_run=len(fit.history),
             world_size=world,
             teacher_runtime=teacher_runtime,
-            distilled_epochs=sum(e["distilled"] for e in fit.history) if distilled else 0,
+            distilled_epochs=sum(e["distilled"] for e in fit.history),
             checkpoint=out_dir / "model.safetensors",
         )
         if rank != 0:  # rank 0 alone writes; every rank holds the same weights

@@ -69,8 +69,11 @@ def test_distillation_stops_once_the_student_matches_the_teacher(tmp_path):
     assert fit.history[0]["distilled"] and not fit.history[-1]["distilled"]
     # A teacher the student starts level with is never used: the fit is the one on labels alone.
     plain, level = copy.deepcopy(student), copy.deepcopy(student)
-    fit_(plain, train, val, settings)
+    plain_fit = fit_(plain, train, val, settings)
     fit = fit_(level, train, val, settings, distillation=Distillation(teacher, 2.0, 0.5, until_accuracy=start_acc))
+    assert not any(e["distilled"] for e in fit.history + plain_fit.history)
+    # A teacher given no weight teaches nothing either, and the history says so.
+    fit = fit_(copy.deepcopy(student), train, val, settings, distillation=Distillation(teacher, 2.0, 0.0))
     assert not any(e["distilled"] for e in fit.history)
     for a, b in zip(plain.parameters(), level.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
