@@ -401,10 +401,12 @@ class FinetuneConfig(FitParams):
     distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
     distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     hidden_distill_weight: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
-    # `while_below_teacher`: an epoch distils only while the student's validation accuracy is
-    # below the teacher's; from an under-trained teacher (a baseline trained for few epochs)
-    # the student then learns from the labels instead of being held to the teacher's errors.
-    distill_schedule: Literal["every_epoch", "while_below_teacher"] = "every_epoch"
+    # `while_below_teacher` (default): an epoch distils only while the student's validation
+    # accuracy is below the teacher's; from an under-trained teacher (a baseline trained for few
+    # epochs) the student then learns from the labels instead of being held to the teacher's
+    # errors. Measured (README, "One recipe, one run"): ViT +2.54 points over `every_epoch`,
+    # ResNet -0.04 (noise), the pretrained MobileNetV2 identical (its student stays below).
+    distill_schedule: Literal["every_epoch", "while_below_teacher"] = "while_below_teacher"
     world_size: Annotated[int, Field(ge=1, le=16)] = 1
     # Where the frozen teacher runs when its outputs cannot be cached (augmented inputs):
     # `onnxruntime` exports it once and runs it ~3x faster on a CPU (MobileNetV2 at 64x64),

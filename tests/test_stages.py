@@ -187,25 +187,38 @@ def test_prune_steps_distil_from_the_unpruned_model_when_asked(pipeline_dir, tmp
         assert student_params < sum(p.numel() for p in baseline.parameters())
 
 
-def test_finetune_distils_while_the_student_is_below_the_teacher_when_asked(pipeline_dir, tmp_path):
+def test_finetune_distils_while_the_student_is_below_the_teacher_by_default(pipeline_dir, tmp_path):
     import shutil
 
+    from pruneops.data import load_prepared
     from pruneops.stages import run_stage
+    from pruneops.training import evaluate
     from tests.conftest import tiny_params, write_params
 
-    for stage in ("validate", "train", "prune"):
-        shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
-    finetune = {"distill_schedule": "while_below_teacher", "epochs": 4, "patience": 4}
-    run_stage("finetune", write_params(tmp_path, tiny_params(finetune=finetune)), tmp_path)
-    m, plain = _metrics(tmp_path, "finetune"), _metrics(pipeline_dir, "finetune")
-    assert plain["distilled_epochs"] == plain["epochs_run"] > 0  # every_epoch, the default
-    history = read_json(tmp_path / "plots" / "finetune" / "history.json")
-    flags = [e["distilled"] for e in history]
-    assert m["distilled_epochs"] == sum(flags) and m["epochs_run"] == len(flags) == 4
-    # From the second epoch on, each distilled exactly when the one before ended below the
-    # teacher (the baseline, whose validation accuracy the train stage recorded).
-    teacher_val = load_checkpoint(tmp_path / "artifacts/train/model.safetensors").extra["val_accuracy"]
-    assert flags[1:] == [e["val_accuracy"] < teacher_val for e in history[:-1]]
+    # A student that starts above its teacher: the session's fine-tuned model, taught by its own
+    # pruned-but-not-fine-tuned self (same widths, lower accuracy).
+    stages = {"validate": "validate", "train": "prune", "prune": "finetune"}
+    flags = {}
+    for schedule in ("every_epoch", None):
+        work = tmp_path / str(schedule)
+        for stage, source in stages.items():
+            shutil.copytree(pipeline_dir / "artifacts" / source, work / "artifacts" / stage)
+        finetune = {"epochs": 3, "patience": 3} | ({"distill_schedule": schedule} if schedule else {})
+        run_stage("finetune", write_params(work, tiny_params(finetune=finetune)), work)
+        history = read_json(work / "plots" / "finetune" / "history.json")
+        flags[schedule] = [e["distilled"] for e in history]
+        assert _metrics(work, "finetune")["distilled_epochs"] == sum(flags[schedule])
+    assert flags["every_epoch"] == [True] * 3
+    # The default: each epoch distils exactly when it begins below the teacher (the first from the
+    # student as loaded, the others from the epoch before); this student begins above it.
+    val = load_prepared(work / "artifacts" / "validate")[2]
+    teacher_val, student_val = (
+        evaluate(load_checkpoint(work / "artifacts" / stage / "model.safetensors").model, val)[0]
+        for stage in ("train", "prune")
+    )
+    assert student_val > teacher_val
+    began = [student_val] + [e["val_accuracy"] for e in history[:-1]]
+    assert flags[None] == [acc < teacher_val for acc in began] and not flags[None][0]
 
 
 def test_finetune_runs_the_teacher_of_augmented_batches_on_onnx_runtime_when_asked(pipeline_dir, tmp_path):
