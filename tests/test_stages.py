@@ -198,19 +198,22 @@ def test_finetune_distils_while_the_student_is_below_the_teacher_by_default(pipe
     # A student that starts above its teacher: the session's fine-tuned model, taught by its own
     # pruned-but-not-fine-tuned self (same widths, lower accuracy).
     stages = {"validate": "validate", "train": "prune", "prune": "finetune"}
-    flags = {}
+    histories = {}
     for schedule in ("every_epoch", None):
         work = tmp_path / str(schedule)
         for stage, source in stages.items():
             shutil.copytree(pipeline_dir / "artifacts" / source, work / "artifacts" / stage)
         finetune = {"epochs": 3, "patience": 3} | ({"distill_schedule": schedule} if schedule else {})
         run_stage("finetune", write_params(work, tiny_params(finetune=finetune)), work)
-        history = read_json(work / "plots" / "finetune" / "history.json")
-        flags[schedule] = [e["distilled"] for e in history]
-        assert _metrics(work, "finetune")["distilled_epochs"] == sum(flags[schedule])
-    assert flags["every_epoch"] == [True] * 3
-    # The default: each epoch distils exactly when it begins below the teacher (the first from the
-    # student as loaded, the others from the epoch before); this student begins above it.
+        histories[schedule] = read_json(work / "plots" / "finetune" / "history.json")
+        distilled = sum(e["distilled"] for e in histories[schedule])
+        assert _metrics(work, "finetune")["distilled_epochs"] == distilled
+    assert [e["distilled"] for e in histories["every_epoch"]] == [True] * 3
+    # The default (the last run, in `work`): each epoch distils exactly when it begins below the
+    # teacher (the first from the student as loaded, the others from the epoch before); this
+    # student begins above it.
+    history = histories[None]
+    flags = [e["distilled"] for e in history]
     val = load_prepared(work / "artifacts" / "validate")[2]
     teacher_val, student_val = (
         evaluate(load_checkpoint(work / "artifacts" / stage / "model.safetensors").model, val)[0]
@@ -218,7 +221,7 @@ def test_finetune_distils_while_the_student_is_below_the_teacher_by_default(pipe
     )
     assert student_val > teacher_val
     began = [student_val] + [e["val_accuracy"] for e in history[:-1]]
-    assert flags[None] == [acc < teacher_val for acc in began] and not flags[None][0]
+    assert flags == [acc < teacher_val for acc in began] and not flags[0]
 
 
 def test_finetune_runs_the_teacher_of_augmented_batches_on_onnx_runtime_when_asked(pipeline_dir, tmp_path):
