@@ -80,8 +80,6 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             run_teacher = onnx_forward(
                 teacher, meta.input_shape, head_tensors(train.x, 8), max(1, config.threads // world)
             )
-        distilled = config.distill_weight > 0 or config.hidden_distill_weight > 0
-        teacher_runtime = "onnxruntime" if run_teacher else ("torch" if distilled else "none")
         kd = Distillation(
             teacher,
             config.distill_temperature,
@@ -90,6 +88,7 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             run_teacher=run_teacher,
             until_accuracy=teacher_val if config.distill_schedule == "while_below_teacher" else None,
         )
+        teacher_runtime = "onnxruntime" if run_teacher else ("torch" if kd.teaches else "none")
         fit = FitResult()
         if config.epochs:
             fit = fit_(
@@ -135,6 +134,6 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
             )
             dump_json(report.metrics(), staged.path(metrics_path))
             taught = f"distilled {report.distilled_epochs} of {report.epochs_run} epochs"
-            taught = taught if distilled else "labels only"
+            taught = taught if kd.teaches else "labels only"
             save_fit_history(fit.history, staged.dir(plots_dir), f"Recovery fine-tuning ({taught})")
         return report

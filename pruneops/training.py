@@ -74,6 +74,11 @@ class Distillation:
     # distilled, 91.4 % on labels alone; docs/families-taught). None: every epoch.
     until_accuracy: float | None = None
 
+    @property
+    def teaches(self) -> bool:
+        """Whether the teacher adds anything to the loss (a logit or a block-output weight)."""
+        return self.weight > 0 or self.hidden_weight > 0
+
     def teacher_logits(self, idx: torch.Tensor, xb) -> torch.Tensor:
         """The teacher's logits on batch `xb` (training samples `idx`); its block outputs go to `taps`."""
         if self.logits is not None:
@@ -475,7 +480,7 @@ def _fit_epochs(model, train: Split, val: Split, settings: FitSettings, distilla
                 "val_loss": val_loss,
                 "val_accuracy": val_acc,
                 "lr": opt.param_groups[0]["lr"],
-                "distilled": teaching is not None and (teaching.weight > 0 or teaching.hidden_weight > 0),
+                "distilled": teaching is not None and teaching.teaches,
             }
         )
         bar.set_postfix(val_acc=f"{val_acc:.4f}")
