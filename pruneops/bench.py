@@ -56,9 +56,11 @@ class VariantConfig(BaseModel):
     `match_macs_of` names an earlier variant: this one prunes to that variant's MACs
     (`prune.target: macs`), for a comparison at the same compute budget. `match_latency_of`
     likewise prunes to that variant's batch-1 latency as a ratio of dense's (`prune.target:
-    latency_ratio`), in the same `prune.latency_form`: a comparison at the same milliseconds.
-    In fp32 the bench times the two exported models itself (`matched_latency_ratio`); in an
-    INT8 form it takes the ratio the other variant's prune stage measured.
+    latency_ratio`): a comparison at the same milliseconds. The ratio is in this variant's
+    `prune.latency_form` if it sets one, else in the form the other variant's prune stage timed.
+    The bench times the two exported models in that form itself (`matched_latency_ratio`: the fp32
+    exports, or the deployed ones where both were deployed in that INT8 form); otherwise it takes
+    the ratio the other variant's prune stage measured, which must then be in the same form.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -154,6 +156,16 @@ def prepare_repo(repo: Path, params: dict[str, Any], root: Path) -> None:
         subprocess.run(["git", "commit", "-qm", "workload params"], cwd=repo, env=env, check=True)
 
 
+def match_form(variant: VariantConfig, other: dict) -> str:
+    """The form a latency match is in: the variant's `prune.latency_form`, else the one `other` was timed in.
+
+    Args:
+        variant: The matching variant.
+        other: The matched variant's metrics (by stage).
+    """
+    return variant.set.get("prune.latency_form", other["prune"].get("latency_form", "fp32"))
+
+
 def variant_overrides(
     variant: VariantConfig, done: dict[str, dict], latency_ratio: float | None = None
 ) -> dict[str, Any]:
@@ -163,11 +175,12 @@ def variant_overrides(
         variant: The variant.
         done: Each finished earlier variant's metrics (by stage).
         latency_ratio: For `match_latency_of`, the matched variant's batch-1 latency over dense's
-            as the bench timed their exports (`matched_latency_ratio`); None: the ratio that
-            variant's prune stage measured for its planned widths.
+            as the bench timed their exports in `match_form` (`matched_latency_ratio`); None: the
+            ratio that variant's prune stage measured for its planned widths.
 
     Raises:
-        ConfigError: It matches a variant that failed or is not earlier.
+        ConfigError: It matches a variant that failed or is not earlier, or a prune-stage reading
+            taken in another form than the one it asks for.
     """
     overrides = {**QUICK_BENCHMARK, **(DENSE if variant.kind == "dense" else {}), **variant.set}
     for other in (variant.match_macs_of, variant.match_latency_of):
@@ -178,14 +191,17 @@ def variant_overrides(
         overrides.update({"prune.target": "macs", "prune.target_value": float(macs), "prune.target_batch": None})
     if variant.match_latency_of is not None:
         prune = done[variant.match_latency_of]["prune"]
-        ratio = latency_ratio if latency_ratio is not None else prune["measured_ms"]["1"] / prune["dense_ms"]["1"]
-        # The ratio holds in the form it was timed in; a variant timing another form would aim wrong.
-        form = prune.get("latency_form", "fp32")
-        if overrides.get("prune.latency_form", form) != form:
-            raise ConfigError(
-                f"{variant.name}: prune.latency_form {overrides['prune.latency_form']} cannot match the latency "
-                f"of {variant.match_latency_of!r}, timed in {form}"
-            )
+        form = match_form(variant, done[variant.match_latency_of])
+        ratio = latency_ratio
+        if ratio is None:
+            ratio = prune["measured_ms"]["1"] / prune["dense_ms"]["1"]
+            # A stage's reading holds in the form it was timed in; a variant timing another would aim wrong.
+            timed = prune.get("latency_form", "fp32")
+            if form != timed:
+                raise ConfigError(
+                    f"{variant.name}: prune.latency_form {form} cannot match the latency of "
+                    f"{variant.match_latency_of!r}, timed in {timed} by its prune stage (and not deployed in {form})"
+                )
         # Aimed so that the most the prune stage accepts over its target is the other row's time:
         # a match may end faster than the other row, not slower by the stage's tolerance.
         from pruneops.prune import LATENCY_BAND  # torch: imported where a match needs it
@@ -197,8 +213,27 @@ def variant_overrides(
     return overrides
 
 
-def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: BenchmarkConfig) -> float:
-    """The batch-1 latency of `matched`'s fp32 export over `dense`'s, timed here interleaved.
+def timed_file(directory: Path, form: str, dense: bool) -> Path | None:
+    """A variant's exported model in `form`: its fp32 export, or its deployed one if deployed in that form.
+
+    Args:
+        directory: The variant's results directory.
+        form: `fp32` or a quantizer's name.
+        dense: The dense model's export (a dense variant's) rather than the pruned one.
+
+    Returns:
+        The file, or None where the variant's deployed model is in another form.
+    """
+    export = Layout(directory).stage_dir("export")
+    models = read_json(export / "manifest.json")["models"]
+    if form == "fp32":
+        return export / models["dense_fp32" if dense else "pruned_fp32"]["file"]
+    deployed = models.get("pruned_deployed", {})  # a dense variant's "pruned" model is its dense one
+    return export / deployed["file"] if deployed.get("quantizer") == form else None
+
+
+def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: BenchmarkConfig, form: str = "fp32") -> float:
+    """The batch-1 latency of `matched`'s export over `dense`'s in `form`, timed here interleaved.
 
     A latency match aims at what the report compares: the two exported models, timed as the
     bench times them. The other variant's prune stage measured its *planned* widths against
@@ -212,6 +247,11 @@ def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: Benchm
         dense: The dense variant's results directory.
         matched: The matched variant's results directory.
         timing: The bench's timing (threads, warm-up, repeats, rounds).
+        form: `fp32` (the fp32 exports) or the INT8 quantizer both variants deployed (their
+            deployed exports).
+
+    Raises:
+        ConfigError: A variant's deployed model is not in `form`.
     """
     import hashlib
 
@@ -221,11 +261,10 @@ def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: Benchm
     from pruneops.data import load_split
     from pruneops.onnx_utils import make_session
 
-    def fp32_file(directory: Path, key: str) -> Path:
-        export = Layout(directory).stage_dir("export")
-        return export / read_json(export / "manifest.json")["models"][key]["file"]
-
-    files = {"dense": fp32_file(dense, "dense_fp32"), "matched": fp32_file(matched, "pruned_fp32")}
+    files = {"dense": timed_file(dense, form, dense=True), "matched": timed_file(matched, form, dense=False)}
+    missing = [name for name, file in files.items() if file is None]
+    if missing:
+        raise ConfigError(f"latency match in {form}: not deployed in {form}: the {' and the '.join(missing)} variant")
     digest = hashlib.sha256(b"".join(hashlib.sha256(f.read_bytes()).digest() for f in files.values()))
     key = f"{digest.hexdigest()[:16]} threads={timing.threads}"
     kept_path = work / "latency-matches.json"
@@ -249,18 +288,20 @@ def _latency_ratio_to_match(
     timing: BenchmarkConfig,
     log: Callable[[str], None],
 ) -> float | None:
-    """`matched_latency_ratio` for a variant matching an fp32 latency; None where the gate's reading is used."""
+    """`matched_latency_ratio` for a latency match, in `match_form`; None where the prune stage's reading is used."""
     other = variant.match_latency_of
     if other is None or other not in done:
         return None
-    form = done[other]["prune"].get("latency_form", "fp32")
+    form = match_form(variant, done[other])
     dense = next((v.name for v in workload.variants if v.kind == "dense" and v.name in dirs), None)
-    if form != "fp32" or dense is None:
-        why = f"timed in {form}" if form != "fp32" else "no dense variant finished"
+    deployed = dense is not None and all(timed_file(dirs[v], form, v == dense) for v in (dense, other))
+    if not deployed:
+        why = "no dense variant finished" if dense is None else f"not both deployed in {form}"
         log(f"{variant.name}: matching {other}'s latency as its prune stage measured it ({why})")
         return None
-    ratio = matched_latency_ratio(work, dirs[dense], dirs[other], timing)
-    log(f"{variant.name}: matching {other}'s batch-1 latency, {ratio:.3f} of {dense}'s (fp32 exports, timed here)")
+    ratio = matched_latency_ratio(work, dirs[dense], dirs[other], timing, form)
+    kind = "fp32 exports" if form == "fp32" else f"exports deployed in {form}"
+    log(f"{variant.name}: matching {other}'s batch-1 latency, {ratio:.3f} of {dense}'s ({kind}, timed here)")
     return ratio
 
 

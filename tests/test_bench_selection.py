@@ -76,18 +76,28 @@ def test_matching_a_latency_keeps_the_form_it_was_timed_in():
     assert "prune.latency_form" not in variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), fp32)
 
 
-def _export_dir(directory, model, key: str):
-    """A variant's results directory as the bench keeps it: the export (one fp32 model) and val."""
+def _export_dir(directory, models: dict, key: str | None = None, quantizer: str | None = None):
+    """A variant's results directory as the bench keeps it: the export and val.
+
+    `models` maps manifest keys to modules (or one module under `key`); `quantizer` is the form
+    recorded for `pruned_deployed`.
+    """
     import numpy as np
 
     from pruneops.data.splits import Split, save_split
     from pruneops.io import Layout, dump_json
     from pruneops.onnx_utils import export_onnx_file
 
+    models = {key: models} if key is not None else models
     export = Layout(directory).stage_dir("export")
     export.mkdir(parents=True)
-    export_onnx_file(model.eval(), [256], export / "model.onnx", 18)
-    dump_json({"models": {key: {"file": "model.onnx"}}}, export / "manifest.json")
+    manifest = {}
+    for name, model in models.items():
+        export_onnx_file(model.eval(), [256], export / f"{name}.onnx", 18)
+        manifest[name] = {"file": f"{name}.onnx"}
+    if quantizer is not None:
+        manifest["pruned_deployed"]["quantizer"] = quantizer
+    dump_json({"models": manifest}, export / "manifest.json")
     validate = Layout(directory).stage_dir("validate")
     validate.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -95,20 +105,20 @@ def _export_dir(directory, model, key: str):
     return directory
 
 
-def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, monkeypatch):
-    """The ratio is the two exported files timed together, and a rerun with the same files reuses it."""
+def _mlp(hidden: int):
     from torch import nn
 
+    return nn.Sequential(nn.Linear(256, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, monkeypatch):
+    """The ratio is the two exported files timed together, and a rerun with the same files reuses it."""
     import pruneops.benchmark
     from pruneops.bench import VariantConfig, matched_latency_ratio, variant_overrides
     from pruneops.config import BenchmarkConfig
     from pruneops.prune import LATENCY_BAND
 
-    def mlp(hidden: int) -> nn.Module:
-        return nn.Sequential(
-            nn.Linear(256, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)
-        )
-
+    mlp = _mlp
     dense = _export_dir(tmp_path / "dense", mlp(1024), "dense_fp32")
     small = _export_dir(tmp_path / "tp", mlp(64), "pruned_fp32")
     timing = BenchmarkConfig(threads=1, batch_sizes=[1, 64], warmup=3, repeats=20, rounds=2)
@@ -129,3 +139,34 @@ def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, m
     assert overrides["prune.target"] == "latency_ratio"
     # aimed below it by what the prune stage accepts over a target: ours may end faster, not slower
     assert overrides["prune.target_value"] == pytest.approx(ratio / LATENCY_BAND[1])
+
+
+def test_a_latency_match_in_an_int8_form_times_the_deployed_exports(tmp_path):
+    """A variant timing static INT8 matches the other's deployed static model against dense's, not fp32."""
+    from pruneops.bench import VariantConfig, matched_latency_ratio, timed_file, variant_overrides
+    from pruneops.config import BenchmarkConfig
+    from pruneops.errors import ConfigError
+    from pruneops.prune import LATENCY_BAND
+
+    # Stand-ins whose widths make the forms tell apart: in fp32 the two are the same size, deployed
+    # the dense one is 1/16 the width of the matched one (what a quantizer does is not the point).
+    dense = _export_dir(tmp_path / "dense", {"dense_fp32": _mlp(1024), "pruned_deployed": _mlp(64)}, quantizer="static")
+    tp = _export_dir(tmp_path / "tp", {"pruned_fp32": _mlp(1024), "pruned_deployed": _mlp(1024)}, quantizer="static")
+    timing = BenchmarkConfig(threads=1, batch_sizes=[1, 64], warmup=3, repeats=20, rounds=2)
+    assert timed_file(tp, "dynamic", dense=False) is None
+    fp32 = matched_latency_ratio(tmp_path, dense, tp, timing)
+    static = matched_latency_ratio(tmp_path, dense, tp, timing, "static")
+    assert fp32 == pytest.approx(1.0, abs=0.25)
+    assert static > 2.0  # the matched deployed model is 16x as wide as dense's deployed one
+    with pytest.raises(ConfigError, match="not deployed in dynamic: the dense and the matched variant"):
+        matched_latency_ratio(tmp_path, dense, tp, timing, "dynamic")
+
+    # TP's prune stage timed fp32; ours asks static: the bench's static ratio is the target...
+    done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}
+    ours = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "static"})
+    overrides = variant_overrides(ours, done, static)
+    assert overrides["prune.latency_form"] == "static"
+    assert overrides["prune.target_value"] == pytest.approx(static / LATENCY_BAND[1])
+    # ...and without it, the stage's fp32 reading would be the wrong form: refused, not used.
+    with pytest.raises(ConfigError, match="timed in fp32 by its prune stage"):
+        variant_overrides(ours, done)
