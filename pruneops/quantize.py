@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from pruneops.checkpoint import load_checkpoint
-from pruneops.config import BenchmarkConfig, QuantizeConfig
+from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import QualityGateError
 from pruneops.inputs import as_feed, count_rows, rows
@@ -210,7 +210,22 @@ def _choose(names: list[str], candidates: dict[str, dict], reference: dict) -> t
     return chosen, warnings
 
 
-def quantize_model(config: QuantizeConfig, benchmark: BenchmarkConfig, layout: Layout | None = None) -> QuantizeReport:
+def _planned_in_another_form(prune: PruneConfig, chosen: str) -> list[str]:
+    """A warning where the widths were chosen for a latency timed in another form than the one that ships."""
+    if prune.target not in LATENCY_TARGETS or prune.latency_form == chosen:
+        return []
+    # Measured: on the MobileNetV2-style model at Torch-Pruning's ms, planned in fp32 the static INT8
+    # model ran 0.111 ms, planned in static INT8 0.085 ms, at the same accuracy (docs/latency-int8).
+    return [
+        f"prune.latency_form={prune.latency_form}: the widths were planned for a {prune.target} timed in "
+        f"{prune.latency_form}, and {chosen} ships; channel counts fast in one form can be slow in the other "
+        f"(prune.latency_form: {chosen} plans in the deployed form)"
+    ]
+
+
+def quantize_model(
+    config: QuantizeConfig, benchmark: BenchmarkConfig, prune: PruneConfig, layout: Layout | None = None
+) -> QuantizeReport:
     """Quantizes the fine-tuned model with ONNX Runtime and keeps the fastest model within tolerance.
 
     Candidates (`static`, `dynamic` and `fp32` for `auto`, or the one named) are compared on
@@ -218,11 +233,13 @@ def quantize_model(config: QuantizeConfig, benchmark: BenchmarkConfig, layout: L
     here, interleaved; the fastest at batch 1 whose validation accuracy is within
     `accuracy_tolerance` of fp32 and that is no slower than fp32 at any of those batch sizes is
     kept. fp32 is always a candidate of `auto`, so INT8 ships only where it is not slower on this
-    machine. Test accuracy is measured on the chosen model.
+    machine. Test accuracy is measured on the chosen model. Where the prune stage planned a
+    latency target in another form than the one chosen here, a warning says so.
 
     Args:
         config: The `quantize` section.
         benchmark: The `benchmark` section: the batch sizes the chosen model must not lose at.
+        prune: The `prune` section: the form its latency target was timed in.
         layout: Where the stage reads and writes.
 
     Raises:
@@ -264,6 +281,7 @@ def quantize_model(config: QuantizeConfig, benchmark: BenchmarkConfig, layout: L
             chosen, warnings = _choose(names, candidates, reference)
         except QualityGateError as e:
             raise QualityGateError(f"quantize.accuracy_tolerance={config.accuracy_tolerance}: {e}") from None
+        warnings += _planned_in_another_form(prune, chosen)
         test_accuracy = ort_accuracy(make_session(paths[chosen], config.threads), test.x, test.y)
         report = QuantizeReport(
             method=chosen,

@@ -176,7 +176,7 @@ STAGES: tuple[Stage, ...] = (
         QuantizeConfig,
         "pruneops.quantize:quantize_model",
         "ONNX Runtime INT8 quantization (fp32 kept unless INT8 is faster at batch 1 and no slower elsewhere)",
-        reads=("benchmark.batch_sizes",),
+        reads=("benchmark.batch_sizes", "prune.target", "prune.latency_form"),
         upstream=("validate", "finetune"),
         builds_model=True,
     ),

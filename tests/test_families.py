@@ -62,6 +62,7 @@ def test_quantize_ships_int8_only_where_it_is_not_slower_at_any_benchmark_batch(
     shutil.copy(pipeline_dir / "params.yaml", tmp_path / "params.yaml")
     monkeypatch.setattr(benchmark, "measure_latencies", _scaled_latencies(benchmark.measure_latencies, factors))
     report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
+    # (The session pipeline prunes to a ratio: no latency was planned in any form, nothing to say.)
     assert report.method == expected and report.warnings == ()
     assert set(report.candidates) == {"static", "dynamic", "fp32"}
     # A candidate slower than fp32 somewhere can never ship: it is not evaluated, and says why.
@@ -77,7 +78,9 @@ def test_quantize_ships_int8_only_where_it_is_not_slower_at_any_benchmark_batch(
     assert manifest["pruned_deployed"]["precision"] == "fp32" and export.deployed_precision == "fp32"
 
 
-def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower(pipeline_dir, tmp_path, monkeypatch):
+def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower_or_planned_otherwise(
+    pipeline_dir, tmp_path, monkeypatch
+):
     import yaml
 
     import pruneops.benchmark as benchmark
@@ -86,12 +89,30 @@ def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower(pipe
         shutil.copytree(pipeline_dir / "artifacts" / part, tmp_path / "artifacts" / part)
     params = yaml.safe_load((pipeline_dir / "params.yaml").read_text())
     params["quantize"]["method"] = "dynamic"
+    # As if the widths had been planned for a latency timed in fp32 (the default form).
+    params["prune"].update(target="latency_ratio", target_value=0.5, target_batch=1, latency_form="fp32")
     write_params(tmp_path, params)
     factors = {"dynamic": {1: 0.5, 8: 1.25}}
     monkeypatch.setattr(benchmark, "measure_latencies", _scaled_latencies(benchmark.measure_latencies, factors))
     report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
     assert report.method == "dynamic"
+    assert report.warnings == (
+        "quantize.method=dynamic measured slower than fp32 at b8 1.25x",
+        _planned_in_fp32("dynamic"),
+    )
+    # Planned in the form that ships: nothing to say about the form.
+    params["prune"]["latency_form"] = "dynamic"
+    write_params(tmp_path, params)
+    report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
     assert report.warnings == ("quantize.method=dynamic measured slower than fp32 at b8 1.25x",)
+
+
+def _planned_in_fp32(ships: str) -> str:
+    return (
+        "prune.latency_form=fp32: the widths were planned for a latency_ratio timed in fp32, and "
+        f"{ships} ships; channel counts fast in one form can be slow in the other "
+        f"(prune.latency_form: {ships} plans in the deployed form)"
+    )
 
 
 def _params(family: str) -> dict:
