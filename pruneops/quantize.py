@@ -214,12 +214,12 @@ def _planned_in_another_form(prune: PruneConfig, chosen: str) -> list[str]:
     """A warning where the widths were chosen for a latency timed in another form than the one that ships."""
     if prune.target not in LATENCY_TARGETS or prune.latency_form == chosen:
         return []
-    # Measured: on the MobileNetV2-style model at Torch-Pruning's ms, planned in fp32 the static INT8
-    # model ran 0.111 ms, planned in static INT8 0.085 ms, at the same accuracy (docs/latency-int8).
+    # Not a prescription: planned in another form the widths change, and so may the form that ships
+    # (the default digits run planned in static INT8 cut 10x the MACs and shipped fp32). Two runs decide.
     return [
-        f"prune.latency_form={prune.latency_form}: the widths were planned for a {prune.target} timed in "
-        f"{prune.latency_form}, and {chosen} ships; channel counts fast in one form can be slow in the other "
-        f"(prune.latency_form: {chosen} plans in the deployed form)"
+        f"prune.latency_form={prune.latency_form}: the {prune.target} target was planned in {prune.latency_form} "
+        f"and {chosen} ships, so it holds for the {prune.latency_form} model, not necessarily for the deployed one; "
+        f"to plan in {chosen}, compare this run's benchmark with `dvc exp run -S prune.latency_form={chosen}`"
     ]
 
 

@@ -109,9 +109,9 @@ def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower_or_p
 
 def _planned_in_fp32(ships: str) -> str:
     return (
-        "prune.latency_form=fp32: the widths were planned for a latency_ratio timed in fp32, and "
-        f"{ships} ships; channel counts fast in one form can be slow in the other "
-        f"(prune.latency_form: {ships} plans in the deployed form)"
+        f"prune.latency_form=fp32: the latency_ratio target was planned in fp32 and {ships} ships, so it holds for "
+        "the fp32 model, not necessarily for the deployed one; to plan in "
+        f"{ships}, compare this run's benchmark with `dvc exp run -S prune.latency_form={ships}`"
     )
 
 
