@@ -200,7 +200,8 @@ def variant_overrides(
             if form != timed:
                 raise ConfigError(
                     f"{variant.name}: prune.latency_form {form} cannot match the latency of "
-                    f"{variant.match_latency_of!r}, timed in {timed} by its prune stage (and not deployed in {form})"
+                    f"{variant.match_latency_of!r}, timed in {timed} by its prune stage "
+                    f"(the bench timed no {form} exports of both rows)"
                 )
         # Aimed so that the most the prune stage accepts over its target is the other row's time:
         # a match may end faster than the other row, not slower by the stage's tolerance.

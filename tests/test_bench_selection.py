@@ -118,14 +118,13 @@ def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, m
     from pruneops.config import BenchmarkConfig
     from pruneops.prune import LATENCY_BAND
 
-    mlp = _mlp
-    dense = _export_dir(tmp_path / "dense", mlp(1024), "dense_fp32")
-    small = _export_dir(tmp_path / "tp", mlp(64), "pruned_fp32")
+    dense = _export_dir(tmp_path / "dense", _mlp(1024), "dense_fp32")
+    small = _export_dir(tmp_path / "tp", _mlp(64), "pruned_fp32")
     timing = BenchmarkConfig(threads=1, batch_sizes=[1, 64], warmup=3, repeats=20, rounds=2)
     ratio = matched_latency_ratio(tmp_path, dense, small, timing)
     # 1/16 of the hidden width, ~1/200 of the MACs: faster by far more than timing noise, but not free.
     assert 0.0 < ratio < 0.5
-    same_size = _export_dir(tmp_path / "same", mlp(1024), "pruned_fp32")
+    same_size = _export_dir(tmp_path / "same", _mlp(1024), "pruned_fp32")
     assert matched_latency_ratio(tmp_path, dense, same_size, timing) == pytest.approx(1.0, abs=0.25)
 
     def no_timing(*args, **kwargs):
