@@ -287,6 +287,20 @@ class SensitivityConfig(StageConfig):
 LATENCY_TARGETS = ("latency_ms", "latency_ratio")
 
 
+class LatencyConfig(StageConfig):
+    """`latency`: the latency table of the model's units on this machine (latency targets only).
+
+    Measured at `benchmark.threads` and every batch a target may name, in `prune.latency_form`:
+    its own stage so that changing the form, the target or the benchmark's batches re-times the
+    units without sweeping their accuracy again (the sweep took 11 min on a MobileNetV2-style model).
+    """
+
+    # Exports per unit alone, at its efficient widths, that the cost model is fitted on besides
+    # dense and four uniform cuts: each is one ONNX export and one timed session.
+    unit_points: Annotated[int, Field(ge=1, le=16)] = 4
+    threads: Threads = 2
+
+
 class PruneConfig(StageConfig):
     """`prune`: allocate per-unit ratios, then prune iteratively with fine-tuning between steps.
 

@@ -34,14 +34,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from pruneops.inputs import run_model, timing_inputs
+from pruneops.checkpoint import file_sha256, load_checkpoint
+from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, LatencyConfig, PruneConfig
+from pruneops.data import load_prepared
+from pruneops.errors import DataError
+from pruneops.inputs import head_tensors, run_model, timing_inputs
+from pruneops.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.plots import plot_latency_staircase
 from pruneops.profiling import forward_with_hooks
 from pruneops.pruning.allocation import cost_of
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, round_keep
+from pruneops.stages import StageReport
 
 FIELDS = ("cin", "cout", "groups")
-UNIT_POINTS = 4  # exports per unit alone: each costs an export and a timed session
+UNIT_POINTS = 4  # default exports per unit alone (`latency.unit_points`): each costs an export and a timed session
 PREDICTORS = ("mmacs", "table", "line")  # per-layer costs on MACs or table times; one line over the table sum
 
 
@@ -301,7 +308,7 @@ class LatencyModel:
     calibration: dict[int, tuple[float, float]] = field(default_factory=dict)
     # Per batch: the feature ("mmacs" or "table"), intercept and each layer's in-context cost
     # per unit of that feature, fitted (non-negative least squares) on whole-model exports timed
-    # in the sensitivity stage. A batch without one predicts with the calibration line.
+    # in the latency stage. A batch without one predicts with the calibration line.
     layer_costs: dict[int, tuple[str, float, dict[str, float]]] = field(default_factory=dict)
     # Refitted on plans measured in the prune stage: predicted savings are scaled by this.
     savings_scale: dict[int, float] = field(default_factory=dict)
@@ -426,7 +433,7 @@ class LatencyModel:
         return sorted(keep)
 
     def to_json(self) -> dict[str, Any]:
-        """What the sensitivity stage writes (`latency.json`)."""
+        """What the latency stage writes (`latency.json`)."""
         return {
             "machine": self.table.machine,
             "form": self.form,
@@ -507,18 +514,17 @@ def build_latency_model(
     table: LatencyTable,
     batches: Iterable[int],
     form: str = "fp32",
+    unit_points: int = UNIT_POINTS,
 ) -> LatencyModel:
     """Probes the units, fills the table on every unit's width grid and measures real exports.
 
     Exported and timed together (interleaved): the dense model; copies with every unit at the
     first efficient width above 3/4, 1/2, 1/3 and 1/4 of its size (on which the calibration line
     `a + b * sum(layer ms)` is fitted); and, per unit, the model with only that unit at up to
-    `UNIT_POINTS` of its efficient widths. Then `select_cost_model` picks the predictor per batch.
+    `unit_points` of its efficient widths. Then `select_cost_model` picks the predictor per batch.
     The exports, and the one-operator table (so its staircase of fast widths), are timed in
     `form` (fp32, or the quantizer named: the form that will be deployed).
     """
-    from pruneops.config import BenchmarkConfig
-
     units = list(units)
     latency = LatencyModel(
         layer_shapes(model, input_shape),
@@ -534,7 +540,7 @@ def build_latency_model(
     table_s, started = time.perf_counter() - started, time.perf_counter()
     points, models = {}, {}
     lean, lean_example = without_vocabulary(model), within_vocabulary(example)
-    wanted = _measurement_points(latency, units, batches)
+    wanted = _measurement_points(latency, units, batches, unit_points)
     # A twin's one-unit points are timed once, on its representative's export (see `twin_units`).
     shared = shared_points(wanted, twin_units(latency))
     for key, widths in wanted.items():
@@ -679,7 +685,9 @@ def _pruned_or_none(model: nn.Module, example: torch.Tensor, widths: dict[str, i
     return twin
 
 
-def _measurement_points(latency: LatencyModel, units: list[tuple[str, int]], batches: list[int]):
+def _measurement_points(
+    latency: LatencyModel, units: list[tuple[str, int]], batches: list[int], unit_points: int = UNIT_POINTS
+):
     """Widths to export and time: dense, four uniform cuts, every unit alone at a few efficient widths."""
     points: dict[str, dict[str, int]] = {"dense": {}}
     for keep in (0.75, 0.5, 1 / 3, 0.25):
@@ -688,7 +696,7 @@ def _measurement_points(latency: LatencyModel, units: list[tuple[str, int]], bat
         }
     for name, size in units:
         widths = sorted({w for b in batches for w in latency.efficient_widths(name, b)} - {size})
-        for width in _spread(widths, UNIT_POINTS):
+        for width in _spread(widths, unit_points):
             points[f"unit:{name}:{width}"] = {name: width}
     return points
 
@@ -922,3 +930,161 @@ def allocate_latency(
         steps=sum(position.values()),
         reached=current <= target_ms,
     )
+
+
+@dataclass(frozen=True)
+class LatencyReport(StageReport):
+    """What the latency stage timed: in which form, at which batches, how many units and exports.
+
+    `reason` says why nothing was timed (`measured` false): no latency target, or a method that
+    prunes weights rather than widths.
+    """
+
+    measured: bool
+    reason: str
+    form: str
+    batches: tuple[int, ...]
+    units: int
+    exports: int
+    table_seconds: float
+    export_seconds: float
+    machine: str
+    out: Path
+
+    def summary(self) -> str:
+        if not self.measured:
+            return f"no latency table: {self.reason}"
+        return (
+            f"{self.units} units timed in {self.form} at batch {', '.join(map(str, self.batches))} on {self.machine}: "
+            f"{self.exports} exports, {self.table_seconds + self.export_seconds:.0f} s -> {self.out}"
+        )
+
+
+def measure_latency_table(
+    config: LatencyConfig, prune: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None
+) -> LatencyReport:
+    """Times every unit of the baseline model on this machine, for the prune stage's latency target.
+
+    The units are the sensitivity sweep's (their names and sizes); the one-operator table and the
+    whole-model exports are timed at `benchmark.threads`, at batch 1 and every benchmark batch
+    (so moving the target between them reuses the table), in `prune.latency_form`. Without a
+    latency target nothing is timed and `skipped.txt` says why.
+
+    Args:
+        config: The `latency` section of params.
+        prune: The `prune` section: its target says whether to time, its latency form in what.
+        benchmark: The `benchmark` section: the thread count and batch sizes latency is timed at.
+        layout: Where to read and write; defaults to the current directory.
+
+    Returns:
+        The report; `artifacts/latency/latency.json` (the fitted model), `latency_table.json` (the
+        one-operator timings, tagged with the machine) and `plots/latency/latency.png`.
+
+    Raises:
+        DataError: The sweep is missing, or was made on another model than the one trained.
+    """
+    layout = layout or Layout()
+    torch.set_num_threads(config.threads)
+    batches = sorted({1, *benchmark.batch_sizes})
+    machine = machine_fingerprint(benchmark.threads)
+    sweep = _sweep_of_trained_model(layout)
+    reason = _why_no_table(prune, sweep)
+    if reason:
+        report = LatencyReport(
+            False,
+            reason,
+            prune.latency_form,
+            tuple(batches),
+            0,
+            0,
+            0.0,
+            0.0,
+            machine["cpu"],
+            layout.stage_dir("latency"),
+        )
+        _write_latency(layout, None, report)
+        return report
+    meta, _, val, _ = load_prepared(layout.stage_dir("validate"))
+    base = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
+    units = [(n, c["size"]) for n, c in sweep["units"].items()]
+    latency = build_latency_model(
+        base,
+        head_tensors(val.x),
+        meta.input_shape,
+        units,
+        LatencyTable(machine),
+        batches,
+        prune.latency_form,
+        config.unit_points,
+    )
+    seconds = latency.exports.get("seconds", {})
+    report = LatencyReport(
+        True,
+        "",
+        prune.latency_form,
+        tuple(batches),
+        len(units),
+        int(seconds.get("models", 0)),
+        float(seconds.get("table", 0.0)),
+        float(seconds.get("exports", 0.0)),
+        machine["cpu"],
+        layout.stage_dir("latency") / "latency.json",
+    )
+    _write_latency(layout, latency, report)
+    return report
+
+
+def _sweep_of_trained_model(layout: Layout) -> dict:
+    """The sensitivity sweep, checked to be of the model the train stage wrote."""
+    path = layout.stage_dir("sensitivity") / "sensitivity.json"
+    try:
+        sweep = read_json(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: not found; run `pruneops sensitivity` first (its units are what is timed)") from None
+    trained = layout.stage_dir("train") / "model.safetensors"
+    if sweep.get("model_sha256") != file_sha256(trained):
+        raise DataError(f"{path}: swept another model than {trained}; rerun `pruneops sensitivity`")
+    return sweep
+
+
+def _why_no_table(prune: PruneConfig, sweep: dict) -> str:
+    if prune.target not in LATENCY_TARGETS:
+        return f"prune.target is {prune.target}, not a latency target"
+    if sweep.get("granularity") != "units":
+        return f"prune.method {prune.method} prunes weights, not widths"
+    return ""
+
+
+def _write_latency(layout: Layout, latency: LatencyModel | None, report: LatencyReport) -> None:
+    out_dir, metrics_path, plots_dir = layout.stage_dir("latency"), layout.metrics("latency"), layout.plots("latency")
+    with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
+        tmp = staged.dir(out_dir)
+        if latency is None:
+            # DVC needs the output to exist; this says what is (not) in it.
+            (tmp / "skipped.txt").write_text(f"no latency table: {report.reason}\n")
+        else:
+            dump_json(latency.to_json(), tmp / "latency.json")
+            latency.table.save(tmp / "latency_table.json")
+        dump_json(report.metrics(), staged.path(metrics_path))
+        plot_latency_staircase(
+            _staircases(latency, 1) if latency else {}, report.reason, staged.dir(plots_dir) / "latency.png"
+        )
+
+
+def _staircases(latency: LatencyModel, batch: int) -> dict[str, dict]:
+    """Per unit at `batch`: predicted whole-model ms with only it at each grid width, and its timed exports."""
+    points, measured = latency.exports.get("points", {}), latency.exports.get("measured", {}).get(batch, {})
+    out = {}
+    for name, unit in latency.units.items():
+        timed = [
+            (widths[name], measured[key])
+            for key, widths in points.items()
+            if key.startswith("unit:") and set(widths) == {name} and key in measured
+        ]
+        out[name] = {
+            "size": unit.size,
+            "predicted": [(w, latency.predict({name: w}, batch)) for w in width_grid(unit.size)],
+            "efficient": latency.efficient_widths(name, batch),
+            "measured": sorted(timed),
+        }
+    return {"dense_ms": measured.get("dense"), "units": out, "form": latency.form, "batch": batch}

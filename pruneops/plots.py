@@ -210,3 +210,44 @@ def plot_latency_predictions(predictions: dict[str, list[dict]], path: Path) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def plot_latency_staircase(staircases: dict, reason: str, path: Path) -> None:
+    """Predicted model latency with one unit narrowed, per unit: where the fast widths are.
+
+    `staircases` is what `pruneops.latency` gives: per unit its size, the predicted whole-model ms
+    at each grid width, its efficient widths (filled) and the one-unit exports timed (crosses).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    units = staircases.get("units", {})
+    if not units:
+        ax.text(0.5, 0.5, f"no latency table: {reason}", ha="center", va="center", wrap=True)
+        ax.set_axis_off()
+    for name, unit in units.items():
+        size = unit["size"]
+        widths, ms = zip(*unit["predicted"], strict=True)
+        line = ax.plot([w / size for w in widths], ms, lw=1, drawstyle="steps-post", label=name)[0]
+        fast = dict(unit["predicted"])
+        ax.scatter(
+            [w / size for w in unit["efficient"]], [fast[w] for w in unit["efficient"]], s=10, color=line.get_color()
+        )
+        if unit["measured"]:
+            ax.scatter(
+                [w / size for w, _ in unit["measured"]],
+                [m for _, m in unit["measured"]],
+                marker="x",
+                s=25,
+                color=line.get_color(),
+            )
+    if units:
+        if staircases.get("dense_ms"):
+            ax.axhline(staircases["dense_ms"], color="black", lw=0.8, ls="--", label="dense (timed)")
+        ax.set_xlabel("fraction of the unit's channels/heads kept (the rest of the model dense)")
+        ax.set_ylabel(f"predicted model latency (ms, batch {staircases['batch']}, {staircases['form']})")
+        ax.set_title("Latency table per unit (dots: fast widths; crosses: timed exports)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

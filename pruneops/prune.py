@@ -221,9 +221,7 @@ def _meet_measured(config, benchmark, sweep, layout, model, example, shape, targ
         return ms / goal
 
     def ask(aim: float | None, points) -> Plan:
-        return plan_latency(
-            config, sweep, layout.stage_dir("sensitivity"), benchmark.threads, aim_ms=aim, measured=points
-        )
+        return plan_latency(config, sweep, layout.stage_dir("latency"), benchmark.threads, aim_ms=aim, measured=points)
 
     low, high = LATENCY_BAND
     tried, points = [(target, gated)], []
@@ -294,9 +292,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     def make_method(ratio: float, ratios: dict | None):
         return method_cls(make_context(config, train, example, ratio, ratios, shared))
 
-    target = plan(
-        config, sweep, model, make_method, meta.input_shape, layout.stage_dir("sensitivity"), benchmark.threads
-    )
+    target = plan(config, sweep, model, make_method, meta.input_shape, layout.stage_dir("latency"), benchmark.threads)
     gated = _gate(config, benchmark, model, example, meta.input_shape, target) if method_cls.structured else None
     if target.target_ms is not None and gated is not None:
         target, gated = _meet_measured(

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import check_recorded_accuracy, file_sha256, load_checkpoint
-from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig, SensitivityConfig
+from pruneops.config import PruneConfig, SensitivityConfig
 from pruneops.data import Split, load_prepared
 from pruneops.errors import ConfigError
 from pruneops.inputs import head_tensors, rows
@@ -147,39 +147,20 @@ def uninformative_units(curves: dict[str, dict], at_chance: float) -> list[str]:
     ]
 
 
-def measure_latency(
-    base: torch.nn.Module,
-    val: Split,
-    curves: dict[str, dict],
-    shape: list[int],
-    threads: int,
-    batches: list[int],
-    form: str = "fp32",
-):
-    """The latency model of the baseline's units on this machine, timed in `form` (see `pruneops.latency`)."""
-    from pruneops.latency import LatencyTable, build_latency_model, machine_fingerprint
-
-    table = LatencyTable(machine_fingerprint(threads))
-    units = [(n, c["size"]) for n, c in curves.items()]
-    return build_latency_model(base, head_tensors(val.x), shape, units, table, batches, form)
-
-
 def analyze_sensitivity(
-    config: SensitivityConfig, prune: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None
+    config: SensitivityConfig, prune: PruneConfig, layout: Layout | None = None
 ) -> SensitivityReport:
-    """Measures each unit's validation accuracy drop when pruned alone (and, for latency targets, its cost).
+    """Measures each unit's validation accuracy drop when pruned alone.
 
     Structured methods sweep units (channel groups, attention heads) and weight them by MACs;
     unstructured methods sweep each layer's weights by magnitude and weight them by count. The
     `prune` stage allocates per-unit ratios for its target from this sweep. With
-    `prune.use_sensitivity` off nothing is swept. With a latency target, the latency table of
-    every unit is measured here on this machine (`latency.json`, `latency_table.json`), at the
-    benchmark's thread count and batch sizes.
+    `prune.use_sensitivity` off nothing is swept. What the units cost in milliseconds is the
+    `latency` stage's (so a change of latency form or target does not repeat the sweep).
 
     Args:
         config: The `sensitivity` section of params.
-        prune: The `prune` section: its method decides the granularity, its target whether to time.
-        benchmark: The `benchmark` section: the thread count and batch sizes latency is timed at.
+        prune: The `prune` section: its method decides the granularity.
         layout: Where to read and write; defaults to the current directory.
 
     Returns:
@@ -212,14 +193,6 @@ def analyze_sensitivity(
         result.weights,
         result.warnings + uninformative_units(result.curves, at_chance),
     )
-    latency = None
-    if structured and prune.target in LATENCY_TARGETS:
-        started = time.perf_counter()
-        # Every batch a target may name (checked at load), so the table outlives a change of target batch.
-        batches = sorted({1, *benchmark.batch_sizes})
-        latency = measure_latency(base, val, curves, meta.input_shape, benchmark.threads, batches, prune.latency_form)
-        seconds["latency_model"] = time.perf_counter() - started
-        seconds["latency_model_parts"] = latency.exports.get("seconds", {})
     sweep = {
         "baseline_val_accuracy": base_acc,
         "baseline_val_loss": base_loss,
@@ -242,7 +215,7 @@ def analyze_sensitivity(
         tuple(warnings),
         layout.stage_dir("sensitivity") / "sensitivity.json",
     )
-    _write(layout, sweep, latency, result.tensors, report)
+    _write(layout, sweep, result.tensors, report)
     return report
 
 
@@ -365,7 +338,7 @@ ESTIMATORS.register(
 )(Estimator(fisher_sweep, measures_accuracy=False))
 
 
-def _write(layout: Layout, sweep: dict, latency, tensors: dict, report: SensitivityReport) -> None:
+def _write(layout: Layout, sweep: dict, tensors: dict, report: SensitivityReport) -> None:
     out_dir, metrics_path, plots_dir = (
         layout.stage_dir("sensitivity"),
         layout.metrics("sensitivity"),
@@ -376,9 +349,6 @@ def _write(layout: Layout, sweep: dict, latency, tensors: dict, report: Sensitiv
         dump_json(sweep, tmp / "sensitivity.json")
         if tensors:
             save_file({n: t.contiguous() for n, t in tensors.items()}, str(tmp / FISHER_SCORES_FILE))
-        if latency is not None:
-            dump_json(latency.to_json(), tmp / "latency.json")
-            latency.table.save(tmp / "latency_table.json")
         dump_json(report.metrics(), staged.path(metrics_path))
         plots = staged.dir(plots_dir)
         # A Fisher sweep's rows carry its predicted cost under the same key, so the DVC plot

@@ -21,6 +21,7 @@ from pruneops.config import (
     BenchmarkConfig,
     ExportConfig,
     FinetuneConfig,
+    LatencyConfig,
     PruneConfig,
     QuantizeConfig,
     SensitivityConfig,
@@ -139,17 +140,20 @@ STAGES: tuple[Stage, ...] = (
         "sensitivity",
         SensitivityConfig,
         "pruneops.sensitivity:analyze_sensitivity",
-        "per-unit sensitivity sweep (each unit pruned alone) and, for latency targets, the latency table",
-        reads=(
-            "prune.method",
-            "prune.use_sensitivity",
-            "prune.target",
-            "prune.latency_form",
-            "benchmark.threads",
-            "benchmark.batch_sizes",
-        ),
+        "per-unit sensitivity sweep (each unit pruned alone)",
+        reads=("prune.method", "prune.use_sensitivity"),
         upstream=("validate", "train"),
         plots=(Plot("curves.json", "ratio", "accuracy_drop"), Plot("sensitivity.png")),
+        builds_model=True,
+    ),
+    Stage(
+        "latency",
+        LatencyConfig,
+        "pruneops.latency:measure_latency_table",
+        "for latency targets: time the units' widths on this machine (the latency table)",
+        reads=("prune.target", "prune.latency_form", "benchmark.threads", "benchmark.batch_sizes"),
+        upstream=("validate", "train", "sensitivity"),
+        plots=(Plot("latency.png"),),
         builds_model=True,
     ),
     Stage(
@@ -158,7 +162,7 @@ STAGES: tuple[Stage, ...] = (
         "pruneops.prune:prune_iteratively",
         "plan per-unit widths for the target, gate them on measured latency, prune iteratively",
         reads=("benchmark.threads", "benchmark.batch_sizes"),
-        upstream=("validate", "train", "sensitivity"),
+        upstream=("validate", "train", "sensitivity", "latency"),
         plots=(Plot("history.json", "step", "val_accuracy"), Plot("history.png"), Plot("allocation.png")),
         builds_model=True,
     ),
@@ -251,7 +255,7 @@ def load_configs(params: dict[str, Any], sections: tuple[str, ...] | None = None
 def _check_target_batch(configs: dict[str, StageConfig]) -> None:
     """A latency target's batch must be one the latency table is measured at (1 and the benchmark's).
 
-    So the sensitivity stage (the table) does not depend on `prune.target_batch`: moving a target
+    So the latency stage (the table) does not depend on `prune.target_batch`: moving a target
     between measured batches reuses the sweep instead of rerunning it.
     """
     prune, benchmark = configs.get("prune"), configs.get("benchmark")

@@ -34,7 +34,7 @@ def main() -> None:
     root, params = Path("."), Path("params.yaml")
     layout = Layout(root)
     walls = {}
-    for stage in ("sensitivity", "prune"):
+    for stage in ("sensitivity", "latency", "prune"):
         started = time.perf_counter()
         run_stage(stage, params, root)
         walls[stage] = time.perf_counter() - started

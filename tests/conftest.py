@@ -71,7 +71,7 @@ def write_params(directory: Path, params: dict) -> Path:
 
 @pytest.fixture(scope="session")
 def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory where all eight stages ran once on digits with tiny settings."""
+    """A directory where every stage ran once on digits with tiny settings."""
     from pruneops.stages import STAGE_NAMES, run_stage
 
     root = tmp_path_factory.mktemp("pipeline")

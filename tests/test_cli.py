@@ -42,6 +42,7 @@ def test_help_lists_every_stage(capsys):
         "validate",
         "train",
         "sensitivity",
+        "latency",
         "prune",
         "finetune",
         "quantize",

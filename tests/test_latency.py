@@ -421,9 +421,9 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     sums = np.array([latency.layer_sum(w, 1) for w in uniform])
     latency.calibration[1] = fit_calibration(sums, np.array([real(w) for w in uniform]))
     layout = Layout(tmp_path)
-    layout.stage_dir("sensitivity").mkdir(parents=True)
-    (layout.stage_dir("sensitivity") / "latency.json").write_text(__import__("json").dumps(latency.to_json()))
-    latency.table.save(layout.stage_dir("sensitivity") / "latency_table.json")
+    layout.stage_dir("latency").mkdir(parents=True)
+    (layout.stage_dir("latency") / "latency.json").write_text(__import__("json").dumps(latency.to_json()))
+    latency.table.save(layout.stage_dir("latency") / "latency_table.json")
     sweep = _sweep(sizes, lambda n: [0.01, 0.02, 0.04] if n == "stages.1.conv1" else [0.0, 0.01, 0.02])
     model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]})).eval()
     example = torch.zeros(1, *SHAPE)
@@ -439,7 +439,7 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     monkeypatch.setattr(prune_module, "_gate", measured_gate)
     config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.8)
     benchmark = BenchmarkConfig(batch_sizes=[1])
-    first = plan_latency(config, sweep, layout.stage_dir("sensitivity"), 1)
+    first = plan_latency(config, sweep, layout.stage_dir("latency"), 1)
     first_error = abs(
         first.predicted_ms
         / first.dense_predicted_ms
@@ -669,3 +669,64 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
     assert target.ratios == {"u": between}
     low, high = prune_module.LATENCY_BAND
     assert low <= result.measured_ms["1"] / 0.5 <= high
+
+
+def _stage_copy(pipeline_dir, root, **sections):
+    """`root` with the session pipeline's data, model and sweep, and params updated by `sections`."""
+    import shutil
+
+    from tests.conftest import tiny_params, write_params
+
+    for stage in ("validate", "train", "sensitivity"):
+        shutil.copytree(pipeline_dir / "artifacts" / stage, root / "artifacts" / stage)
+    return write_params(root, tiny_params(**sections))
+
+
+def test_the_latency_stage_times_nothing_without_a_latency_target_and_says_why(pipeline_dir):
+    from pruneops.io import read_json
+
+    # The session pipeline prunes to a ratio.
+    metrics = read_json(pipeline_dir / "metrics/latency.json")
+    assert metrics["measured"] is False and metrics["reason"] == "prune.target is ratio, not a latency target"
+    assert metrics["units"] == 0 and metrics["exports"] == 0
+    assert not (pipeline_dir / "artifacts/latency/latency.json").exists()
+    assert "prune.target is ratio" in (pipeline_dir / "artifacts/latency/skipped.txt").read_text()
+    assert (pipeline_dir / "plots/latency/latency.png").stat().st_size > 0
+
+
+def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipeline_dir, tmp_path):
+    from PIL import Image
+
+    from pruneops.io import read_json
+    from pruneops.stages import run_stage
+
+    prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "static"}
+    params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
+    report = run_stage("latency", params, tmp_path)
+    sweep = read_json(tmp_path / "artifacts/sensitivity/sensitivity.json")
+    saved = read_json(tmp_path / "artifacts/latency/latency.json")
+    assert report.measured and report.form == "static" and report.batches == (1, 8)  # 1 and every benchmark batch
+    assert set(saved["units"]) == set(sweep["units"]) and report.units == len(sweep["units"]) > 0
+    assert saved["form"] == "static" and set(saved["layer_costs"]) | set(saved["calibration"]) >= {"1", "8"}
+    # Dense, four uniform cuts and up to `unit_points` widths per unit alone (twins share theirs).
+    assert 5 < report.exports <= 5 + 4 * report.units
+    assert read_json(tmp_path / "metrics/latency.json")["measured"] is True
+    assert min(Image.open(tmp_path / "plots/latency/latency.png").size) > 300
+    # The prune stage plans on this table: in its form, within the gate's measurements.
+    run_stage("prune", params, tmp_path)
+    assert read_json(tmp_path / "metrics/prune.json")["predicted_latency_ms"] is not None
+
+
+def test_the_latency_stage_refuses_a_sweep_of_another_model(pipeline_dir, tmp_path):
+    import json
+
+    from pruneops.errors import DataError
+    from pruneops.stages import run_stage
+
+    prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1}
+    params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
+    path = tmp_path / "artifacts/sensitivity/sensitivity.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "model_sha256": "0" * 64}))
+    with pytest.raises(DataError, match="swept another model than .*model.safetensors; rerun `pruneops sensitivity`"):
+        run_stage("latency", params, tmp_path)
+    assert not (tmp_path / "artifacts/latency").exists()

@@ -73,3 +73,17 @@ def test_dvc_repro_then_noop_then_experiment(tmp_path):
     assert alloc["target_ratio"] == 0.7
     diff = _sh(tmp_path, dvc, "metrics", "diff", "--json").stdout
     assert "metrics/prune.json" in json.loads(diff)
+
+    # A latency target timed in static INT8: the units are timed, the accuracy sweep is reused.
+    latency = (
+        "prune.target=latency_ratio",
+        "prune.target_value=0.8",
+        "prune.target_batch=1",
+        "prune.latency_form=static",
+    )
+    exp = _sh(tmp_path, dvc, "exp", "run", *(a for s in latency for a in ("-S", s))).stdout
+    assert "Running stage 'latency'" in exp and "Running stage 'prune'" in exp
+    assert "Running stage 'sensitivity'" not in exp and "Running stage 'train'" not in exp
+    timed = json.loads((tmp_path / "metrics/latency.json").read_text())
+    assert timed["measured"] is True and timed["form"] == "static" and timed["units"] > 0
+    assert json.loads((tmp_path / "metrics/prune.json").read_text())["latency_form"] == "static"

@@ -125,9 +125,10 @@ def test_fisher_sweep_plans_a_latency_target(trained, tmp_path, monkeypatch):
     shutil.copytree(trained / "artifacts", tmp_path / "artifacts")
     params = _params(tmp_path, "fisher", target="latency_ratio", target_value=0.6, target_batch=1, steps=1)
     run_stage("sensitivity", params, tmp_path)
-    assert (tmp_path / "artifacts/sensitivity/latency_table.json").exists()
     assert (tmp_path / "artifacts/sensitivity/fisher_scores.safetensors").exists()
     assert read_json(tmp_path / "metrics/sensitivity.json")["evaluations"] == 0
+    run_stage("latency", params, tmp_path)
+    assert (tmp_path / "artifacts/latency/latency_table.json").exists()
     # The prune stage ranks by the sweep's saved scores: it has no reason to compute them again.
     monkeypatch.setattr(methods, "fisher_scores", _must_not_run)
     run_stage("prune", params, tmp_path)

@@ -70,17 +70,17 @@ def plan_ratio_or_budget(
 def plan_latency(
     config: PruneConfig,
     sweep: dict,
-    sensitivity_dir: Path,
+    latency_dir: Path,
     threads: int,
     aim_ms: float | None = None,
     measured: list[tuple[dict[str, int], float]] | None = None,
 ) -> Plan:
-    """Per-unit widths for a latency target from the sensitivity stage's latency table.
+    """Per-unit widths for a latency target from the latency stage's table.
 
     Args:
         config: The prune section (its target, in ms or as a ratio of dense).
         sweep: The sensitivity sweep.
-        sensitivity_dir: Where `latency.json` and `latency_table.json` are.
+        latency_dir: Where the latency stage wrote `latency.json` and `latency_table.json`.
         threads: ONNX Runtime threads (the table's machine fingerprint includes them).
         aim_ms: What to ask the table for instead of the target (a step along the staircase).
         measured: Widths already exported and timed here, each with its measured latency as a
@@ -88,22 +88,22 @@ def plan_latency(
             batch are rescaled to fit them (`recalibrate_`) before the next plan is made.
 
     Raises:
-        ConfigError: No latency table (rerun sensitivity).
+        ConfigError: No latency table, or one timed in another form (rerun the latency stage).
     """
     from pruneops.io import read_json
     from pruneops.latency import LatencyModel, LatencyTable, allocate_latency, machine_fingerprint
 
-    path = sensitivity_dir / "latency.json"
+    path = latency_dir / "latency.json"
     if not path.is_file():
-        raise ConfigError(f"prune.target: {config.target} needs the latency table; rerun `pruneops sensitivity`")
+        raise ConfigError(f"prune.target: {config.target} needs the latency table; run `pruneops latency`")
     machine = machine_fingerprint(threads)
-    table, same = LatencyTable.load(sensitivity_dir / "latency_table.json", machine)
+    table, same = LatencyTable.load(latency_dir / "latency_table.json", machine)
     warnings = [] if same else ["the latency table was measured on another machine: layers re-measured here"]
     latency = LatencyModel.from_json(read_json(path), table)
     if latency.form != config.latency_form:
         raise ConfigError(
             f"prune.latency_form: {config.latency_form}, but the latency table was timed in {latency.form}; "
-            "rerun `pruneops sensitivity`"
+            "rerun `pruneops latency`"
         )
     batch = config.target_batch
     if measured:
@@ -137,14 +137,14 @@ def plan(
     model: nn.Module,
     make_method: Callable[[float, dict | None], object],
     input_shape: list[int],
-    sensitivity_dir: Path,
+    latency_dir: Path,
     threads: int,
 ) -> Plan:
     """The plan for any target kind (see the module docstring)."""
     if config.target in LATENCY_TARGETS:
         if sweep is None:
             raise ConfigError(f"prune.target: {config.target} allocates from the sweep; set prune.use_sensitivity")
-        return plan_latency(config, sweep, sensitivity_dir, threads)
+        return plan_latency(config, sweep, latency_dir, threads)
 
     def size_at(ratio: float, allocation: Allocation | None) -> float:
         twin = copy.deepcopy(model)

@@ -1,4 +1,4 @@
-"""A pretrained text classifier through all eight stages by params alone: a CSV of sentences and a
+"""A pretrained text classifier through every stage by params alone: a CSV of sentences and a
 local HuggingFace folder (a tiny BERT saved with `save_pretrained` beside its tokenizer.json)."""
 
 from __future__ import annotations
