@@ -991,16 +991,16 @@ def measure_latency_table(
     reason = _why_no_table(prune, sweep)
     if reason:
         report = LatencyReport(
-            False,
-            reason,
-            prune.latency_form,
-            tuple(batches),
-            0,
-            0,
-            0.0,
-            0.0,
-            machine["cpu"],
-            layout.stage_dir("latency"),
+            measured=False,
+            reason=reason,
+            form=prune.latency_form,
+            batches=tuple(batches),
+            units=0,
+            exports=0,
+            table_seconds=0.0,
+            export_seconds=0.0,
+            machine=machine["cpu"],
+            out=layout.stage_dir("latency"),
         )
         _write_latency(layout, None, report)
         return report
@@ -1019,16 +1019,16 @@ def measure_latency_table(
     )
     seconds = latency.exports.get("seconds", {})
     report = LatencyReport(
-        True,
-        "",
-        prune.latency_form,
-        tuple(batches),
-        len(units),
-        int(seconds.get("models", 0)),
-        float(seconds.get("table", 0.0)),
-        float(seconds.get("exports", 0.0)),
-        machine["cpu"],
-        layout.stage_dir("latency") / "latency.json",
+        measured=True,
+        reason="",
+        form=prune.latency_form,
+        batches=tuple(batches),
+        units=len(units),
+        exports=int(seconds.get("models", 0)),  # twins share one export (`twin_units`)
+        table_seconds=float(seconds.get("table", 0.0)),
+        export_seconds=float(seconds.get("exports", 0.0)),
+        machine=machine["cpu"],
+        out=layout.stage_dir("latency") / "latency.json",
     )
     _write_latency(layout, latency, report)
     return report
@@ -1048,6 +1048,7 @@ def _sweep_of_trained_model(layout: Layout) -> dict:
 
 
 def _why_no_table(prune: PruneConfig, sweep: dict) -> str:
+    """Why there is nothing to time ("" when there is)."""
     if prune.target not in LATENCY_TARGETS:
         return f"prune.target is {prune.target}, not a latency target"
     if sweep.get("granularity") != "units":
@@ -1071,8 +1072,11 @@ def _write_latency(layout: Layout, latency: LatencyModel | None, report: Latency
         )
 
 
-def _staircases(latency: LatencyModel, batch: int) -> dict[str, dict]:
-    """Per unit at `batch`: predicted whole-model ms with only it at each grid width, and its timed exports."""
+def _staircases(latency: LatencyModel, batch: int) -> dict[str, Any]:
+    """Per unit at `batch`: predicted whole-model ms with only it at each grid width, and its timed exports.
+
+    A twin's one-unit points carry its representative's times (`shared_points`): the same shapes.
+    """
     points, measured = latency.exports.get("points", {}), latency.exports.get("measured", {}).get(batch, {})
     out = {}
     for name, unit in latency.units.items():

@@ -60,7 +60,7 @@ def test_epochs_0_adopts_the_imagenet_weights_bit_for_bit(tmp_path):
 @needs_assets
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_dvc_repro_runs_all_eight_stages_from_weights_idx_files_and_preprocessing(tmp_path):
+def test_dvc_repro_runs_every_stage_from_weights_idx_files_and_preprocessing(tmp_path):
     params = tiny_params(
         validate={"dataset": "idx", "path": str(FASHION), "max_train_samples": 1000, "val_fraction": 0.2},
         train={
