@@ -285,6 +285,8 @@ class SensitivityConfig(StageConfig):
 
 
 LATENCY_TARGETS = ("latency_ms", "latency_ratio")
+# `prune.latency_form: auto`: plan in every form the quantize stage may ship, keep the cheapest plan.
+AUTO_FORM = "auto"
 
 
 class LatencyConfig(StageConfig):
@@ -311,6 +313,9 @@ class PruneConfig(StageConfig):
     `latency_form` is the form that latency, and the gate's, is measured in: `fp32`, or a
     quantizer's name (`static`, `dynamic`) when that is what will be deployed: INT8 and fp32 do not
     rank plans alike (INT8 kernels have their own fast channel counts and per-operator costs).
+    `auto` plans in every form the quantize stage may ship (each `quantize.method: auto` candidate,
+    or the one method named) and keeps the plan that meets the target with the least predicted
+    accuracy loss; a `latency_ratio` is then of dense fp32, so an INT8 form needs fewer cuts.
     `target`, `scope`, `importance` and `round_to` apply to some methods only (each method
     declares which); a key set for a method it does not apply to is refused, not ignored.
     `min_speedup` is the gate: a structured result must be measured at least this much faster
@@ -352,7 +357,12 @@ class PruneConfig(StageConfig):
     @field_validator("latency_form")
     @classmethod
     def _known_form(cls, v: str) -> str:
-        return registered("pruneops.quantize:QUANTIZERS", v)
+        if v == AUTO_FORM:
+            return v
+        try:
+            return registered("pruneops.quantize:QUANTIZERS", v)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; or {AUTO_FORM} (plan in every form the quantize stage may ship)") from None
 
     @field_validator("schedule")
     @classmethod

@@ -21,6 +21,7 @@ import copy
 import functools
 import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -35,7 +36,7 @@ import torch
 from torch import nn
 
 from pruneops.checkpoint import file_sha256, load_checkpoint
-from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, LatencyConfig, PruneConfig
+from pruneops.config import AUTO_FORM, LATENCY_TARGETS, BenchmarkConfig, LatencyConfig, PruneConfig, QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import DataError
 from pruneops.inputs import head_tensors, run_model, timing_inputs
@@ -48,8 +49,11 @@ from pruneops.pruning.units import UnitPruner, round_keep
 from pruneops.stages import StageReport
 
 FIELDS = ("cin", "cout", "groups")
+FORMS_FILE = "forms.json"  # in artifacts/latency: the forms to plan in and a ratio's reference
 UNIT_POINTS = 4  # default exports per unit alone (`latency.unit_points`): each costs an export and a timed session
 PREDICTORS = ("mmacs", "table", "line")  # per-layer costs on MACs or table times; one line over the table sum
+
+logger = logging.getLogger(__name__)
 
 
 def machine_fingerprint(threads: int) -> dict[str, Any]:
@@ -934,15 +938,18 @@ def allocate_latency(
 
 @dataclass(frozen=True)
 class LatencyReport(StageReport):
-    """What the latency stage timed: in which form, at which batches, how many units and exports.
+    """What the latency stage timed: in which forms, at which batches, how many units and exports.
 
-    `reason` says why nothing was timed (`measured` false): no latency target, or a method that
-    prunes weights rather than widths.
+    `form` is `prune.latency_form` as set; `forms` the forms timed (with `auto`, every form the
+    quantize stage may ship, and fp32, the reference of a `latency_ratio`). `reason` says why
+    nothing was timed (`measured` false): no latency target, or a method that prunes weights
+    rather than widths.
     """
 
     measured: bool
     reason: str
     form: str
+    forms: tuple[str, ...]
     batches: tuple[int, ...]
     units: int
     exports: int
@@ -955,30 +962,53 @@ class LatencyReport(StageReport):
         if not self.measured:
             return f"no latency table: {self.reason}"
         return (
-            f"{self.units} units timed in {self.form} at batch {', '.join(map(str, self.batches))} on {self.machine}: "
-            f"{self.exports} exports, {self.table_seconds + self.export_seconds:.0f} s -> {self.out}"
+            f"{self.units} units timed in {', '.join(self.forms)} at batch {', '.join(map(str, self.batches))} on "
+            f"{self.machine}: {self.exports} exports, {self.table_seconds + self.export_seconds:.0f} s -> {self.out}"
         )
 
 
+def planned_forms(prune: PruneConfig, quantize: QuantizeConfig) -> list[str]:
+    """The forms a latency target is planned in: the one named, or with `auto` each the quantize stage may ship."""
+    from pruneops.quantize import QUANTIZERS
+
+    if prune.latency_form != AUTO_FORM:
+        return [prune.latency_form]
+    return sorted(QUANTIZERS.names()) if quantize.method == "auto" else [quantize.method]
+
+
+def timed_forms(prune: PruneConfig, quantize: QuantizeConfig) -> list[str]:
+    """The forms the latency stage times: those planned in, and fp32 with `auto` (a ratio's reference)."""
+    planned = planned_forms(prune, quantize)
+    return planned if prune.latency_form != AUTO_FORM else sorted({"fp32", *planned})
+
+
 def measure_latency_table(
-    config: LatencyConfig, prune: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None
+    config: LatencyConfig,
+    prune: PruneConfig,
+    benchmark: BenchmarkConfig,
+    quantize: QuantizeConfig,
+    layout: Layout | None = None,
 ) -> LatencyReport:
     """Times every unit of the baseline model on this machine, for the prune stage's latency target.
 
     The units are the sensitivity sweep's (their names and sizes); the one-operator table and the
     whole-model exports are timed at `benchmark.threads`, at batch 1 and every benchmark batch
-    (so moving the target between them reuses the table), in `prune.latency_form`. Without a
-    latency target nothing is timed and `skipped.txt` says why.
+    (so moving the target between them reuses the table), in `prune.latency_form`, or with
+    `auto` in each form `timed_forms` names. Without a latency target nothing is timed and
+    `skipped.txt` says why.
 
     Args:
         config: The `latency` section of params.
         prune: The `prune` section: its target says whether to time, its latency form in what.
         benchmark: The `benchmark` section: the thread count and batch sizes latency is timed at.
+        quantize: The `quantize` section: the forms it may ship (for `prune.latency_form: auto`).
         layout: Where to read and write; defaults to the current directory.
 
     Returns:
-        The report; `artifacts/latency/latency.json` (the fitted model), `latency_table.json` (the
-        one-operator timings, tagged with the machine) and `plots/latency/latency.png`.
+        The report; per form `artifacts/latency/<form>/latency.json` (the fitted model) and
+        `latency_table.json` (the one-operator timings, tagged with the machine),
+        `artifacts/latency/forms.json` (the forms to plan in, and the reference), and
+        `plots/latency/latency.png` (the first form planned in; `latency-<form>.png` the others).
 
     Raises:
         DataError: The sweep is missing, or was made on another model than the one trained.
@@ -989,48 +1019,40 @@ def measure_latency_table(
     machine = machine_fingerprint(benchmark.threads)
     sweep = _sweep_of_trained_model(layout)
     reason = _why_no_table(prune, sweep)
+    report = LatencyReport(
+        measured=not reason,
+        reason=reason,
+        form=prune.latency_form,
+        forms=tuple(timed_forms(prune, quantize)) if not reason else (),
+        batches=tuple(batches),
+        units=0,
+        exports=0,
+        table_seconds=0.0,
+        export_seconds=0.0,
+        machine=machine["cpu"],
+        out=layout.stage_dir("latency"),
+    )
     if reason:
-        report = LatencyReport(
-            measured=False,
-            reason=reason,
-            form=prune.latency_form,
-            batches=tuple(batches),
-            units=0,
-            exports=0,
-            table_seconds=0.0,
-            export_seconds=0.0,
-            machine=machine["cpu"],
-            out=layout.stage_dir("latency"),
-        )
-        _write_latency(layout, None, report)
+        _write_latency(layout, {}, [], report)
         return report
     meta, _, val, _ = load_prepared(layout.stage_dir("validate"))
     base = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
     units = [(n, c["size"]) for n, c in sweep["units"].items()]
-    latency = build_latency_model(
-        base,
-        head_tensors(val.x),
-        meta.input_shape,
-        units,
-        LatencyTable(machine),
-        batches,
-        prune.latency_form,
-        config.unit_points,
-    )
-    seconds = latency.exports.get("seconds", {})
-    report = LatencyReport(
-        measured=True,
-        reason="",
-        form=prune.latency_form,
-        batches=tuple(batches),
+    models = {}
+    for form in report.forms:
+        logger.info("latency table in %s: %d units at batch %s", form, len(units), ", ".join(map(str, batches)))
+        models[form] = build_latency_model(
+            base, head_tensors(val.x), meta.input_shape, units, LatencyTable(machine), batches, form, config.unit_points
+        )
+    seconds = [m.exports.get("seconds", {}) for m in models.values()]
+    report = replace(
+        report,
         units=len(units),
-        exports=int(seconds.get("models", 0)),  # twins share one export (`twin_units`)
-        table_seconds=float(seconds.get("table", 0.0)),
-        export_seconds=float(seconds.get("exports", 0.0)),
-        machine=machine["cpu"],
-        out=layout.stage_dir("latency") / "latency.json",
+        exports=sum(int(s.get("models", 0)) for s in seconds),  # twins share one export (`twin_units`)
+        table_seconds=sum(float(s.get("table", 0.0)) for s in seconds),
+        export_seconds=sum(float(s.get("exports", 0.0)) for s in seconds),
     )
-    _write_latency(layout, latency, report)
+    _write_latency(layout, models, planned_forms(prune, quantize), report)
     return report
 
 
@@ -1056,20 +1078,28 @@ def _why_no_table(prune: PruneConfig, sweep: dict) -> str:
     return ""
 
 
-def _write_latency(layout: Layout, latency: LatencyModel | None, report: LatencyReport) -> None:
+def _write_latency(layout: Layout, models: dict[str, LatencyModel], planned: list[str], report: LatencyReport) -> None:
     out_dir, metrics_path, plots_dir = layout.stage_dir("latency"), layout.metrics("latency"), layout.plots("latency")
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         tmp = staged.dir(out_dir)
-        if latency is None:
+        if not models:
             # DVC needs the output to exist; this says what is (not) in it.
             (tmp / "skipped.txt").write_text(f"no latency table: {report.reason}\n")
         else:
-            dump_json(latency.to_json(), tmp / "latency.json")
-            latency.table.save(tmp / "latency_table.json")
+            for form, latency in models.items():
+                (tmp / form).mkdir()
+                dump_json(latency.to_json(), tmp / form / "latency.json")
+                latency.table.save(tmp / form / "latency_table.json")
+            reference = "fp32" if report.form == AUTO_FORM else report.form
+            dump_json({"setting": report.form, "planned": planned, "reference": reference}, tmp / FORMS_FILE)
         dump_json(report.metrics(), staged.path(metrics_path))
-        plot_latency_staircase(
-            _staircases(latency, 1) if latency else {}, report.reason, staged.dir(plots_dir) / "latency.png"
-        )
+        plots = staged.dir(plots_dir)
+        if not models:
+            plot_latency_staircase({}, report.reason, plots / "latency.png")
+        # The first form planned in is `latency.png` (the one DVC lists); the others beside it.
+        for i, form in enumerate([*planned, *(f for f in models if f not in planned)]):
+            name = "latency.png" if i == 0 else f"latency-{form}.png"
+            plot_latency_staircase(_staircases(models[form], 1), report.reason, plots / name)
 
 
 def _staircases(latency: LatencyModel, batch: int) -> dict[str, Any]:

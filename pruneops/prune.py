@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import check_recorded_accuracy, file_sha256, load_checkpoint, save_checkpoint
-from pruneops.config import BenchmarkConfig, PruneConfig
+from pruneops.config import AUTO_FORM, LATENCY_TARGETS, BenchmarkConfig, PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.data.text import load_tokenizer, unknown_id
 from pruneops.errors import ConfigError, DataError
@@ -28,7 +28,7 @@ from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.plots import plot_history, plot_sensitivity
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, UnitPruner, layer_shapes, sparsity_report
 from pruneops.pruning.masks import save_masks
-from pruneops.pruning.targets import GateResult, Plan, gate, plan
+from pruneops.pruning.targets import GateResult, Plan, choose_latency_form, gate, plan
 from pruneops.pruning.units import round_keep
 from pruneops.pruning.vocabulary import trim_vocabulary_, unknown_fraction, used_token_ids
 from pruneops.stages import StageReport
@@ -93,6 +93,9 @@ class PruneReport(StageReport):
     warnings: tuple[str, ...]
     checkpoint: Path
     vocabulary: dict | None = None  # prune.trim_vocabulary: rows kept, unknown-token rates, val accuracy
+    # prune.latency_form auto: each form's plan (target in that form, predicted ms, summed drop) and
+    # which was kept; `latency_form` is the kept one, `target_value` the target as set.
+    form_choice: tuple[dict, ...] | None = None
 
     def summary(self) -> str:
         latency = ""
@@ -260,6 +263,33 @@ def _meet_measured(config, benchmark, sweep, layout, model, example, shape, targ
     return target, gated
 
 
+def _resolve_form(
+    config: PruneConfig, sweep: dict | None, layout: Layout, benchmark: BenchmarkConfig
+) -> tuple[PruneConfig, list[dict] | None]:
+    """The config to plan with: with `latency_form: auto`, the form (and target in it) whose plan is cheapest.
+
+    Without a latency target (or a sweep to plan it from) there is nothing to choose between:
+    the gate times fp32.
+    """
+    if config.latency_form != AUTO_FORM:
+        return config, None
+    if config.target not in LATENCY_TARGETS or sweep is None:
+        return config.model_copy(update={"latency_form": "fp32"}), None
+    chosen, choices = choose_latency_form(config, sweep, layout.stage_dir("latency"), benchmark.threads)
+    for c in choices:
+        logger.info(
+            "latency form %s: target %.4g (%s), predicted %.4f ms of %.4f dense, summed drop %s%s",
+            c["form"],
+            c["target_value"],
+            config.target,
+            c["predicted_ms"],
+            c["dense_predicted_ms"],
+            "n/a (target not reached)" if c["summed_drop"] is None else f"{c['summed_drop']:.4f}",
+            " <- kept" if c["chosen"] else "",
+        )
+    return chosen, choices
+
+
 def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None) -> PruneReport:
     """Plans the target, gates the plan on measured latency, then prunes step by step with fine-tuning.
 
@@ -292,6 +322,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     def make_method(ratio: float, ratios: dict | None):
         return method_cls(make_context(config, train, example, ratio, ratios, shared))
 
+    asked, config, form_choice = config, *_resolve_form(config, sweep, layout, benchmark)
     target = plan(config, sweep, model, make_method, meta.input_shape, layout.stage_dir("latency"), benchmark.threads)
     gated = _gate(config, benchmark, model, example, meta.input_shape, target) if method_cls.structured else None
     if target.target_ms is not None and gated is not None:
@@ -307,7 +338,12 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
         ctx.warnings.append(f"prune gate {gated.decision}")
     method = method_cls(ctx)
     history = _prune(config, model, method, train, val, meta.input_shape)
-    report = dataclasses.replace(_report(config, target, gated, history, method, ctx, layout), vocabulary=vocabulary)
+    report = dataclasses.replace(
+        _report(config, target, gated, history, method, ctx, layout),
+        vocabulary=vocabulary,
+        target_value=asked.target_value,
+        form_choice=tuple(form_choice) if form_choice else None,
+    )
     _write(layout, config, ckpt, model, method, sweep, target, ratios, history, report, meta.input_shape)
     return report
 
@@ -495,6 +531,7 @@ def _write(layout, config, ckpt, model, method, sweep, target: Plan, ratios, his
                     "ratios": ratios or {},
                     "predicted_ms": target.predicted_ms,
                     "target_ms": target.target_ms,
+                    "latency_form": config.latency_form,
                 },
                 tmp / "allocation.json",
             )

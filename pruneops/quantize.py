@@ -13,11 +13,11 @@ import numpy as np
 import torch
 
 from pruneops.checkpoint import load_checkpoint
-from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig, QuantizeConfig
+from pruneops.config import AUTO_FORM, LATENCY_TARGETS, BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import QualityGateError
 from pruneops.inputs import as_feed, count_rows, rows
-from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import export_onnx_file, file_size, make_session, ort_accuracy
 from pruneops.registry import Registry
 from pruneops.stages import StageReport
@@ -210,16 +210,28 @@ def _choose(names: list[str], candidates: dict[str, dict], reference: dict) -> t
     return chosen, warnings
 
 
-def _planned_in_another_form(prune: PruneConfig, chosen: str) -> list[str]:
+def planned_form(prune: PruneConfig, layout: Layout) -> str:
+    """The form the prune stage planned its latency target in (with `auto`, the one it kept)."""
+    if prune.latency_form != AUTO_FORM:
+        return prune.latency_form
+    allocation = layout.stage_dir("prune") / "allocation.json"
+    return read_json(allocation).get("latency_form", "fp32") if allocation.is_file() else "fp32"
+
+
+def _planned_in_another_form(prune: PruneConfig, planned: str, chosen: str) -> list[str]:
     """A warning where the widths were chosen for a latency timed in another form than the one that ships."""
-    if prune.target not in LATENCY_TARGETS or prune.latency_form == chosen:
+    if prune.target not in LATENCY_TARGETS or planned == chosen:
         return []
     # Not a prescription: planned in another form the widths change, and so may the form that ships
     # (the default digits run planned in static INT8 cut 10x the MACs and shipped fp32). Two runs decide.
+    how = (
+        f"auto kept the {planned} plan before fine-tuning, and {chosen} measured faster here within tolerance"
+        if prune.latency_form == AUTO_FORM
+        else f"compare this run's benchmark with `dvc exp run -S prune.latency_form={chosen}` (or auto)"
+    )
     return [
-        f"prune.latency_form={prune.latency_form}: the {prune.target} target was planned in {prune.latency_form} "
-        f"and {chosen} ships, so it holds for the {prune.latency_form} model, not necessarily for the deployed one; "
-        f"to plan in {chosen}, compare this run's benchmark with `dvc exp run -S prune.latency_form={chosen}`"
+        f"prune.latency_form={prune.latency_form}: the {prune.target} target was planned in {planned} "
+        f"and {chosen} ships, so it holds for the {planned} model, not necessarily for the deployed one; {how}"
     ]
 
 
@@ -281,7 +293,7 @@ def quantize_model(
             chosen, warnings = _choose(names, candidates, reference)
         except QualityGateError as e:
             raise QualityGateError(f"quantize.accuracy_tolerance={config.accuracy_tolerance}: {e}") from None
-        warnings += _planned_in_another_form(prune, chosen)
+        warnings += _planned_in_another_form(prune, planned_form(prune, layout), chosen)
         test_accuracy = ort_accuracy(make_session(paths[chosen], config.threads), test.x, test.y)
         report = QuantizeReport(
             method=chosen,

@@ -151,7 +151,7 @@ STAGES: tuple[Stage, ...] = (
         LatencyConfig,
         "pruneops.latency:measure_latency_table",
         "for latency targets: time the units' widths on this machine (the latency table)",
-        reads=("prune.target", "prune.latency_form", "benchmark.threads", "benchmark.batch_sizes"),
+        reads=("prune.target", "prune.latency_form", "benchmark.threads", "benchmark.batch_sizes", "quantize.method"),
         upstream=("validate", "train", "sensitivity"),
         plots=(Plot("latency.png"),),
         builds_model=True,
@@ -181,7 +181,7 @@ STAGES: tuple[Stage, ...] = (
         "pruneops.quantize:quantize_model",
         "ONNX Runtime INT8 quantization (fp32 kept unless INT8 is faster at batch 1 and no slower elsewhere)",
         reads=("benchmark.batch_sizes", "prune.target", "prune.latency_form"),
-        upstream=("validate", "finetune"),
+        upstream=("validate", "prune", "finetune"),
         builds_model=True,
     ),
     Stage(

@@ -105,13 +105,23 @@ def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower_or_p
     write_params(tmp_path, params)
     report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
     assert report.warnings == ("quantize.method=dynamic measured slower than fp32 at b8 1.25x",)
+    # With auto, the form the prune stage kept (recorded with its allocation) is the one compared.
+    params["prune"]["latency_form"] = "auto"
+    write_params(tmp_path, params)
+    assert read_json(tmp_path / "artifacts/prune/allocation.json")["latency_form"] == "fp32"
+    report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
+    assert report.warnings[1] == (
+        "prune.latency_form=auto: the latency_ratio target was planned in fp32 and dynamic ships, so it holds for "
+        "the fp32 model, not necessarily for the deployed one; auto kept the fp32 plan before fine-tuning, and "
+        "dynamic measured faster here within tolerance"
+    )
 
 
 def _planned_in_fp32(ships: str) -> str:
     return (
         f"prune.latency_form=fp32: the latency_ratio target was planned in fp32 and {ships} ships, so it holds for "
-        "the fp32 model, not necessarily for the deployed one; to plan in "
-        f"{ships}, compare this run's benchmark with `dvc exp run -S prune.latency_form={ships}`"
+        "the fp32 model, not necessarily for the deployed one; compare this run's benchmark with "
+        f"`dvc exp run -S prune.latency_form={ships}` (or auto)"
     )
 
 

@@ -365,14 +365,66 @@ def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_p
     latency.form = "static"
     saved = latency.to_json()
     assert LatencyModel.from_json(saved, latency.table).form == "static"
-    (tmp_path / "latency.json").write_text(__import__("json").dumps(saved))
-    latency.table.save(tmp_path / "latency_table.json")
+    _save_tables(tmp_path, latency)
     sweep = _sweep(sizes, lambda n: [0.0, 0.01, 0.02])
     config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.8)
     with pytest.raises(ConfigError, match=r"latency_form: fp32, but the latency table was timed in static; rerun"):
         plan_latency(config, sweep, tmp_path, 1)
     planned = plan_latency(config.model_copy(update={"latency_form": "static"}), sweep, tmp_path, 1)
     assert planned.predicted_ms <= 0.5 * planned.dense_predicted_ms * 1.001
+
+
+@pytest.mark.parametrize(("int8_speed", "kept"), [(2.0, "static"), (1 / 1.5, "fp32")])
+def test_auto_plans_a_latency_ratio_of_dense_fp32_in_every_form_and_keeps_the_cheapest(
+    synthetic, tmp_path, int8_speed, kept
+):
+    """`prune.latency_form: auto`: the same milliseconds need fewer cuts where INT8 is faster dense.
+
+    Static INT8 runs the dense model `int8_speed` times faster than fp32: asked for half of dense
+    fp32, it needs no cut at 2x (so the plan is only as deep as the gate's 1.05x asks of any pruned
+    model, at a far smaller summed drop) and deeper cuts than fp32 where it is slower.
+    """
+    import copy
+
+    from pruneops.config import PruneConfig
+    from pruneops.pruning.targets import choose_latency_form, plan_latency
+
+    latency, sizes = synthetic
+    latency.calibration[1] = (0.0, 1.0)
+    static = copy.deepcopy(latency)
+    static.form, static.calibration[1] = "static", (0.0, 1.0 / int8_speed)
+    _save_tables(tmp_path, latency, static)
+    sweep = _sweep(sizes, lambda n: [0.0, 0.01, 0.05])
+    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, latency_form="auto")
+    chosen, choices = choose_latency_form(config, sweep, tmp_path, 1)
+    by_form = {c["form"]: c for c in choices}
+    assert chosen.latency_form == kept and [c["form"] for c in choices if c["chosen"]] == [kept]
+    fp32 = plan_latency(config.model_copy(update={"latency_form": "fp32"}), sweep, tmp_path, 1)
+    assert by_form["fp32"]["target_value"] == 0.5 and by_form["fp32"]["summed_drop"] == fp32.summed_drop
+    # The same milliseconds in each form (up to the gate's floor): half of dense fp32.
+    expected = min(0.5 * int8_speed, 1 / 1.05)
+    assert by_form["static"]["target_value"] == pytest.approx(expected) and chosen.target_value == pytest.approx(
+        by_form[kept]["target_value"]
+    )
+    assert by_form["static"]["target_ms"] == pytest.approx(expected * latency.predict({}, 1) / int8_speed)
+    other = by_form["fp32" if kept == "static" else "static"]
+    assert by_form[kept]["summed_drop"] < other["summed_drop"]
+    # A target in milliseconds is the same in every form.
+    in_ms = config.model_copy(update={"target": "latency_ms", "target_value": 0.6 * latency.predict({}, 1)})
+    _, choices = choose_latency_form(in_ms, sweep, tmp_path, 1)
+    assert {c["target_value"] for c in choices} == {in_ms.target_value}
+
+
+def _save_tables(latency_dir, *models, planned=None):
+    """Writes latency models as the latency stage does: one folder per form, and `forms.json`."""
+    import json
+
+    for latency in models:
+        (latency_dir / latency.form).mkdir(parents=True)
+        (latency_dir / latency.form / "latency.json").write_text(json.dumps(latency.to_json()))
+        latency.table.save(latency_dir / latency.form / "latency_table.json")
+    forms = planned or [m.form for m in models]
+    (latency_dir / "forms.json").write_text(json.dumps({"setting": "x", "planned": forms, "reference": "fp32"}))
 
 
 def _skewed_machine(latency):
@@ -421,9 +473,7 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     sums = np.array([latency.layer_sum(w, 1) for w in uniform])
     latency.calibration[1] = fit_calibration(sums, np.array([real(w) for w in uniform]))
     layout = Layout(tmp_path)
-    layout.stage_dir("latency").mkdir(parents=True)
-    (layout.stage_dir("latency") / "latency.json").write_text(__import__("json").dumps(latency.to_json()))
-    latency.table.save(layout.stage_dir("latency") / "latency_table.json")
+    _save_tables(layout.stage_dir("latency"), latency)
     sweep = _sweep(sizes, lambda n: [0.01, 0.02, 0.04] if n == "stages.1.conv1" else [0.0, 0.01, 0.02])
     model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]})).eval()
     example = torch.zeros(1, *SHAPE)
@@ -689,7 +739,7 @@ def test_the_latency_stage_times_nothing_without_a_latency_target_and_says_why(p
     metrics = read_json(pipeline_dir / "metrics/latency.json")
     assert metrics["measured"] is False and metrics["reason"] == "prune.target is ratio, not a latency target"
     assert metrics["units"] == 0 and metrics["exports"] == 0
-    assert not (pipeline_dir / "artifacts/latency/latency.json").exists()
+    assert not (pipeline_dir / "artifacts/latency/forms.json").exists() and metrics["forms"] == []
     assert "prune.target is ratio" in (pipeline_dir / "artifacts/latency/skipped.txt").read_text()
     assert (pipeline_dir / "plots/latency/latency.png").stat().st_size > 0
 
@@ -704,8 +754,9 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
     report = run_stage("latency", params, tmp_path)
     sweep = read_json(tmp_path / "artifacts/sensitivity/sensitivity.json")
-    saved = read_json(tmp_path / "artifacts/latency/latency.json")
-    assert report.measured and report.form == "static" and report.batches == (1, 8)  # 1 and every benchmark batch
+    saved = read_json(tmp_path / "artifacts/latency/static/latency.json")
+    assert report.measured and report.forms == ("static",) and report.batches == (1, 8)  # 1 and every benchmark batch
+    assert read_json(tmp_path / "artifacts/latency/forms.json")["planned"] == ["static"]
     assert set(saved["units"]) == set(sweep["units"]) and report.units == len(sweep["units"]) > 0
     assert saved["form"] == "static" and set(saved["layer_costs"]) | set(saved["calibration"]) >= {"1", "8"}
     # Dense, four uniform cuts and up to `unit_points` widths per unit alone (twins share theirs).
@@ -715,6 +766,27 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
     # The prune stage plans on this table: in its form, within the gate's measurements.
     run_stage("prune", params, tmp_path)
     assert read_json(tmp_path / "metrics/prune.json")["predicted_latency_ms"] is not None
+
+
+def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one_kept(pipeline_dir, tmp_path):
+    from pruneops.io import read_json
+    from pruneops.stages import run_stage
+
+    prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "auto"}
+    params = _stage_copy(pipeline_dir, tmp_path, prune=prune, quantize={"method": "static"})
+    report = run_stage("latency", params, tmp_path)
+    # quantize.method static ships static INT8 whatever it measures: fp32 is timed as the reference only.
+    assert report.forms == ("fp32", "static") and report.form == "auto"
+    forms = read_json(tmp_path / "artifacts/latency/forms.json")
+    assert forms == {"setting": "auto", "planned": ["static"], "reference": "fp32"}
+    assert read_json(tmp_path / "artifacts/latency/fp32/latency.json")["form"] == "fp32"
+    assert (tmp_path / "plots/latency/latency-fp32.png").stat().st_size > 0
+    run_stage("prune", params, tmp_path)
+    metrics = read_json(tmp_path / "metrics/prune.json")
+    assert metrics["latency_form"] == "static" and metrics["target_value"] == 0.8  # the target as set
+    (choice,) = metrics["form_choice"]
+    assert choice["form"] == "static" and choice["chosen"] and choice["target_value"] != 0.8  # of dense static
+    assert read_json(tmp_path / "artifacts/prune/allocation.json")["latency_form"] == "static"
 
 
 def test_the_latency_stage_refuses_a_sweep_of_another_model(pipeline_dir, tmp_path):

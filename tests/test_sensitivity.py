@@ -128,7 +128,7 @@ def test_fisher_sweep_plans_a_latency_target(trained, tmp_path, monkeypatch):
     assert (tmp_path / "artifacts/sensitivity/fisher_scores.safetensors").exists()
     assert read_json(tmp_path / "metrics/sensitivity.json")["evaluations"] == 0
     run_stage("latency", params, tmp_path)
-    assert (tmp_path / "artifacts/latency/latency_table.json").exists()
+    assert (tmp_path / "artifacts/latency/fp32/latency_table.json").exists()
     # The prune stage ranks by the sweep's saved scores: it has no reason to compute them again.
     monkeypatch.setattr(methods, "fisher_scores", _must_not_run)
     run_stage("prune", params, tmp_path)

@@ -16,6 +16,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +48,7 @@ class Plan:
     target_ms: float | None = None
     warnings: list[str] = field(default_factory=list)
     aim_ms: float | None = None  # what the table was asked for (the target, or a corrected aim)
+    summed_drop: float | None = None  # latency targets: the allocation's summed isolated drop
 
 
 def plan_ratio_or_budget(
@@ -80,7 +82,7 @@ def plan_latency(
     Args:
         config: The prune section (its target, in ms or as a ratio of dense).
         sweep: The sensitivity sweep.
-        latency_dir: Where the latency stage wrote `latency.json` and `latency_table.json`.
+        latency_dir: Where the latency stage wrote `<form>/latency.json` and `<form>/latency_table.json`.
         threads: ONNX Runtime threads (the table's machine fingerprint includes them).
         aim_ms: What to ask the table for instead of the target (a step along the staircase).
         measured: Widths already exported and timed here, each with its measured latency as a
@@ -90,21 +92,9 @@ def plan_latency(
     Raises:
         ConfigError: No latency table, or one timed in another form (rerun the latency stage).
     """
-    from pruneops.io import read_json
-    from pruneops.latency import LatencyModel, LatencyTable, allocate_latency, machine_fingerprint
+    from pruneops.latency import allocate_latency
 
-    path = latency_dir / "latency.json"
-    if not path.is_file():
-        raise ConfigError(f"prune.target: {config.target} needs the latency table; run `pruneops latency`")
-    machine = machine_fingerprint(threads)
-    table, same = LatencyTable.load(latency_dir / "latency_table.json", machine)
-    warnings = [] if same else ["the latency table was measured on another machine: layers re-measured here"]
-    latency = LatencyModel.from_json(read_json(path), table)
-    if latency.form != config.latency_form:
-        raise ConfigError(
-            f"prune.latency_form: {config.latency_form}, but the latency table was timed in {latency.form}; "
-            "rerun `pruneops latency`"
-        )
+    latency, warnings = load_latency_model(latency_dir, config.latency_form, config.target, threads)
     batch = config.target_batch
     if measured:
         recalibrate_(latency, batch, measured)
@@ -113,7 +103,90 @@ def plan_latency(
     aim = aim_ms if aim_ms is not None else target
     allocation = allocate_latency(latency, sweep, aim, batch, config.max_unit_ratio, sweep.get("chance_drop"))
     ratio = max(allocation.ratios.values(), default=0.0)
-    return Plan(ratio, None, allocation.ratios, allocation.predicted_ms, dense, target, warnings, aim)
+    return Plan(
+        ratio,
+        None,
+        allocation.ratios,
+        allocation.predicted_ms,
+        dense,
+        target,
+        warnings,
+        aim,
+        allocation.summed_isolated_drop if allocation.reached else None,
+    )
+
+
+def load_latency_model(latency_dir: Path, form: str, target: str | None, threads: int):
+    """The latency stage's model of `form` and, if its table was timed on another machine, a warning.
+
+    Raises:
+        ConfigError: No latency table, or none timed in `form` (rerun the latency stage).
+    """
+    from pruneops.io import read_json
+    from pruneops.latency import FORMS_FILE, LatencyModel, LatencyTable, machine_fingerprint
+
+    if not (latency_dir / FORMS_FILE).is_file():
+        raise ConfigError(f"prune.target: {target} needs the latency table; run `pruneops latency`")
+    path = latency_dir / form / "latency.json"
+    if not path.is_file():
+        timed = ", ".join(sorted(p.parent.name for p in latency_dir.glob("*/latency.json")))
+        raise ConfigError(
+            f"prune.latency_form: {form}, but the latency table was timed in {timed}; rerun `pruneops latency`"
+        )
+    table, same = LatencyTable.load(path.parent / "latency_table.json", machine_fingerprint(threads))
+    warnings = [] if same else ["the latency table was measured on another machine: layers re-measured here"]
+    return LatencyModel.from_json(read_json(path), table), warnings
+
+
+def choose_latency_form(
+    config: PruneConfig, sweep: dict, latency_dir: Path, threads: int
+) -> tuple[PruneConfig, list[dict[str, Any]]]:
+    """For `prune.latency_form: auto`: the form to plan in (as a config naming it) and every form's plan.
+
+    Each form the latency stage timed for planning (`forms.json`) is asked for the target:
+    `latency_ms` as it is, `latency_ratio` of dense in the reference form (fp32) turned into the
+    ratio of dense in that form, both as the tables predict them; an INT8 form that is faster
+    dense needs fewer cuts for the same milliseconds. A ratio is kept no milder than the gate's
+    `min_speedup` demands of any pruned model (where INT8 alone is almost fast enough, a milder
+    plan would be refused). Kept: the plan that reaches its target with the least summed isolated
+    drop (ties: the faster prediction); where none reaches it, the fastest. The sweep measured
+    fp32 accuracy: what INT8 costs on top is the quantize stage's tolerance to check.
+    """
+    from pruneops.io import read_json
+    from pruneops.latency import FORMS_FILE
+
+    forms = read_json(latency_dir / FORMS_FILE)
+    batch = config.target_batch
+    reference = load_latency_model(latency_dir, forms["reference"], config.target, threads)[0].predict({}, batch)
+    mildest = 1.0 / config.min_speedup if config.min_speedup else 1.0
+    choices = []
+    for form in forms["planned"]:
+        value = config.target_value
+        if config.target == "latency_ratio":
+            dense = load_latency_model(latency_dir, form, config.target, threads)[0].predict({}, batch)
+            value = min(config.target_value * reference / dense, mildest)
+        candidate = config.model_copy(update={"latency_form": form, "target_value": value})
+        planned = plan_latency(candidate, sweep, latency_dir, threads)
+        choices.append(
+            {
+                "form": form,
+                "target_value": value,
+                "target_ms": planned.target_ms,
+                "predicted_ms": planned.predicted_ms,
+                "dense_predicted_ms": planned.dense_predicted_ms,
+                "summed_drop": planned.summed_drop,
+                "reached": planned.summed_drop is not None,
+            }
+        )
+    reached = [c for c in choices if c["reached"]]
+    best = (
+        min(reached, key=lambda c: (c["summed_drop"], c["predicted_ms"]))
+        if reached
+        else min(choices, key=lambda c: c["predicted_ms"] / c["target_ms"])
+    )
+    for choice in choices:
+        choice["chosen"] = choice is best
+    return config.model_copy(update={"latency_form": best["form"], "target_value": best["target_value"]}), choices
 
 
 def recalibrate_(latency, batch: int, measured: list[tuple[dict[str, int], float]]) -> None:
