@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from pruneops.config import BenchmarkConfig, parse_section, read_params
+from pruneops.config import AUTO_FORM, BenchmarkConfig, parse_section, read_params
 from pruneops.errors import ConfigError, PruneOpsError
 from pruneops.experiments import apply_overrides, run_experiment, tool_env
 from pruneops.io import Layout, dump_json, read_json
@@ -192,6 +192,11 @@ def variant_overrides(
     if variant.match_latency_of is not None:
         prune = done[variant.match_latency_of]["prune"]
         form = match_form(variant, done[variant.match_latency_of])
+        if form == AUTO_FORM:
+            raise ConfigError(
+                f"{variant.name}: a latency match is timed in one form; set prune.latency_form to fp32 or a "
+                f"quantizer's name, not {AUTO_FORM}"
+            )
         ratio = latency_ratio
         if ratio is None:
             ratio = prune["measured_ms"]["1"] / prune["dense_ms"]["1"]

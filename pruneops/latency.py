@@ -41,7 +41,7 @@ from pruneops.data import load_prepared
 from pruneops.errors import DataError
 from pruneops.inputs import head_tensors, run_model, timing_inputs
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.plots import plot_latency_staircase
+from pruneops.plots import plot_latency_staircases
 from pruneops.profiling import forward_with_hooks
 from pruneops.pruning.allocation import cost_of
 from pruneops.pruning.importance import IMPORTANCES
@@ -1008,7 +1008,7 @@ def measure_latency_table(
         The report; per form `artifacts/latency/<form>/latency.json` (the fitted model) and
         `latency_table.json` (the one-operator timings, tagged with the machine),
         `artifacts/latency/forms.json` (the forms to plan in, and the reference), and
-        `plots/latency/latency.png` (the first form planned in; `latency-<form>.png` the others).
+        `plots/latency/latency.png` (one panel per form).
 
     Raises:
         DataError: The sweep is missing, or was made on another model than the one trained.
@@ -1093,13 +1093,10 @@ def _write_latency(layout: Layout, models: dict[str, LatencyModel], planned: lis
             reference = "fp32" if report.form == AUTO_FORM else report.form
             dump_json({"setting": report.form, "planned": planned, "reference": reference}, tmp / FORMS_FILE)
         dump_json(report.metrics(), staged.path(metrics_path))
-        plots = staged.dir(plots_dir)
-        if not models:
-            plot_latency_staircase({}, report.reason, plots / "latency.png")
-        # The first form planned in is `latency.png` (the one DVC lists); the others beside it.
-        for i, form in enumerate([*planned, *(f for f in models if f not in planned)]):
-            name = "latency.png" if i == 0 else f"latency-{form}.png"
-            plot_latency_staircase(_staircases(models[form], 1), report.reason, plots / name)
+        # One panel per form, the forms planned in first.
+        order = [*planned, *(f for f in models if f not in planned)]
+        panels = [_staircases(models[form], 1) for form in order]
+        plot_latency_staircases(panels, report.reason, staged.dir(plots_dir) / "latency.png")
 
 
 def _staircases(latency: LatencyModel, batch: int) -> dict[str, Any]:

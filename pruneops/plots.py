@@ -212,19 +212,27 @@ def plot_latency_predictions(predictions: dict[str, list[dict]], path: Path) -> 
     plt.close(fig)
 
 
-def plot_latency_staircase(staircases: dict, reason: str, path: Path) -> None:
-    """Predicted model latency with one unit narrowed, per unit: where the fast widths are.
+def plot_latency_staircases(forms: list[dict], reason: str, path: Path) -> None:
+    """Predicted model latency with one unit narrowed, per unit: where the fast widths are, one panel per form.
 
-    `staircases` is what `pruneops.latency` gives: per unit its size, the predicted whole-model ms
-    at each grid width, its efficient widths (filled) and the one-unit exports timed (crosses).
+    Each of `forms` is what `pruneops.latency` gives for a form: per unit its size, the predicted
+    whole-model ms at each grid width, its efficient widths (filled) and the one-unit exports
+    timed (crosses). No forms: one panel saying `reason`.
     """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    units = staircases.get("units", {})
-    if not units:
-        ax.text(0.5, 0.5, f"no latency table: {reason}", ha="center", va="center", wrap=True)
-        ax.set_axis_off()
-    for name, unit in units.items():
+    fig, axes = plt.subplots(max(1, len(forms)), 1, figsize=(7.5, 4.5 * max(1, len(forms))), squeeze=False)
+    if not forms:
+        axes[0, 0].text(0.5, 0.5, f"no latency table: {reason}", ha="center", va="center", wrap=True)
+        axes[0, 0].set_axis_off()
+    for ax, staircases in zip(axes[:, 0], forms, strict=False):
+        _plot_staircase(ax, staircases)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_staircase(ax, staircases: dict) -> None:
+    for name, unit in staircases["units"].items():
         size = unit["size"]
         widths, ms = zip(*unit["predicted"], strict=True)
         line = ax.plot([w / size for w in widths], ms, lw=1, drawstyle="steps-post", label=name)[0]
@@ -240,14 +248,10 @@ def plot_latency_staircase(staircases: dict, reason: str, path: Path) -> None:
                 s=25,
                 color=line.get_color(),
             )
-    if units:
-        if staircases.get("dense_ms"):
-            ax.axhline(staircases["dense_ms"], color="black", lw=0.8, ls="--", label="dense (timed)")
-        ax.set_xlabel("fraction of the unit's channels/heads kept (the rest of the model dense)")
-        ax.set_ylabel(f"predicted model latency (ms, batch {staircases['batch']}, {staircases['form']})")
-        ax.set_title("Latency table per unit (dots: fast widths; crosses: timed exports)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    if staircases.get("dense_ms"):
+        ax.axhline(staircases["dense_ms"], color="black", lw=0.8, ls="--", label="dense (timed)")
+    ax.set_xlabel("fraction of the unit's channels/heads kept (the rest of the model dense)")
+    ax.set_ylabel(f"predicted model latency (ms, batch {staircases['batch']}, {staircases['form']})")
+    ax.set_title(f"Latency table per unit, {staircases['form']} (dots: fast widths; crosses: timed exports)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)

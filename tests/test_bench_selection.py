@@ -72,6 +72,9 @@ def test_matching_a_latency_keeps_the_form_it_was_timed_in():
     asked = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "fp32"})
     with pytest.raises(ConfigError, match="cannot match the latency of 'tp', timed in static"):
         variant_overrides(asked, done)
+    auto = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "auto"})
+    with pytest.raises(ConfigError, match="ours: a latency match is timed in one form; .* not auto"):
+        variant_overrides(auto, done)
     fp32 = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}  # a report from before the field
     assert "prune.latency_form" not in variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), fp32)
 
