@@ -48,9 +48,12 @@ logger = logging.getLogger(__name__)
 # no more than 5% under it (pruned further than asked costs accuracy, and a latency match that
 # lands well under the other row's time compares two budgets). Was 0.85-1.05, which let a
 # match land 10-15% under (ResNet family, vision, 2026-11-26). Timing noise on a gate reading
-# is ~2%, so the band is wider than the noise and four retries reach it.
+# is ~2%, so the band is wider than the noise. Four retries did not always reach it: on the
+# MobileNetV2-style workload a refitted table measured 1.27, 0.74, 0.89, 0.82 and 1.00x the target
+# and the 0.89 plan was kept, cut 1.7x deeper in MACs than a run whose first plan landed
+# (benchmarks/latency-form.yaml, 2026-11-26); a retry costs one gate measurement, seconds here.
 LATENCY_BAND = (0.95, 1.0)
-LATENCY_RETRIES = 4
+LATENCY_RETRIES = 6
 
 
 @dataclass(frozen=True)
