@@ -470,7 +470,11 @@ class LatencyModel:
 
 
 def measured_latency(
-    models: dict[str, nn.Module], input_shape, timing, budget_s: float | None = None, form: str = "fp32"
+    models: dict[str, nn.Module],
+    input_shape,
+    timing,
+    budget_s: float | None = None,
+    form: str | dict[str, str] = "fp32",
 ) -> dict[str, dict[int, float]]:
     """Median ms per model and batch size of their real ONNX exports, timed interleaved round by round.
 
@@ -483,7 +487,8 @@ def measured_latency(
         budget_s: Seconds of timed runs per batch size at most (see `measure_latencies`); None: all.
         form: The form timed: `fp32`, or a quantizer's name (`static`, `dynamic`): each export is
             quantized as the quantize stage would (`pruneops.quantize.quantized_copy`), calibrated
-            on the timing inputs (their values do not change what the INT8 graph costs).
+            on the timing inputs (their values do not change what the INT8 graph costs); or each
+            model's form, by name (forms then timed interleaved with each other).
     """
     import tempfile
 
@@ -499,9 +504,10 @@ def measured_latency(
         for name, model in models.items():
             path = Path(tmp) / f"{name}.onnx"
             export_onnx_file(model, list(input_shape), path, 18)
-            if form != "fp32":
-                quantized_copy(path, path.with_suffix(f".{form}.onnx"), form, x)
-                path = path.with_suffix(f".{form}.onnx")
+            model_form = form[name] if isinstance(form, dict) else form
+            if model_form != "fp32":
+                quantized_copy(path, path.with_suffix(f".{model_form}.onnx"), model_form, x)
+                path = path.with_suffix(f".{model_form}.onnx")
             sessions[name] = make_session(path, timings[0].threads)
         medians: dict[str, dict[int, float]] = {n: {} for n in models}
         for each in timings:
@@ -941,15 +947,16 @@ class LatencyReport(StageReport):
     """What the latency stage timed: in which forms, at which batches, how many units and exports.
 
     `form` is `prune.latency_form` as set; `forms` the forms timed (with `auto`, every form the
-    quantize stage may ship, and fp32, the reference of a `latency_ratio`). `reason` says why
-    nothing was timed (`measured` false): no latency target, or a method that prunes weights
-    rather than widths.
+    quantize stage may ship, and fp32, the reference of a `latency_ratio`); `screened` the forms
+    `auto` left untimed, each with why (`screen_forms`). `reason` says why nothing was timed
+    (`measured` false): no latency target, or a method that prunes weights rather than widths.
     """
 
     measured: bool
     reason: str
     form: str
     forms: tuple[str, ...]
+    screened: dict[str, str]
     batches: tuple[int, ...]
     units: int
     exports: int
@@ -961,9 +968,11 @@ class LatencyReport(StageReport):
     def summary(self) -> str:
         if not self.measured:
             return f"no latency table: {self.reason}"
+        untimed = f" ({', '.join(self.screened)} screened out: slower than fp32)" if self.screened else ""
         return (
-            f"{self.units} units timed in {', '.join(self.forms)} at batch {', '.join(map(str, self.batches))} on "
-            f"{self.machine}: {self.exports} exports, {self.table_seconds + self.export_seconds:.0f} s -> {self.out}"
+            f"{self.units} units timed in {', '.join(self.forms)}{untimed} at batch "
+            f"{', '.join(map(str, self.batches))} on {self.machine}: {self.exports} exports, "
+            f"{self.table_seconds + self.export_seconds:.0f} s -> {self.out}"
         )
 
 
@@ -980,6 +989,59 @@ def timed_forms(prune: PruneConfig, quantize: QuantizeConfig) -> list[str]:
     """The forms the latency stage times: those planned in, and fp32 with `auto` (a ratio's reference)."""
     planned = planned_forms(prune, quantize)
     return planned if prune.latency_form != AUTO_FORM else sorted({"fp32", *planned})
+
+
+# A screened form must be this much slower than fp32 at every point and batch before it is left
+# untimed: the screen's runs are short, and a form about as fast as fp32 deserves its own table.
+SCREEN_MARGIN = 1.1
+
+
+def forms_slower_than_fp32(
+    medians: dict[str, dict[str, dict[int, float]]], margin: float = SCREEN_MARGIN
+) -> dict[str, str]:
+    """The forms slower than fp32 by `margin` at every screened point and batch, each with the reason.
+
+    Args:
+        medians: Per form (`fp32` among them), per point (`dense`, `quarter`), per batch: ms.
+        margin: How much slower than fp32 everywhere a form must be to be left out.
+    """
+    reference = medians["fp32"]
+    cells = [(p, b) for p in reference for b in reference[p]]
+    out = {}
+    for form, points in medians.items():
+        if form != "fp32" and all(points[p][b] > margin * reference[p][b] for p, b in cells):
+            shown = ", ".join(f"{p} {points[p][b]:.3g} vs {reference[p][b]:.3g} ms at batch {b}" for p, b in cells)
+            out[form] = f"slower than fp32 dense and cut to a quarter ({shown}): no table timed"
+    return out
+
+
+def screen_forms(
+    model: nn.Module,
+    example: torch.Tensor,
+    input_shape,
+    units: list[tuple[str, int]],
+    threads: int,
+    batches: list[int],
+    forms: list[str],
+) -> dict[str, str]:
+    """The INT8 forms not worth a latency table here, each with the reason (`forms_slower_than_fp32`).
+
+    With `prune.latency_form: auto` and `quantize.method: auto`, fp32 is itself a form the
+    quantize stage may ship. A form slower than fp32 both dense and with every unit cut to a
+    quarter needs deeper cuts (more accuracy lost) for the same milliseconds, and would lose the
+    quantize stage's own comparison with fp32; its table (tens of exports; dynamic INT8 runs
+    convolutions several times slower than fp32 on AVX2) is not worth timing. Two exports per
+    form, timed interleaved with fp32's.
+    """
+    lean, lean_example = without_vocabulary(model), within_vocabulary(example)
+    quarter = _pruned_or_none(lean, lean_example, {n: round_keep(s, 0.75, 8) for n, s in units})
+    points = {"dense": lean, **({"quarter": quarter} if quarter is not None else {})}
+    everyone = ["fp32", *forms]
+    models = {f"{form}:{p}": m for form in everyone for p, m in points.items()}
+    timing = BenchmarkConfig(threads=threads, batch_sizes=batches, warmup=3, repeats=10, rounds=2)
+    measured = measured_latency(models, input_shape, timing, form={k: k.split(":")[0] for k in models})
+    medians = {form: {p: measured[f"{form}:{p}"] for p in points} for form in everyone}
+    return forms_slower_than_fp32(medians)
 
 
 def measure_latency_table(
@@ -1024,6 +1086,7 @@ def measure_latency_table(
         reason=reason,
         form=prune.latency_form,
         forms=tuple(timed_forms(prune, quantize)) if not reason else (),
+        screened={},
         batches=tuple(batches),
         units=0,
         exports=0,
@@ -1038,6 +1101,21 @@ def measure_latency_table(
     meta, _, val, _ = load_prepared(layout.stage_dir("validate"))
     base = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
     units = [(n, c["size"]) for n, c in sweep["units"].items()]
+    planned = planned_forms(prune, quantize)
+    if prune.latency_form == AUTO_FORM and "fp32" in planned and len(planned) > 1:
+        started = time.perf_counter()
+        others = [f for f in planned if f != "fp32"]
+        screened = screen_forms(base, head_tensors(val.x), meta.input_shape, units, benchmark.threads, batches, others)
+        for form, why in screened.items():
+            logger.info("latency form %s: %s", form, why)
+        planned = [f for f in planned if f not in screened]
+        report = replace(
+            report,
+            forms=tuple(f for f in report.forms if f not in screened),
+            screened=screened,
+            export_seconds=time.perf_counter() - started,
+            exports=2 * len(planned + list(screened)),
+        )
     models = {}
     for form in report.forms:
         logger.info("latency table in %s: %d units at batch %s", form, len(units), ", ".join(map(str, batches)))
@@ -1048,11 +1126,12 @@ def measure_latency_table(
     report = replace(
         report,
         units=len(units),
-        exports=sum(int(s.get("models", 0)) for s in seconds),  # twins share one export (`twin_units`)
+        # twins share one export (`twin_units`); the screen's exports count too
+        exports=report.exports + sum(int(s.get("models", 0)) for s in seconds),
         table_seconds=sum(float(s.get("table", 0.0)) for s in seconds),
-        export_seconds=sum(float(s.get("exports", 0.0)) for s in seconds),
+        export_seconds=report.export_seconds + sum(float(s.get("exports", 0.0)) for s in seconds),
     )
-    _write_latency(layout, models, planned_forms(prune, quantize), report)
+    _write_latency(layout, models, planned, report)
     return report
 
 
@@ -1091,7 +1170,8 @@ def _write_latency(layout: Layout, models: dict[str, LatencyModel], planned: lis
                 dump_json(latency.to_json(), tmp / form / "latency.json")
                 latency.table.save(tmp / form / "latency_table.json")
             reference = "fp32" if report.form == AUTO_FORM else report.form
-            dump_json({"setting": report.form, "planned": planned, "reference": reference}, tmp / FORMS_FILE)
+            forms = {"setting": report.form, "planned": planned, "reference": reference, "screened": report.screened}
+            dump_json(forms, tmp / FORMS_FILE)
         dump_json(report.metrics(), staged.path(metrics_path))
         # One panel per form, the forms planned in first.
         order = [*planned, *(f for f in models if f not in planned)]

@@ -280,6 +280,9 @@ def _resolve_form(
         return config.model_copy(update={"latency_form": "fp32"}), None
     chosen, choices = choose_latency_form(config, sweep, layout.stage_dir("latency"), benchmark.threads)
     for c in choices:
+        if "screened" in c:
+            logger.info("latency form %s: %s", c["form"], c["screened"])
+            continue
         logger.info(
             "latency form %s: target %.4g (%s), predicted %.4f ms of %.4f dense, summed drop %s%s",
             c["form"],

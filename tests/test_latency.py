@@ -6,6 +6,7 @@ import copy
 import itertools
 import math
 import random
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -415,6 +416,27 @@ def test_auto_plans_a_latency_ratio_of_dense_fp32_in_every_form_and_keeps_the_ch
     assert {c["target_value"] for c in choices} == {in_ms.target_value}
 
 
+def test_a_form_is_screened_out_only_where_it_is_slower_than_fp32_everywhere_by_the_margin():
+    from pruneops.latency import SCREEN_MARGIN, forms_slower_than_fp32
+
+    fp32 = {"dense": {1: 1.0, 64: 20.0}, "quarter": {1: 0.3, 64: 5.0}}
+
+    def scaled(dense: float, quarter: float) -> dict:
+        factor = {"dense": dense, "quarter": quarter}
+        return {p: {b: factor[p] * ms for b, ms in per.items()} for p, per in fp32.items()}
+
+    medians = {
+        "fp32": fp32,
+        "dynamic": scaled(6.0, 3.0),  # convolutions in dynamic INT8 on AVX2: slower everywhere
+        "static": scaled(0.5, 1.4),  # faster dense, slower cut deep: still worth a table
+        "close": scaled(SCREEN_MARGIN * 0.98, SCREEN_MARGIN * 0.98),  # slower, within the margin
+    }
+    out = forms_slower_than_fp32(medians)
+    assert set(out) == {"dynamic"}
+    assert "dense 6 vs 1 ms at batch 1" in out["dynamic"] and "quarter 15 vs 5 ms at batch 64" in out["dynamic"]
+    assert forms_slower_than_fp32(medians, margin=1.0) == {"dynamic": out["dynamic"], "close": ANY}
+
+
 def _save_tables(latency_dir, *models, planned=None):
     """Writes latency models as the latency stage does: one folder per form, and `forms.json`."""
     import json
@@ -780,7 +802,7 @@ def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one
     # quantize.method static ships static INT8 whatever it measures: fp32 is timed as the reference only.
     assert report.forms == ("fp32", "static") and report.form == "auto"
     forms = read_json(tmp_path / "artifacts/latency/forms.json")
-    assert forms == {"setting": "auto", "planned": ["static"], "reference": "fp32"}
+    assert forms == {"setting": "auto", "planned": ["static"], "reference": "fp32", "screened": {}}
     assert read_json(tmp_path / "artifacts/latency/fp32/latency.json")["form"] == "fp32"
     width, height = Image.open(tmp_path / "plots/latency/latency.png").size
     assert height > width  # a panel per form, stacked (one alone is wider than high)
@@ -790,6 +812,34 @@ def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one
     (choice,) = metrics["form_choice"]
     assert choice["form"] == "static" and choice["chosen"] and choice["target_value"] != 0.8  # of dense static
     assert read_json(tmp_path / "artifacts/prune/allocation.json")["latency_form"] == "static"
+
+
+def test_auto_with_quantize_auto_leaves_untimed_only_the_forms_it_measured_slower_than_fp32(pipeline_dir, tmp_path):
+    import re
+
+    from pruneops.io import read_json
+    from pruneops.latency import SCREEN_MARGIN
+    from pruneops.stages import run_stage
+
+    prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "auto"}
+    params = _stage_copy(pipeline_dir, tmp_path, prune=prune, quantize={"method": "auto"})
+    report = run_stage("latency", params, tmp_path)
+    # Every form the quantize stage may ship is either timed or screened out, fp32 always timed.
+    assert "fp32" in report.forms and set(report.forms) | set(report.screened) == {"fp32", "static", "dynamic"}
+    assert not set(report.forms) & set(report.screened)
+    forms = read_json(tmp_path / "artifacts/latency/forms.json")
+    assert forms["planned"] == list(report.forms) and forms["screened"] == report.screened
+    assert sorted(p.parent.name for p in (tmp_path / "artifacts/latency").glob("*/latency.json")) == list(report.forms)
+    for form, why in report.screened.items():
+        # Each reason shows the form's ms against fp32's at each point and batch, all slower by the margin.
+        pairs = re.findall(r"(dense|quarter) ([\d.e+-]+) vs ([\d.e+-]+) ms at batch (\d+)", why)
+        assert {(p, int(b)) for p, _, _, b in pairs} == {(p, b) for p in ("dense", "quarter") for b in report.batches}
+        assert all(float(ms) > SCREEN_MARGIN * float(ref) * 0.99 for _, ms, ref, _ in pairs), (form, why)
+    run_stage("prune", params, tmp_path)
+    choices = read_json(tmp_path / "metrics/prune.json")["form_choice"]
+    assert [c["form"] for c in choices] == [*report.forms, *report.screened]
+    assert [c["screened"] for c in choices if "screened" in c] == list(report.screened.values())
+    assert sum(c["chosen"] for c in choices) == 1 and not any(c["chosen"] for c in choices if "screened" in c)
 
 
 def test_the_latency_stage_refuses_a_sweep_of_another_model(pipeline_dir, tmp_path):

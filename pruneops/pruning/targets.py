@@ -76,6 +76,7 @@ def plan_latency(
     threads: int,
     aim_ms: float | None = None,
     measured: list[tuple[dict[str, int], float]] | None = None,
+    loaded: tuple[Any, list[str]] | None = None,
 ) -> Plan:
     """Per-unit widths for a latency target from the latency stage's table.
 
@@ -88,13 +89,15 @@ def plan_latency(
         measured: Widths already exported and timed here, each with its measured latency as a
             fraction of dense measured in the same run: the predicted savings at the target
             batch are rescaled to fit them (`recalibrate_`) before the next plan is made.
+        loaded: The form's model as `load_latency_model` returned it, where the caller has it
+            already (it is read otherwise).
 
     Raises:
         ConfigError: No latency table, or one timed in another form (rerun the latency stage).
     """
     from pruneops.latency import allocate_latency
 
-    latency, warnings = load_latency_model(latency_dir, config.latency_form, config.target, threads)
+    latency, warnings = loaded or load_latency_model(latency_dir, config.latency_form, config.target, threads)
     batch = config.target_batch
     if measured:
         recalibrate_(latency, batch, measured)
@@ -150,23 +153,26 @@ def choose_latency_form(
     `min_speedup` demands of any pruned model (where INT8 alone is almost fast enough, a milder
     plan would be refused). Kept: the plan that reaches its target with the least summed isolated
     drop (ties: the faster prediction); where none reaches it, the fastest. The sweep measured
-    fp32 accuracy: what INT8 costs on top is the quantize stage's tolerance to check.
+    fp32 accuracy: what INT8 costs on top is the quantize stage's tolerance to check. The forms the
+    latency stage screened out (slower than fp32) are listed last, with why, never kept.
     """
     from pruneops.io import read_json
     from pruneops.latency import FORMS_FILE
 
     forms = read_json(latency_dir / FORMS_FILE)
     batch = config.target_batch
-    reference = load_latency_model(latency_dir, forms["reference"], config.target, threads)[0].predict({}, batch)
+    # Each table read once (on another machine, reading one re-measures its layers).
+    wanted = {forms["reference"], *forms["planned"]}
+    loaded = {f: load_latency_model(latency_dir, f, config.target, threads) for f in wanted}
+    reference = loaded[forms["reference"]][0].predict({}, batch)
     mildest = 1.0 / config.min_speedup if config.min_speedup else 1.0
     choices = []
     for form in forms["planned"]:
         value = config.target_value
         if config.target == "latency_ratio":
-            dense = load_latency_model(latency_dir, form, config.target, threads)[0].predict({}, batch)
-            value = min(config.target_value * reference / dense, mildest)
+            value = min(config.target_value * reference / loaded[form][0].predict({}, batch), mildest)
         candidate = config.model_copy(update={"latency_form": form, "target_value": value})
-        planned = plan_latency(candidate, sweep, latency_dir, threads)
+        planned = plan_latency(candidate, sweep, latency_dir, threads, loaded=loaded[form])
         choices.append(
             {
                 "form": form,
@@ -186,6 +192,8 @@ def choose_latency_form(
     )
     for choice in choices:
         choice["chosen"] = choice is best
+    screened = forms.get("screened", {})
+    choices += [{"form": f, "screened": why, "reached": False, "chosen": False} for f, why in screened.items()]
     return config.model_copy(update={"latency_form": best["form"], "target_value": best["target_value"]}), choices
 
 
