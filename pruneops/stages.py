@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pruneops.config import (
     EXTRA_SECTIONS,
     BenchmarkConfig,
@@ -246,10 +248,19 @@ def load_configs(params: dict[str, Any], sections: tuple[str, ...] | None = None
         if name not in SECTIONS:
             raise ConfigError(f"{name}: unknown section; sections are: {', '.join(SECTIONS)}")
         if name in STAGE_NAMES and name not in params:
-            raise ConfigError(f"{name}: section missing from the params file (every stage needs its own)")
+            raise ConfigError(
+                f"{name}: section missing from the params file (every stage needs its own){_defaults_hint(name)}"
+            )
         configs[name] = parse_section(name, params.get(name), SECTIONS[name])
     _check_target_batch(configs)
     return configs
+
+
+def _defaults_hint(name: str) -> str:
+    """Where a missing section is short (a project from before its stage existed, say), its defaults to paste."""
+    defaults = SECTIONS[name]().model_dump(mode="json")
+    flow = f"{name}: " + yaml.safe_dump(defaults, default_flow_style=True, sort_keys=False, width=10**6).strip()
+    return f"; its defaults are `{flow}`" if len(flow) <= 100 else ""
 
 
 def _check_target_batch(configs: dict[str, StageConfig]) -> None:

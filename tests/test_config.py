@@ -114,6 +114,22 @@ def test_a_stage_section_missing_from_the_file_is_refused(tmp_path):
         load_configs(params, ("train",))
 
 
+def test_a_missing_short_section_names_its_defaults_as_yaml_to_paste():
+    import yaml
+
+    from pruneops.config import LatencyConfig
+
+    params = read_params(ROOT / "params.yaml")
+    del params["latency"]
+    with pytest.raises(ConfigError, match="latency: section missing") as raised:
+        load_configs(params, ("latency",))
+    (line,) = str(raised.value).splitlines()
+    pasted = yaml.safe_load(line.split("its defaults are `")[1].rstrip("`"))
+    assert LatencyConfig(**pasted["latency"]) == LatencyConfig()
+    params["latency"] = pasted["latency"]
+    assert load_configs(params, ("latency",))["latency"] == LatencyConfig()
+
+
 def test_read_params_rejects_non_mapping(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("- just\n- a list\n")
