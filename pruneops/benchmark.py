@@ -33,6 +33,7 @@ class BenchmarkReport(StageReport):
     accuracy_delta_points_deployed: float
     slower_than_dense: list[str]
     machine: dict
+    warnings: list[str]
     table: Path
 
     def summary(self) -> str:
@@ -52,6 +53,23 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def cuda_device() -> str | None:
+    """The name of the CUDA device torch sees here, or None (nothing in the pipeline times one)."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def gpu_not_timed(gpu: str) -> str:
+    """The warning where the machine has a GPU: every latency of the pipeline is ONNX Runtime on its CPU."""
+    return (
+        f"a CUDA device is here ({gpu}), but nothing in this pipeline ran on it: the latency table, the prune gate, "
+        "quantize's choice and these figures are ONNX Runtime on the CPU, and the served model runs there too; "
+        "widths fast on this CPU can run slower than dense on a GPU (on an H100 a 14-channel block did: docs/gpu), "
+        "so time the model on the GPU before serving it there"
+    )
 
 
 def _repeat(x: np.ndarray, size: int) -> np.ndarray:
@@ -222,9 +240,11 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         # Slower than dense fp32 at any batch size is a regression the report must show.
         m["slower_than_dense"] = any(m["latency"][b]["p50_ms"] > dense[b]["p50_ms"] for b in dense)
     trt = manifest.get("tensorrt", {})
+    gpu = cuda_device()
     machine = {
         **machine_info(config.threads),
         "tensorrt": "; ".join(f"{k}: {v['status']} — {v.get('reason', '')}" for k, v in trt.items()) or "not requested",
+        "cuda_device": gpu,
     }
     out_dir, metrics_path, plots_dir = (
         layout.stage_dir("benchmark"),
@@ -240,6 +260,7 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         * (models["pruned_deployed"]["test_accuracy"] - models["dense_fp32"]["test_accuracy"]),
         slower_than_dense=[n for n, m in models.items() if m["slower_than_dense"]],
         machine=machine,
+        warnings=[gpu_not_timed(gpu)] if gpu else [],
         table=out_dir / "benchmark.md",
     )
     table = markdown_table(models, config.batch_sizes)
@@ -248,7 +269,7 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         (tmp / "benchmark.md").write_text(
             f"# Benchmark\n\nONNX Runtime CPU, {config.threads} thread(s), {config.rounds} interleaved rounds x "
             f"{config.repeats} runs after {config.warmup} warm-up, on {machine['cpu']}.\n\n{table}\n"
-            f"TensorRT: {machine['tensorrt']}\n"
+            f"TensorRT: {machine['tensorrt']}\n" + "".join(f"\nWarning: {w}\n" for w in report.warnings)
         )
         dump_json(report.metrics(), staged.path(metrics_path))
         plots = staged.dir(plots_dir)

@@ -109,6 +109,27 @@ def test_benchmark_stage_reports_every_model(pipeline_dir):
     assert np.isfinite(json.loads((pipeline_dir / "plots/benchmark/frontier.json").read_text())[0]["latency_b1_ms"])
 
 
+def test_the_benchmark_says_a_gpu_here_was_not_timed(pipeline_dir, tmp_path, monkeypatch):
+    import shutil
+
+    import torch
+
+    from pruneops.stages import run_stage
+
+    for stage in ("validate", "export"):
+        shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
+    shutil.copy(pipeline_dir / "params.yaml", tmp_path / "params.yaml")
+    # The session pipeline ran on this machine as it is: a warning only where it has a GPU.
+    assert len(_metrics(pipeline_dir, "benchmark")["warnings"]) == int(torch.cuda.is_available())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Test GPU 80GB")
+    report = run_stage("benchmark", tmp_path / "params.yaml", tmp_path)
+    (warning,) = report.warning_lines
+    assert warning.startswith("a CUDA device is here (Test GPU 80GB), but nothing in this pipeline ran on it")
+    assert _metrics(tmp_path, "benchmark")["machine"]["cuda_device"] == "Test GPU 80GB"
+    assert f"Warning: {warning}" in (tmp_path / "artifacts/benchmark/benchmark.md").read_text()
+
+
 def test_prune_stage_recalibrates_batchnorm_after_each_step(pipeline_dir, tmp_path):
     import shutil
 
