@@ -1023,7 +1023,7 @@ def screen_forms(
     threads: int,
     batches: list[int],
     forms: list[str],
-) -> dict[str, str]:
+) -> tuple[dict[str, str], int]:
     """The INT8 forms not worth a latency table here, each with the reason (`forms_slower_than_fp32`).
 
     With `prune.latency_form: auto` and `quantize.method: auto`, fp32 is itself a form the
@@ -1031,7 +1031,10 @@ def screen_forms(
     quarter needs deeper cuts (more accuracy lost) for the same milliseconds, and would lose the
     quantize stage's own comparison with fp32; its table (tens of exports; dynamic INT8 runs
     convolutions several times slower than fp32 on AVX2) is not worth timing. Two exports per
-    form, timed interleaved with fp32's.
+    form (one where the quarter-width copy does not run), timed interleaved with fp32's.
+
+    Returns:
+        The forms left out, each with why, and how many exports the screen timed.
     """
     lean, lean_example = without_vocabulary(model), within_vocabulary(example)
     quarter = _pruned_or_none(lean, lean_example, {n: round_keep(s, 0.75, 8) for n, s in units})
@@ -1041,7 +1044,7 @@ def screen_forms(
     timing = BenchmarkConfig(threads=threads, batch_sizes=batches, warmup=3, repeats=10, rounds=2)
     measured = measured_latency(models, input_shape, timing, form={k: k.split(":")[0] for k in models})
     medians = {form: {p: measured[f"{form}:{p}"] for p in points} for form in everyone}
-    return forms_slower_than_fp32(medians)
+    return forms_slower_than_fp32(medians), len(models)
 
 
 def measure_latency_table(
@@ -1105,7 +1108,9 @@ def measure_latency_table(
     if prune.latency_form == AUTO_FORM and "fp32" in planned and len(planned) > 1:
         started = time.perf_counter()
         others = [f for f in planned if f != "fp32"]
-        screened = screen_forms(base, head_tensors(val.x), meta.input_shape, units, benchmark.threads, batches, others)
+        screened, exports = screen_forms(
+            base, head_tensors(val.x), meta.input_shape, units, benchmark.threads, batches, others
+        )
         for form, why in screened.items():
             logger.info("latency form %s: %s", form, why)
         planned = [f for f in planned if f not in screened]
@@ -1114,7 +1119,7 @@ def measure_latency_table(
             forms=tuple(f for f in report.forms if f not in screened),
             screened=screened,
             export_seconds=time.perf_counter() - started,
-            exports=2 * len(planned + list(screened)),
+            exports=exports,
         )
     models = {}
     for form in report.forms:
