@@ -152,8 +152,25 @@ def measure_workload(
     dense = next(n for n, m in models.items() if m["family"] == "dense" and m["precision"] == "fp32")
     for name, m in models.items():
         m["test_delta_ci_points"] = paired_bootstrap_ci(correct[name], correct[dense])
+    _paired_against_matches_(workload, models, correct)
     predictions = [p for v in workload.variants if v.name in dirs for p in [_latency_prediction(v, dirs[v.name])] if p]
     return list(models.values()), predictions
+
+
+def _paired_against_matches_(workload: WorkloadConfig, models: dict[str, dict], correct: dict) -> None:
+    """Each matched row's test-accuracy change against the row it was matched to, on the same images.
+
+    The same-budget lines compare two pruned models whose accuracies often differ by less than the
+    test set can resolve; the paired interval (`paired_against`, row name → [low, high] points)
+    says whether a difference is beyond that noise.
+    """
+    for variant in workload.variants:
+        for other in filter(None, (variant.match_macs_of, variant.match_latency_of)):
+            for kind in ("fp32", "deployed"):
+                mine, theirs = f"{variant.name} {kind}", f"{other} {kind}"
+                if mine in models and theirs in models:
+                    ci = paired_bootstrap_ci(correct[mine], correct[theirs])
+                    models[mine].setdefault("paired_against", {})[theirs] = ci
 
 
 def select_point(rows: list[dict], max_drop_points: float) -> dict | None:
@@ -250,6 +267,24 @@ def same_budget_verdict(what: str, mine: dict, other: dict) -> str:
     return f"**not comparable**: {missed}" if better else f"**worse**, and {missed}"
 
 
+def paired_difference(mine: dict, other: dict) -> str:
+    """`mine`'s test-accuracy change against `other` with its paired 95% interval, and whether that is noise.
+
+    Empty where the interval was not measured (reports from before it was).
+    """
+    ci = mine.get("paired_against", {}).get(other.get("name"))
+    if ci is None:
+        return ""
+    delta = 100 * (mine["test_accuracy"] - other["test_accuracy"])
+    if ci[0] > 0:
+        meaning = "better beyond noise"
+    elif ci[1] < 0:
+        meaning = "worse beyond noise"
+    else:
+        meaning = "within noise"
+    return f"; test {delta:+.2f} pts [{ci[0]:+.2f}, {ci[1]:+.2f}] paired on the same images, {meaning}"
+
+
 def _same_budget_lines(workload: WorkloadConfig, items: list[dict]) -> list[str]:
     by_key = {(r["variant"], r["deployed"]): r for r in items}
     lines = []
@@ -267,7 +302,7 @@ def _same_budget_lines(workload: WorkloadConfig, items: list[dict]) -> list[str]
                     f"{mine['latency']['1']['p50_ms']:.3f} ms, {mine['macs']:,} MACs) vs {other['label']} "
                     f"{100 * other['test_accuracy']:.2f}% test ({100 * other['val_accuracy']:.2f}% val, "
                     f"{other['latency']['1']['p50_ms']:.3f} ms, {other['macs']:,} MACs): "
-                    f"{same_budget_verdict(what, mine, other)}"
+                    f"{same_budget_verdict(what, mine, other)}{paired_difference(mine, other)}"
                 )
     return lines
 

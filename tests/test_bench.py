@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import yaml
 
@@ -125,6 +126,14 @@ def test_report_files_and_selection_on_validation(bench_run):
     assert any("'train'" in line for line in wall["reused_stages"])
     assert "Wall time of this workload" in text and "run-cache was empty at the start, so this is a first" in text
     rows = report.rows["digits-cnn"]
+    # The matched row carries its paired interval against the row it was matched to, and the line says it.
+    by_name = {r["name"]: r for r in rows}
+    for kind in ("fp32", "deployed"):
+        mine, theirs = by_name[f"ours-tp-budget {kind}"], by_name[f"tp75 {kind}"]
+        low, high = mine["paired_against"][f"tp75 {kind}"]
+        delta = 100 * (mine["test_accuracy"] - theirs["test_accuracy"])
+        assert low - 1e-9 <= delta <= high + 1e-9 and high - low > 0
+    assert text.count("paired on the same images") == 2
     pick = select_point(rows, 50.0)
     assert pick == report.selected["digits-cnn"] and pick["family"] == "ours" and pick["val_drop_points"] <= 50.0
     # The selection ignores the test set: changing test accuracies does not move it.
@@ -321,3 +330,37 @@ def test_a_latency_match_is_judged_on_milliseconds_too(accuracy, ms, verdict):
     assert same_budget_verdict("MAC budget", row(accuracy, 5.0), row(0.90, 1.0)) == (
         "equal or better" if accuracy >= 0.90 else "**worse**"
     )
+
+
+@pytest.mark.parametrize(
+    ("interval", "meaning"),
+    [([-0.25, 0.11], "within noise"), ([0.05, 0.4], "better beyond noise"), ([-0.4, -0.05], "worse beyond noise")],
+)
+def test_a_same_budget_difference_says_whether_the_test_set_resolves_it(interval, meaning):
+    from pruneops.bench_report import paired_difference
+
+    other = {"name": "tp fp32", "test_accuracy": 0.9866}
+    mine = {"test_accuracy": 0.9859, "paired_against": {"tp fp32": interval}}
+    text = paired_difference(mine, other)
+    assert text == f"; test -0.07 pts [{interval[0]:+.2f}, {interval[1]:+.2f}] paired on the same images, {meaning}"
+    # Reports measured before the interval existed print the line as before.
+    assert paired_difference({"test_accuracy": 0.9859}, other) == ""
+
+
+def test_the_paired_interval_resolves_a_real_difference_and_not_a_coin_flip():
+    from pruneops.bench_report import paired_bootstrap_ci
+
+    rng = np.random.default_rng(1)
+    reference = rng.random(10_000) < 0.98
+    # The same model but 30 of its right answers now wrong: 0.3 pts worse on 10,000 images, disagreeing
+    # on 30, which a paired interval resolves (unpaired binomial noise alone is about ±0.4 pts here).
+    worse = reference.copy()
+    worse[np.flatnonzero(reference)[:30]] = False
+    low, high = paired_bootstrap_ci(worse, reference)
+    assert high < 0 and low == pytest.approx(-0.3, abs=0.15)
+    # Two models disagreeing on 200 images, 100 each way: the same accuracy, and the interval holds 0.
+    swapped = reference.copy()
+    swapped[np.flatnonzero(reference)[:100]] = False
+    swapped[np.flatnonzero(~reference)[:100]] = True
+    low, high = paired_bootstrap_ci(swapped, reference)
+    assert swapped.mean() == reference.mean() and low < 0 < high
