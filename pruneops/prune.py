@@ -99,6 +99,10 @@ class PruneReport(StageReport):
     # prune.latency_form auto: each form's plan (target in that form, predicted ms, summed drop) and
     # which was kept; `latency_form` is the kept one, `target_value` the target as set.
     form_choice: tuple[dict, ...] | None = None
+    # A latency target: every plan the closed loop measured (widths, predicted and measured ms,
+    # fraction of the target, summed isolated drop) and which was kept, so that a plan cut deeper
+    # than a first one can be told apart from timing noise afterwards.
+    latency_plans: tuple[dict, ...] | None = None
 
     def summary(self) -> str:
         latency = ""
@@ -188,15 +192,21 @@ def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape
     return result
 
 
+def _predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
+    """The table's prediction for a plan, anchored on dense as measured with it (None without one)."""
+    if target.predicted_ms is None or not target.dense_predicted_ms:
+        return None
+    return target.predicted_ms / target.dense_predicted_ms * gated.dense_ms[key]
+
+
 def _log_latency_try(number: int, target: Plan, gated: GateResult, key: str, fraction: float) -> None:
     # Where a latency target landed, plan by plan: the prune stage's progress on a slow machine,
     # and how to tell a coarse staircase from a misfit table afterwards.
-    known = target.predicted_ms is not None and target.dense_predicted_ms
-    predicted = target.predicted_ms / target.dense_predicted_ms * gated.dense_ms[key] if known else float("nan")
+    predicted = _predicted_ms(target, gated, key)
     logger.info(
         "latency plan %d: predicted %.4f ms, measured %.4f ms at batch %s (dense %.4f), %.3f of the target",
         number,
-        predicted,
+        float("nan") if predicted is None else predicted,
         gated.measured_ms[key],
         key,
         gated.dense_ms[key],
@@ -256,6 +266,10 @@ def _meet_measured(config, benchmark, sweep, layout, model, example, shape, targ
     # A plan the gate refused ships nothing pruned, whatever its own widths measured.
     within = [t for t in tried if fraction(t[1]) <= high and not t[1].decision.startswith("refused")]
     target, gated = max(within, key=lambda t: fraction(t[1])) if within else min(tried, key=lambda t: fraction(t[1]))
+    plans = tuple(
+        _plan_record(n, config, sizes, t, g, key, fraction(g), t is target and g is gated)
+        for n, (t, g) in enumerate(tried, 1)
+    )
     if not within:
         target.warnings.append(
             f"latency target {config.target_value:g} ({config.target}) at batch {config.target_batch} not reached: "
@@ -263,7 +277,31 @@ def _meet_measured(config, benchmark, sweep, layout, model, example, shape, targ
             f"(the sweep's informative ratios and prune.max_unit_ratio {config.max_unit_ratio} allow no faster "
             "allocation); pruned that far"
         )
-    return target, gated
+    return target, gated, plans
+
+
+def _plan_record(
+    number: int,
+    config: PruneConfig,
+    sizes: dict[str, int],
+    target: Plan,
+    gated: GateResult,
+    key: str,
+    off: float,
+    kept: bool,
+) -> dict:
+    """One measured plan of a latency target, as `PruneReport.latency_plans` lists it."""
+    return {
+        "plan": number,
+        "widths": _planned_widths(config, sizes, target),
+        "predicted_ms": _predicted_ms(target, gated, key),
+        "measured_ms": gated.measured_ms.get(key),
+        "dense_ms": gated.dense_ms[key],
+        "fraction_of_target": off,
+        "summed_isolated_drop": target.allocation.summed_isolated_drop if target.allocation else None,
+        "gate": gated.decision,
+        "kept": kept,
+    }
 
 
 def _resolve_form(
@@ -331,8 +369,9 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     asked, config, form_choice = config, *_resolve_form(config, sweep, layout, benchmark)
     target = plan(config, sweep, model, make_method, meta.input_shape, layout.stage_dir("latency"), benchmark.threads)
     gated = _gate(config, benchmark, model, example, meta.input_shape, target) if method_cls.structured else None
+    plans = None
     if target.target_ms is not None and gated is not None:
-        target, gated = _meet_measured(
+        target, gated, plans = _meet_measured(
             config, benchmark, sweep, layout, model, example, meta.input_shape, target, gated
         )
     ratios = gated.ratios if gated is not None else target.ratios
@@ -349,6 +388,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
         vocabulary=vocabulary,
         target_value=asked.target_value,
         form_choice=tuple(form_choice) if form_choice else None,
+        latency_plans=plans,
     )
     _write(layout, config, ckpt, model, method, sweep, target, ratios, history, report, meta.input_shape)
     return report

@@ -521,7 +521,7 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     )
     assert first_error > 0.15  # the case the loop is for
 
-    target, gated = prune_module._meet_measured(
+    target, gated, plans = prune_module._meet_measured(
         config,
         benchmark,
         sweep,
@@ -540,6 +540,13 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     assert all(plan not in measured_plans[:i] for i, plan in enumerate(measured_plans)), len(measured_plans)
     predicted = target.predicted_ms * gated.dense_ms["1"] / target.dense_predicted_ms
     assert abs(predicted / measured - 1) <= 0.15, (predicted, measured, first_error)
+    # The report lists every plan measured, the kept one marked, each with what it measured.
+    assert len(plans) == len(measured_plans) and [p["kept"] for p in plans].count(True) == 1
+    kept = next(p for p in plans if p["kept"])
+    assert kept["measured_ms"] == measured and kept["predicted_ms"] == pytest.approx(predicted)
+    assert kept["widths"] == prune_module._planned_widths(config, sizes, target)
+    for p in plans:
+        assert p["fraction_of_target"] == pytest.approx(p["measured_ms"] / (0.5 * p["dense_ms"]))
 
 
 def test_layer_costs_fitted_on_exports_predict_unseen_allocations(synthetic):
@@ -726,7 +733,7 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
     monkeypatch.setattr(prune_module, "_unit_sizes", lambda model, example: {"u": 100})
     config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
     first = staircase(config, None, None, 1)
-    target, result = prune_module._meet_measured(
+    target, result, plans = prune_module._meet_measured(
         config,
         BenchmarkConfig(batch_sizes=[1]),
         None,
@@ -739,6 +746,8 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
     )
     assert gated == [over, under, between]
     assert target.ratios == {"u": between}
+    assert [(p["widths"]["u"], p["kept"]) for p in plans] == [(54, False), (45, False), (48, True)]
+    assert [round(p["fraction_of_target"], 2) for p in plans] == [1.08, 0.9, 0.97]
     low, high = prune_module.LATENCY_BAND
     assert low <= result.measured_ms["1"] / 0.5 <= high
 
@@ -787,7 +796,12 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
     assert min(Image.open(tmp_path / "plots/latency/latency.png").size) > 300
     # The prune stage plans on this table: in its form, within the gate's measurements.
     run_stage("prune", params, tmp_path)
-    assert read_json(tmp_path / "metrics/prune.json")["predicted_latency_ms"] is not None
+    metrics = read_json(tmp_path / "metrics/prune.json")
+    assert metrics["predicted_latency_ms"] is not None
+    # Every plan the loop measured is in the metrics; the kept one is what the stage reports.
+    (kept,) = [p for p in metrics["latency_plans"] if p["kept"]]
+    assert kept["measured_ms"] == metrics["measured_latency_ms"]
+    assert kept["predicted_ms"] == pytest.approx(metrics["predicted_latency_ms"])
 
 
 def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one_kept(pipeline_dir, tmp_path):
