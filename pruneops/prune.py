@@ -192,6 +192,11 @@ def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape
     return result
 
 
+def _summed_drop(target: Plan) -> float | None:
+    """What the allocation minimised: a ratio or budget allocation's, else a latency plan's."""
+    return target.allocation.summed_isolated_drop if target.allocation else target.summed_drop
+
+
 def _predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
     """The table's prediction for a plan, anchored on dense as measured with it (None without one)."""
     if target.predicted_ms is None or not target.dense_predicted_ms:
@@ -298,7 +303,7 @@ def _plan_record(
         "measured_ms": gated.measured_ms.get(key),
         "dense_ms": gated.dense_ms[key],
         "fraction_of_target": off,
-        "summed_isolated_drop": target.allocation.summed_isolated_drop if target.allocation else None,
+        "summed_isolated_drop": _summed_drop(target),
         "gate": gated.decision,
         "kept": kept,
     }
@@ -534,7 +539,7 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
         target_batch=config.target_batch,
         target_ratio=target.ratio,
         achieved_ratio=target.allocation.achieved_ratio if target.allocation else None,
-        summed_isolated_drop=target.allocation.summed_isolated_drop if target.allocation else None,
+        summed_isolated_drop=_summed_drop(target),
         predicted_latency_ms=predicted,
         measured_latency_ms=measured,
         latency_prediction_error=error,
