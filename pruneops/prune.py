@@ -198,7 +198,11 @@ def _summed_drop(target: Plan) -> float | None:
 
 
 def _predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
-    """The table's prediction for a plan, anchored on dense as measured with it (None without one)."""
+    """The table's prediction for a plan, anchored on dense as measured with it (None without one).
+
+    The table predicts cost relative to dense; the machine's speed drifts between the latency
+    stage and the gate, so the prediction is scaled by dense as the gate measured it.
+    """
     if target.predicted_ms is None or not target.dense_predicted_ms:
         return None
     return target.predicted_ms / target.dense_predicted_ms * gated.dense_ms[key]
@@ -528,10 +532,8 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
     if gated is not None and target.predicted_ms is not None:
         batch = str(config.target_batch)
         measured = gated.measured_ms.get(batch)
-        # The table predicts cost relative to dense; the machine's speed drifts between the
-        # sensitivity stage and now, so the prediction is anchored on dense measured in this run.
-        predicted = target.predicted_ms * gated.dense_ms[batch] / target.dense_predicted_ms
-        error = predicted / measured - 1.0 if measured else None
+        predicted = _predicted_ms(target, gated, batch)
+        error = predicted / measured - 1.0 if measured and predicted is not None else None
     return PruneReport(
         method=config.method,
         target=config.target,
