@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     plans = dict(parse_plan(p) for p in args.plan)
+    reference = next(iter(plans))
     _, train, val, test = load_prepared(args.project / "artifacts/validate")
     results, correct = [], {}
     for seed in args.seeds:
@@ -85,7 +86,6 @@ def main() -> None:
                 "val_finetuned": evaluate(model, val)[0],
                 "test_finetuned": float(correct[seed, name].mean()),
             }
-            reference = next(iter(plans))
             if name != reference:
                 row["test_change_points"] = 100 * (row["test_finetuned"] - correct[seed, reference].mean())
                 row["test_change_ci95"] = paired_bootstrap_ci(correct[seed, name], correct[seed, reference])

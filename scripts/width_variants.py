@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pruneops.benchmark import machine_info  # noqa: E402
 from pruneops.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from pruneops.config import BenchmarkConfig  # noqa: E402
 from pruneops.inputs import timing_inputs  # noqa: E402
@@ -59,7 +59,7 @@ def main() -> int:
         timing = BenchmarkConfig(threads=args.threads, batch_sizes=[1, 64], warmup=20, repeats=100, rounds=5)
         with torch.no_grad():
             ms = measured_latency(models, shape, timing)
-        report = {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "ms": ms}
+        report = {**machine_info(args.threads), "ms": ms}
         (args.out / "cpu.json").write_text(json.dumps(report, indent=1))
         for name, per in ms.items():
             print(f"{name}: b1 {per[1]:.4f} ms, b64 {per[64]:.4f} ms")
