@@ -797,6 +797,19 @@ class LatencyAllocation:
     summed_isolated_drop: float
     steps: int
     reached: bool
+    # The least-drop feasible plans, this one first (see `allocate_latency`'s `shortlist`).
+    options: tuple[PlanOption, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One feasible plan of a latency allocation: widths, predicted ms, summed isolated drop."""
+
+    widths: dict[str, int]
+    ratios: dict[str, float]
+    predicted_ms: float
+    summed_isolated_drop: float
+    uniform: bool  # every unit cut alike
 
 
 def _candidates(latency: LatencyModel, sweep: dict, batch: int, max_ratio: float, chance_drop: float | None):
@@ -895,7 +908,13 @@ def _uniform_plans(latency: LatencyModel, options: dict):
 
 
 def allocate_latency(
-    latency: LatencyModel, sweep: dict, target_ms: float, batch: int, max_ratio: float, chance_drop: float | None
+    latency: LatencyModel,
+    sweep: dict,
+    target_ms: float,
+    batch: int,
+    max_ratio: float,
+    chance_drop: float | None,
+    shortlist: int = 1,
 ) -> LatencyAllocation:
     """Widths meeting `target_ms` (predicted at `batch`) with the least summed isolated accuracy drop.
 
@@ -906,6 +925,11 @@ def allocate_latency(
     uniform cut of the same latency, and 2.3 points after fine-tuning). Where no allocation the
     sweep's informative ratios and `max_ratio` allow reaches the target, the fastest plan found
     is kept (`reached` False).
+
+    With `shortlist` above 1, `options` holds that many distinct feasible plans, least summed
+    drop first, and always the best uniform one among them: at deep cuts the summed drop (no
+    fine-tuning) ranks plans against what fine-tuning recovers, so the caller may rank the
+    shortlist by training instead (`pruneops.prune`'s plan trials).
     """
     options = _candidates(latency, sweep, batch, max_ratio, chance_drop)
     dense = latency.predict({}, batch)
@@ -918,28 +942,46 @@ def allocate_latency(
 
     plans = [_descend(latency, options, target_ms, batch, leap) for leap in (False, True)]
     plans += list(_plans_along_weights(latency, options, target_ms, batch, dense))
+    first_uniform = len(plans)
     plans += list(_uniform_plans(latency, options))  # so that the allocation is never worse than uniform
     predicted = [latency.predict(widths_of(p), batch) for p in plans]
-    feasible = [i for i, ms in enumerate(predicted) if ms <= target_ms]
-    # Ties: the first found.
-    pick = (
-        min(feasible, key=lambda i: summed_drop(plans[i]))
-        if feasible
-        else min(range(len(plans)), key=predicted.__getitem__)
-    )
-    position, current = plans[pick], predicted[pick]
-    widths = widths_of(position)
+    uniform = [widths_of(p) for p in plans[first_uniform:]]
+    # Least summed drop first; ties: the first found.
+    feasible = sorted((i for i, ms in enumerate(predicted) if ms <= target_ms), key=lambda i: summed_drop(plans[i]))
+    picks = _shortlisted([widths_of(plans[i]) for i in feasible], uniform, shortlist)
+    picks = [feasible[k] for k in picks] or [min(range(len(plans)), key=predicted.__getitem__)]
+
+    def option(i: int) -> PlanOption:
+        widths = widths_of(plans[i])
+        ratios = {n: 1.0 - w / latency.units[n].size for n, w in widths.items()}
+        return PlanOption(widths, ratios, predicted[i], summed_drop(plans[i]), widths in uniform)
+
+    best = option(picks[0])
     return LatencyAllocation(
-        widths={n: w for n, w in widths.items() if w < latency.units[n].size},
-        ratios={n: 1.0 - w / latency.units[n].size for n, w in widths.items()},
+        widths={n: w for n, w in best.widths.items() if w < latency.units[n].size},
+        ratios=best.ratios,
         target_ms=target_ms,
         batch=batch,
-        predicted_ms=current,
+        predicted_ms=best.predicted_ms,
         dense_predicted_ms=dense,
-        summed_isolated_drop=summed_drop(position),
-        steps=sum(position.values()),
-        reached=current <= target_ms,
+        summed_isolated_drop=best.summed_isolated_drop,
+        steps=sum(plans[picks[0]].values()),
+        reached=best.predicted_ms <= target_ms,
+        options=tuple(option(i) for i in picks) if feasible else (best,),
     )
+
+
+def _shortlisted(ordered: list[dict[str, int]], uniform: list[dict[str, int]], count: int) -> list[int]:
+    """Indices of the first `count` distinct plans of `ordered`, the first uniform one among them."""
+    distinct: list[int] = []
+    for i, widths in enumerate(ordered):
+        if all(widths != ordered[j] for j in distinct):
+            distinct.append(i)
+    picks = distinct[:count]
+    first_uniform = next((i for i in distinct if ordered[i] in uniform), None)
+    if count > 1 and first_uniform is not None and first_uniform not in picks:
+        picks[-1] = first_uniform
+    return picks
 
 
 @dataclass(frozen=True)

@@ -69,12 +69,20 @@ NO_TARGET = {"target": None, "target_value": None, "target_batch": None}
         ({"target": "latency_ms", "target_value": 1.0, "target_batch": None}, "prune.target_batch: required by target"),
         ({**RATIO, "target_batch": 1}, "prune.target_batch: applies to latency targets only"),
         ({"target_value": 0.0}, "prune.target_value: a latency ratio must be more than 0"),
+        ({**RATIO, "plan_trials": 4}, "prune.plan_trials: ranks latency plans only (target is 'ratio'); set null"),
+        ({"plan_trials": 0}, "prune.plan_trials: must be greater than or equal to 1"),
     ],
 )
 def test_keys_that_do_not_apply_to_the_method_are_refused_at_load(raw, fragment):
     with pytest.raises(ConfigError) as exc:
         parse_section("prune", raw, PruneConfig)
     assert fragment in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_plan_trials_default_to_four_for_latency_targets_and_none_otherwise():
+    assert parse_section("prune", {}, PruneConfig).trial_count == 4
+    assert parse_section("prune", {"plan_trials": 1}, PruneConfig).trial_count == 1
+    assert parse_section("prune", RATIO, PruneConfig).trial_count == 1
 
 
 def test_every_method_accepts_exactly_its_own_keys():

@@ -198,6 +198,40 @@ def test_latency_allocation_is_no_worse_than_the_uniform_cut_of_the_same_latency
     assert result.summed_isolated_drop <= uniform_drop + 1e-9
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.25])
+def test_a_shortlist_holds_distinct_feasible_plans_least_drop_first_and_the_best_uniform_cut(synthetic, keep):
+    """What plan trials choose from: the allocation first, then the next-least summed drops, and
+    always the uniform cut with the least summed drop that meets the target."""
+    from pruneops.latency import _uniform_plans
+
+    latency, sizes = synthetic
+    ratios = [0.25, 0.5, 0.75, 0.875, 0.9375]
+    units = {n: {"ratios": ratios, "accuracy_drop": CNN_SWEEP[n], "size": s} for n, s in sizes.items()}
+    sweep = {"units": units, "weights": dict.fromkeys(sizes, 1.0)}
+    target = latency.predict({n: max(16, round(keep * s)) for n, s in sizes.items()}, 1)
+    single = allocate_latency(latency, sweep, target, 1, 0.94, None)
+    result = allocate_latency(latency, sweep, target, 1, 0.94, None, shortlist=4)
+    assert len(single.options) == 1 and single.options[0].widths == result.options[0].widths
+    assert 2 <= len(result.options) <= 4
+    first = result.options[0]
+    assert (first.summed_isolated_drop, first.predicted_ms) == (result.summed_isolated_drop, result.predicted_ms)
+    assert all(o.predicted_ms <= target for o in result.options)
+    assert all(o.predicted_ms == pytest.approx(latency.predict(o.widths, 1)) for o in result.options)
+    widths = [o.widths for o in result.options]
+    assert all(w not in widths[:i] for i, w in enumerate(widths))
+    # Least summed drop first, but for the uniform cut put last where it would not have made the list.
+    drops = [o.summed_isolated_drop for o in result.options]
+    assert drops[:-1] == sorted(drops[:-1]) and drops[0] == first.summed_isolated_drop
+    # The best feasible uniform cut, found independently of the shortlist.
+    options = _candidates(latency, sweep, 1, 0.94, None)
+    uniform = [{n: options[n][i][0] for n, i in p.items()} for p in _uniform_plans(latency, options)]
+    feasible = [u for u in uniform if latency.predict(u, 1) <= target]
+    best = min(sum(dict(options[n])[w] for n, w in u.items()) for u in feasible)
+    listed = [o.summed_isolated_drop for o in result.options if o.uniform]
+    assert listed and min(listed) == pytest.approx(best)
+    assert all(o.uniform == (o.widths in uniform) for o in result.options)
+
+
 def test_an_unreachable_latency_target_stops_at_the_fastest_allocation(synthetic):
     latency, sizes = synthetic
     sweep = _sweep(sizes, lambda n: [0.01, 0.02, 0.03])
@@ -373,6 +407,34 @@ def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_p
         plan_latency(config, sweep, tmp_path, 1)
     planned = plan_latency(config.model_copy(update={"latency_form": "static"}), sweep, tmp_path, 1)
     assert planned.predicted_ms <= 0.5 * planned.dense_predicted_ms * 1.001
+
+
+def test_a_latency_plan_is_the_one_the_trials_choose_from_the_shortlist(synthetic, tmp_path):
+    from pruneops.config import PruneConfig
+    from pruneops.pruning.targets import plan_latency
+
+    latency, sizes = synthetic
+    latency.calibration[1] = (0.0, 1.0)
+    _save_tables(tmp_path, latency)
+    ratios = [0.25, 0.5, 0.75, 0.875, 0.9375]
+    units = {n: {"ratios": ratios, "accuracy_drop": CNN_SWEEP[n], "size": s} for n, s in sizes.items()}
+    sweep = {"units": units, "weights": dict.fromkeys(sizes, 1.0)}
+    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.94)
+    offered = []
+
+    def last(options):
+        offered.append(options)
+        return len(options) - 1
+
+    untried = plan_latency(config, sweep, tmp_path, 1)
+    tried = plan_latency(config, sweep, tmp_path, 1, choose=last)
+    (options,) = offered
+    assert len(options) == config.trial_count == 4 and options[0].ratios == untried.ratios
+    assert tried.ratios == options[-1].ratios != untried.ratios
+    assert (tried.predicted_ms, tried.summed_drop) == (options[-1].predicted_ms, options[-1].summed_isolated_drop)
+    # One plan asked for: nothing to choose between, no trial.
+    plan_latency(config.model_copy(update={"plan_trials": 1}), sweep, tmp_path, 1, choose=last)
+    assert len(offered) == 1
 
 
 @pytest.mark.parametrize(("int8_speed", "kept"), [(2.0, "static"), (1 / 1.5, "fp32")])
@@ -715,7 +777,7 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
     over, between, under = 0.46, 0.52, 0.55  # pruned ratios; measured 1.08, 0.97, 0.90 of the target
     measured_ms = {over: 0.54, between: 0.485, under: 0.45}
 
-    def staircase(config, sweep, directory, threads, aim_ms=None, measured=()):
+    def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
         if aim_ms is None:  # the refit: alternates once it has measured both neighbours
             aim_ms = 0.50 if len(measured) % 2 == 0 else 0.46
         ratio = under if aim_ms < 0.47 else between if aim_ms < 0.49 else over
@@ -763,6 +825,43 @@ def _stage_copy(pipeline_dir, root, **sections):
     return write_params(root, tiny_params(**sections))
 
 
+def test_plan_trials_rank_plans_by_brief_training_and_train_each_plan_once(pipeline_dir):
+    """A plan that keeps every unit whole trains to far above one that keeps a channel per unit;
+    the trials pick it whatever the order, prune copies (never the model) and train each plan once."""
+    from pruneops.checkpoint import load_checkpoint
+    from pruneops.config import PruneConfig
+    from pruneops.data import load_prepared
+    from pruneops.inputs import head_tensors
+    from pruneops.latency import PlanOption
+    from pruneops.prune import PlanTrials, _trial_records, _unit_sizes, make_context
+    from pruneops.pruning import METHODS
+
+    _, train, val, _ = load_prepared(pipeline_dir / "artifacts/validate")
+    model = load_checkpoint(pipeline_dir / "artifacts/train/model.safetensors").model
+    example = head_tensors(val.x)
+    config = PruneConfig(trial_samples=len(train))
+    sizes = _unit_sizes(model, example)
+
+    def make_method(ratio, ratios):
+        return METHODS.get(config.method)(make_context(config, train, example, ratio, ratios))
+
+    whole = PlanOption(dict(sizes), dict.fromkeys(sizes, 0.0), 1.0, 0.0, False)
+    gutted = PlanOption(dict.fromkeys(sizes, 1), {n: 1 - 1 / s for n, s in sizes.items()}, 0.1, 0.0, True)
+    trials = PlanTrials(config, model, make_method, example, train, val)
+    assert trials((gutted, whole)) == 1 and trials((whole, gutted)) == 0
+    assert len(trials.records) == 2 and _unit_sizes(model, example) == sizes
+    by_widths = {tuple(r["widths"].values()): r for r in trials.records}
+    kept, cut = by_widths[tuple(sizes.values())], by_widths[(1,) * len(sizes)]
+    # Two accuracies on the same validation images: 3 standard errors of a difference of proportions.
+    noise = 3 * math.sqrt(2 * 0.25 / len(val))
+    assert kept["val_accuracy"] - cut["val_accuracy"] > noise, (kept, cut, noise)
+    assert cut["uniform"] and not kept["uniform"] and all(r["seconds"] > 0 for r in trials.records)
+    # The report marks which trialled plans the loop measured and which it kept.
+    plans = ({"widths": dict(sizes), "kept": True}, {"widths": {**sizes, next(iter(sizes)): 2}, "kept": False})
+    marked = {tuple(r["widths"].values()): (r["measured"], r["kept"]) for r in _trial_records(trials, plans)}
+    assert marked == {tuple(sizes.values()): (True, True), (1,) * len(sizes): (False, False)}
+
+
 def test_the_latency_stage_times_nothing_without_a_latency_target_and_says_why(pipeline_dir):
     from pruneops.io import read_json
 
@@ -802,6 +901,8 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
     (kept,) = [p for p in metrics["latency_plans"] if p["kept"]]
     assert kept["measured_ms"] == metrics["measured_latency_ms"]
     assert kept["predicted_ms"] == pytest.approx(metrics["predicted_latency_ms"])
+    # This tiny model cannot reach the target: no plan is feasible, so there is no shortlist to try.
+    assert metrics["plan_trials"] is None and any("not reached" in w for w in metrics["warnings"])
 
 
 def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one_kept(pipeline_dir, tmp_path):

@@ -77,6 +77,7 @@ def plan_latency(
     aim_ms: float | None = None,
     measured: list[tuple[dict[str, int], float]] | None = None,
     loaded: tuple[Any, list[str]] | None = None,
+    choose: Callable[[tuple[Any, ...]], int] | None = None,
 ) -> Plan:
     """Per-unit widths for a latency target from the latency stage's table.
 
@@ -91,6 +92,9 @@ def plan_latency(
             batch are rescaled to fit them (`recalibrate_`) before the next plan is made.
         loaded: The form's model as `load_latency_model` returned it, where the caller has it
             already (it is read otherwise).
+        choose: Given the allocation's shortlist of feasible plans (`PruneConfig.trial_count` of them,
+            `PlanOption`s, least summed isolated drop first), the index of the one to plan;
+            None plans the first.
 
     Raises:
         ConfigError: No latency table, or one timed in another form (rerun the latency stage).
@@ -104,18 +108,27 @@ def plan_latency(
     dense = latency.predict({}, batch)
     target = config.target_value if config.target == "latency_ms" else config.target_value * dense
     aim = aim_ms if aim_ms is not None else target
-    allocation = allocate_latency(latency, sweep, aim, batch, config.max_unit_ratio, sweep.get("chance_drop"))
-    ratio = max(allocation.ratios.values(), default=0.0)
+    allocation = allocate_latency(
+        latency,
+        sweep,
+        aim,
+        batch,
+        config.max_unit_ratio,
+        sweep.get("chance_drop"),
+        shortlist=config.trial_count if choose is not None else 1,
+    )
+    picked = allocation.options[choose(allocation.options)] if choose and len(allocation.options) > 1 else None
+    ratios = picked.ratios if picked else allocation.ratios
     return Plan(
-        ratio,
+        max(ratios.values(), default=0.0),
         None,
-        allocation.ratios,
-        allocation.predicted_ms,
+        ratios,
+        picked.predicted_ms if picked else allocation.predicted_ms,
         dense,
         target,
         warnings,
         aim,
-        allocation.summed_isolated_drop if allocation.reached else None,
+        (picked or allocation).summed_isolated_drop if allocation.reached else None,
     )
 
 
@@ -220,12 +233,13 @@ def plan(
     input_shape: list[int],
     latency_dir: Path,
     threads: int,
+    choose: Callable[[tuple[Any, ...]], int] | None = None,
 ) -> Plan:
-    """The plan for any target kind (see the module docstring)."""
+    """The plan for any target kind (see the module docstring); `choose` as `plan_latency` takes it."""
     if config.target in LATENCY_TARGETS:
         if sweep is None:
             raise ConfigError(f"prune.target: {config.target} allocates from the sweep; set prune.use_sensitivity")
-        return plan_latency(config, sweep, latency_dir, threads)
+        return plan_latency(config, sweep, latency_dir, threads, choose=choose)
 
     def size_at(ratio: float, allocation: Allocation | None) -> float:
         twin = copy.deepcopy(model)
