@@ -51,6 +51,7 @@ from pruneops.stages import StageReport
 FIELDS = ("cin", "cout", "groups")
 FORMS_FILE = "forms.json"  # in artifacts/latency: the forms to plan in and a ratio's reference
 UNIT_POINTS = 4  # default exports per unit alone (`latency.unit_points`): each costs an export and a timed session
+SHORTLIST_FLOOR = 0.85  # of the target: the least an alternative plan on the shortlist may be predicted at
 PREDICTORS = ("mmacs", "table", "line")  # per-layer costs on MACs or table times; one line over the table sum
 
 logger = logging.getLogger(__name__)
@@ -926,8 +927,9 @@ def allocate_latency(
     sweep's informative ratios and `max_ratio` allow reaches the target, the fastest plan found
     is kept (`reached` False).
 
-    With `shortlist` above 1, `options` holds that many distinct feasible plans, least summed
-    drop first, and always the best uniform one among them: at deep cuts the summed drop (no
+    With `shortlist` above 1, `options` holds up to that many distinct feasible plans predicted
+    at `SHORTLIST_FLOOR` of the target or more, least summed drop first (the allocation itself,
+    wherever it lands), and the best such uniform one among them: at deep cuts the summed drop (no
     fine-tuning) ranks plans against what fine-tuning recovers, so the caller may rank the
     shortlist by training instead (`pruneops.prune`'s plan trials).
     """
@@ -948,8 +950,10 @@ def allocate_latency(
     uniform = [widths_of(p) for p in plans[first_uniform:]]
     # Least summed drop first; ties: the first found.
     feasible = sorted((i for i, ms in enumerate(predicted) if ms <= target_ms), key=lambda i: summed_drop(plans[i]))
-    picks = _shortlisted([widths_of(plans[i]) for i in feasible], uniform, shortlist)
-    picks = [feasible[k] for k in picks] or [min(range(len(plans)), key=predicted.__getitem__)]
+    # Beside the least-drop plan, only plans near the target: one far under it is cut deeper than asked.
+    near = feasible[:1] + [i for i in feasible[1:] if predicted[i] >= SHORTLIST_FLOOR * target_ms]
+    picks = _shortlisted([widths_of(plans[i]) for i in near], uniform, shortlist)
+    picks = [near[k] for k in picks] or [min(range(len(plans)), key=predicted.__getitem__)]
 
     def option(i: int) -> PlanOption:
         widths = widths_of(plans[i])

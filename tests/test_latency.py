@@ -202,7 +202,7 @@ def test_latency_allocation_is_no_worse_than_the_uniform_cut_of_the_same_latency
 def test_a_shortlist_holds_distinct_feasible_plans_least_drop_first_and_the_best_uniform_cut(synthetic, keep):
     """What plan trials choose from: the allocation first, then the next-least summed drops, and
     always the uniform cut with the least summed drop that meets the target."""
-    from pruneops.latency import _uniform_plans
+    from pruneops.latency import SHORTLIST_FLOOR, _uniform_plans
 
     latency, sizes = synthetic
     ratios = [0.25, 0.5, 0.75, 0.875, 0.9375]
@@ -212,10 +212,11 @@ def test_a_shortlist_holds_distinct_feasible_plans_least_drop_first_and_the_best
     single = allocate_latency(latency, sweep, target, 1, 0.94, None)
     result = allocate_latency(latency, sweep, target, 1, 0.94, None, shortlist=4)
     assert len(single.options) == 1 and single.options[0].widths == result.options[0].widths
-    assert 2 <= len(result.options) <= 4
+    assert 1 <= len(result.options) <= 4
     first = result.options[0]
     assert (first.summed_isolated_drop, first.predicted_ms) == (result.summed_isolated_drop, result.predicted_ms)
     assert all(o.predicted_ms <= target for o in result.options)
+    assert all(o.predicted_ms >= SHORTLIST_FLOOR * target for o in result.options[1:])
     assert all(o.predicted_ms == pytest.approx(latency.predict(o.widths, 1)) for o in result.options)
     widths = [o.widths for o in result.options]
     assert all(w not in widths[:i] for i, w in enumerate(widths))
@@ -225,10 +226,10 @@ def test_a_shortlist_holds_distinct_feasible_plans_least_drop_first_and_the_best
     # The best feasible uniform cut, found independently of the shortlist.
     options = _candidates(latency, sweep, 1, 0.94, None)
     uniform = [{n: options[n][i][0] for n, i in p.items()} for p in _uniform_plans(latency, options)]
-    feasible = [u for u in uniform if latency.predict(u, 1) <= target]
+    feasible = [u for u in uniform if SHORTLIST_FLOOR * target <= latency.predict(u, 1) <= target]
     best = min(sum(dict(options[n])[w] for n, w in u.items()) for u in feasible)
     listed = [o.summed_isolated_drop for o in result.options if o.uniform]
-    assert listed and min(listed) == pytest.approx(best)
+    assert listed and min(listed) <= best + 1e-9
     assert all(o.uniform == (o.widths in uniform) for o in result.options)
 
 
@@ -429,7 +430,7 @@ def test_a_latency_plan_is_the_one_the_trials_choose_from_the_shortlist(syntheti
     untried = plan_latency(config, sweep, tmp_path, 1)
     tried = plan_latency(config, sweep, tmp_path, 1, choose=last)
     (options,) = offered
-    assert len(options) == config.trial_count == 4 and options[0].ratios == untried.ratios
+    assert 2 <= len(options) <= config.trial_count == 4 and options[0].ratios == untried.ratios
     assert tried.ratios == options[-1].ratios != untried.ratios
     assert (tried.predicted_ms, tried.summed_drop) == (options[-1].predicted_ms, options[-1].summed_isolated_drop)
     # One plan asked for: nothing to choose between, no trial.
@@ -860,6 +861,24 @@ def test_plan_trials_rank_plans_by_brief_training_and_train_each_plan_once(pipel
     plans = ({"widths": dict(sizes), "kept": True}, {"widths": {**sizes, next(iter(sizes)): 2}, "kept": False})
     marked = {tuple(r["widths"].values()): (r["measured"], r["kept"]) for r in _trial_records(trials, plans)}
     assert marked == {tuple(sizes.values()): (True, True), (1,) * len(sizes): (False, False)}
+
+
+@pytest.mark.parametrize(("first", "other", "kept"), [(200, 201, 0), (200, 214, 1), (150, 216, 1), (216, 216, 0)])
+def test_a_trial_replaces_the_allocations_plan_only_on_evidence(monkeypatch, first, other, kept):
+    """Right on `first` and `other` of 216 validation samples (the second's right ones include the
+    first's): one image more is noise and keeps the allocation's plan; 14 more (a paired standard
+    error of 1.7 points, a gain of 6.5) replace it."""
+    from pruneops.latency import PlanOption
+    from pruneops.prune import TRIAL_EVIDENCE, PlanTrials, paired_gain
+
+    answers = {"a": np.arange(216) < first, "b": np.arange(216) < other}
+    monkeypatch.setattr(PlanTrials, "correct", lambda self, option: answers[next(iter(option.widths))])
+    options = tuple(PlanOption({name: 1}, {name: 0.5}, 1.0, 0.1, False) for name in ("a", "b"))
+    trials = PlanTrials(None, None, None, None, None, None)
+    assert trials(options) == kept
+    gain, error = paired_gain(answers["b"], answers["a"])
+    assert gain == pytest.approx((other - first) / 216)
+    assert (gain > TRIAL_EVIDENCE * error) == bool(kept)
 
 
 def test_the_latency_stage_times_nothing_without_a_latency_target_and_says_why(pipeline_dir):
