@@ -151,7 +151,11 @@ def prepare_repo(repo: Path, params: dict[str, Any], root: Path) -> None:
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     with project_importable(root):
         write_dvc_yaml(repo)
-    subprocess.run(["git", "add", "-A"], cwd=repo, env=env, check=True)
+    # Only what this function writes: the outputs of a variant restored into the workspace (`dvc exp
+    # apply`, to look at one) are DVC's to track, and committed they failed every later experiment
+    # ("output 'artifacts/validate' is already tracked by SCM", 2026-11-27).
+    written = [".gitignore", ".dvcignore", "params.yaml", "dvc.yaml", ".dvc"]
+    subprocess.run(["git", "add", "--", *written], cwd=repo, env=env, check=True)
     if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=repo, env=env).returncode:
         subprocess.run(["git", "commit", "-qm", "workload params"], cwd=repo, env=env, check=True)
 

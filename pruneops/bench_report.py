@@ -130,14 +130,19 @@ def _latency_prediction(variant, directory: Path) -> dict | None:
 
 def measure_workload(
     work: Path, workload: WorkloadConfig, dirs: dict[str, Path], timing: BenchmarkConfig
-) -> list[dict]:
-    """Accuracy (with paired-bootstrap intervals), size, MACs and interleaved latency of every model."""
+) -> tuple[list[dict], list[dict]]:
+    """Accuracy (with paired-bootstrap intervals), size, MACs and interleaved latency of every model.
+
+    Returns:
+        The rows, and each latency-targeted variant's predicted vs measured latency; both empty
+        where no variant finished (the report then lists only why each failed).
+    """
     from pruneops.data import load_split
     from pruneops.onnx_utils import make_session, ort_logits
 
     first = next(iter(dirs.values()), None)
     if first is None:
-        return []
+        return [], []
     val, test = (load_split(Layout(first).stage_dir("validate"), s) for s in ("val", "test"))
     models = {r["name"]: r for v in workload.variants if v.name in dirs for r in _model_rows(v, dirs[v.name])}
     sessions = {n: make_session(m["path"], timing.threads) for n, m in models.items()}

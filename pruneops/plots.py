@@ -125,6 +125,11 @@ def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
 
 def draw_frontier_(ax, workload: str, items: list[dict]) -> None:
     """Draws one workload's rows on `ax`: a marker and a label per row, our Pareto front joined."""
+    if not items:  # every variant failed: the report says why
+        ax.set_title(workload)
+        ax.text(0.5, 0.5, "no model finished (the report says why)", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
     front = pareto_front([r for r in items if r["family"] == "ours"])
     ax.plot(
         [r["latency"]["1"]["p50_ms"] for r in front],

@@ -364,3 +364,40 @@ def test_the_paired_interval_resolves_a_real_difference_and_not_a_coin_flip():
     swapped[np.flatnonzero(~reference)[:100]] = True
     low, high = paired_bootstrap_ci(swapped, reference)
     assert swapped.mean() == reference.mean() and low < 0 < high
+
+
+def test_a_workload_whose_variants_all_failed_is_reported_with_why_not_a_traceback(tmp_path):
+    from pruneops.bench_report import measure_workload, select_point, write_report
+    from pruneops.config import BenchmarkConfig
+
+    config = BenchConfig(**BENCH)
+    workload, timing = config.workloads[0], BenchmarkConfig(**BENCH["timing"])
+    rows, predictions = measure_workload(tmp_path, workload, {}, timing)
+    assert (rows, predictions) == ([], []) and select_point(rows, workload.max_accuracy_drop_points) is None
+    why = "experiment dense failed: output 'artifacts/validate' is already tracked by SCM"
+    failed = {workload.name: {"dense": why}}
+    paths = write_report(
+        config, {workload.name: rows}, {}, failed, timing, "cmd", tmp_path / "out", {workload.name: []}
+    )
+    assert any(why in p.read_text() for p in paths if p.suffix == ".md")
+
+
+def test_a_variant_restored_into_the_workspace_is_not_committed_with_the_params(tmp_path):
+    """`dvc exp apply` (to look at a variant) leaves its outputs in the workspace; committing them
+    with the next params made every later experiment fail ("already tracked by SCM")."""
+    import subprocess
+
+    from pruneops.bench import prepare_repo
+    from tests.conftest import ROOT, tiny_params
+
+    repo = tmp_path / "workload"
+    prepare_repo(repo, tiny_params(), ROOT)
+    (repo / "artifacts" / "validate").mkdir(parents=True)
+    (repo / "artifacts" / "validate" / "meta.json").write_text("{}")
+    (repo / "dvc.lock").write_text("schema: '2.0'\n")
+    prepare_repo(repo, tiny_params(train={"epochs": 3}), ROOT)
+    tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    assert "params.yaml" in tracked and "dvc.yaml" in tracked
+    assert not [f for f in tracked if f.startswith("artifacts/") or f == "dvc.lock"], tracked
+    committed = subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=repo, capture_output=True, text=True).stdout
+    assert "epochs: 3" in committed
