@@ -212,12 +212,11 @@ def variant_overrides(
                     f"{variant.match_latency_of!r}, timed in {timed} by its prune stage "
                     f"(the bench timed no {form} exports of both rows)"
                 )
-        # Aimed so that the most the prune stage accepts over its target is the other row's time:
-        # a match may end faster than the other row, not slower by the stage's tolerance.
-        from pruneops.prune import LATENCY_BAND  # torch: imported where a match needs it
-
-        aim = ratio / LATENCY_BAND[1]
-        overrides.update({"prune.target": "latency_ratio", "prune.target_value": aim, "prune.target_batch": 1})
+        # Aimed at the other row's time itself: the prune stage accepts a reading up to
+        # `prune.LATENCY_BAND[1]` of it (1% over: one reading's noise, half the bench's
+        # `SLOWER_TOLERANCE`). Aimed under it by that much, the other row's own widths measured
+        # over the aim and were refused (2026-11-27).
+        overrides.update({"prune.target": "latency_ratio", "prune.target_value": ratio, "prune.target_batch": 1})
         if form != "fp32":  # the default: left unwritten, so that params (and the run-cache) stay as they were
             overrides["prune.latency_form"] = form
     return overrides

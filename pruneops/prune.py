@@ -56,7 +56,11 @@ logger = logging.getLogger(__name__)
 # MobileNetV2-style workload a refitted table measured 1.27, 0.74, 0.89, 0.82 and 1.00x the target
 # and the 0.89 plan was kept, cut 1.7x deeper in MACs than a run whose first plan landed
 # (benchmarks/latency-form.yaml, 2026-11-26); a retry costs one gate measurement, seconds here.
-LATENCY_BAND = (0.95, 1.0)
+# The top is 1% over the target: a reading that close is the target within the noise of one
+# reading. At exactly 1.0, a plan of Torch-Pruning's own widths, matched to Torch-Pruning's time,
+# measured 1.001 and 1.002 of it, was refused, and the loop kept a deeper cut that trained worse
+# (benchmarks/latency.yaml, CNN, 2026-11-27).
+LATENCY_BAND = (0.95, 1.01)
 LATENCY_RETRIES = 6
 TRIAL_BN_SAMPLES = 1024  # training images a trial's pruned copy re-estimates BatchNorm on
 TRIAL_EVIDENCE = 2.0  # standard errors by which a trial must beat the allocation's own plan to replace it
@@ -90,6 +94,7 @@ class PlanTrials:
 
     def __call__(self, options: tuple[PlanOption, ...]) -> int:
         """The index of the plan to keep (see the class docstring)."""
+        trained = len(self.records)
         correct = [self.correct(o) for o in options]
         best = max(range(len(options)), key=lambda i: (correct[i].mean(), -i))
         gain, error = paired_gain(correct[best], correct[0])
@@ -99,7 +104,9 @@ class PlanTrials:
             f"{i + 1}{'u' if o.uniform else ''} {100 * c.mean():.2f}%"
             for i, (o, c) in enumerate(zip(options, correct, strict=True))
         )
-        logger.info(
+        # The loop asks again at each step along the staircase: a shortlist tried before is not news.
+        logger.log(
+            logging.INFO if len(self.records) > trained else logging.DEBUG,
             "plan trials (validation accuracy): %s; best %d, %+.2f pt over 1 (standard error %.2f): planned %d",
             ", ".join(shown),
             best + 1,

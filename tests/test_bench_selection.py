@@ -63,11 +63,10 @@ def test_every_committed_benchmark_variant_can_be_selected_alone():
 def test_matching_a_latency_keeps_the_form_it_was_timed_in():
     """A ratio measured in static INT8 is a static-INT8 ratio: the matching variant times that form too."""
     from pruneops.bench import VariantConfig, variant_overrides
-    from pruneops.prune import LATENCY_BAND
 
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 4.0}, "latency_form": "static"}}}
     plain = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done)
-    assert plain["prune.target_value"] == pytest.approx(0.25 / LATENCY_BAND[1])
+    assert plain["prune.target_value"] == pytest.approx(0.25)
     assert plain["prune.latency_form"] == "static"
     asked = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "fp32"})
     with pytest.raises(ConfigError, match="cannot match the latency of 'tp', timed in static"):
@@ -119,7 +118,6 @@ def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, m
     import pruneops.benchmark
     from pruneops.bench import VariantConfig, matched_latency_ratio, variant_overrides
     from pruneops.config import BenchmarkConfig
-    from pruneops.prune import LATENCY_BAND
 
     dense = _export_dir(tmp_path / "dense", _mlp(1024), "dense_fp32")
     small = _export_dir(tmp_path / "tp", _mlp(64), "pruned_fp32")
@@ -139,8 +137,8 @@ def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, m
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}
     overrides = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done, ratio)
     assert overrides["prune.target"] == "latency_ratio"
-    # aimed below it by what the prune stage accepts over a target: ours may end faster, not slower
-    assert overrides["prune.target_value"] == pytest.approx(ratio / LATENCY_BAND[1])
+    # aimed at it: the prune stage accepts a reading within one reading's noise over it
+    assert overrides["prune.target_value"] == pytest.approx(ratio)
 
 
 def test_a_latency_match_in_an_int8_form_times_the_deployed_exports(tmp_path):
@@ -148,7 +146,6 @@ def test_a_latency_match_in_an_int8_form_times_the_deployed_exports(tmp_path):
     from pruneops.bench import VariantConfig, matched_latency_ratio, timed_file, variant_overrides
     from pruneops.config import BenchmarkConfig
     from pruneops.errors import ConfigError
-    from pruneops.prune import LATENCY_BAND
 
     # Stand-ins whose widths make the forms tell apart: in fp32 the two are the same size, deployed
     # the dense one is 1/16 the width of the matched one (what a quantizer does is not the point).
@@ -168,7 +165,7 @@ def test_a_latency_match_in_an_int8_form_times_the_deployed_exports(tmp_path):
     ours = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "static"})
     overrides = variant_overrides(ours, done, static)
     assert overrides["prune.latency_form"] == "static"
-    assert overrides["prune.target_value"] == pytest.approx(static / LATENCY_BAND[1])
+    assert overrides["prune.target_value"] == pytest.approx(static)
     # ...and without it, the stage's fp32 reading would be the wrong form: refused, not used.
     with pytest.raises(ConfigError, match="timed in fp32 by its prune stage"):
         variant_overrides(ours, done)
