@@ -214,8 +214,9 @@ def variant_overrides(
                 )
         # Aimed at the other row's time itself: the prune stage accepts a reading up to
         # `prune.LATENCY_BAND[1]` of it (1% over: one reading's noise, half the bench's
-        # `SLOWER_TOLERANCE`). Aimed under it by that much, the other row's own widths measured
-        # over the aim and were refused (2026-11-27).
+        # `SLOWER_TOLERANCE`). Aimed under it by that much, the other row's own widths would
+        # measure over the aim and be refused, as they were at 1.001 of it while the band
+        # stopped at 1.0 (2026-11-27).
         overrides.update({"prune.target": "latency_ratio", "prune.target_value": ratio, "prune.target_batch": 1})
         if form != "fp32":  # the default: left unwritten, so that params (and the run-cache) stay as they were
             overrides["prune.latency_form"] = form
