@@ -327,8 +327,9 @@ class PruneConfig(StageConfig):
     training texts use; other token ids read as the unknown token (the report says how often on
     validation and test text). `plan_trials` (latency targets): how many feasible plans of the
     allocation (least summed isolated drop first, the best uniform cut among them) are each pruned
-    into a copy, BatchNorm-recalibrated and trained one pass over `trial_samples` training samples,
-    the one with the best validation accuracy planned (NetAdapt's short-term fine-tuning); at deep
+    into a copy, BatchNorm-recalibrated and trained one pass over `trial_samples` training samples;
+    the best on validation replaces the allocation's own plan where it is better by more than two
+    paired standard errors (NetAdapt's short-term fine-tuning, `pruneops.prune.PlanTrials`); at deep
     cuts the sweep's isolated drops rank plans against what fine-tuning recovers. 1: no trials;
     null: 4 for latency targets.
     """

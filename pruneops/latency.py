@@ -960,7 +960,8 @@ def allocate_latency(
         ratios = {n: 1.0 - w / latency.units[n].size for n, w in widths.items()}
         return PlanOption(widths, ratios, predicted[i], summed_drop(plans[i]), widths in uniform)
 
-    best = option(picks[0])
+    options = tuple(option(i) for i in picks)
+    best = options[0]
     return LatencyAllocation(
         widths={n: w for n, w in best.widths.items() if w < latency.units[n].size},
         ratios=best.ratios,
@@ -971,7 +972,7 @@ def allocate_latency(
         summed_isolated_drop=best.summed_isolated_drop,
         steps=sum(plans[picks[0]].values()),
         reached=best.predicted_ms <= target_ms,
-        options=tuple(option(i) for i in picks) if feasible else (best,),
+        options=options,
     )
 
 

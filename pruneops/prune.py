@@ -91,6 +91,7 @@ class PlanTrials:
     val: Split
     records: list[dict] = dataclasses.field(default_factory=list)
     _correct: dict[tuple, np.ndarray] = dataclasses.field(default_factory=dict)
+    _calibration: np.ndarray | dict | None = None  # the same BatchNorm samples for every plan, drawn once
 
     def __call__(self, options: tuple[PlanOption, ...]) -> int:
         """The index of the plan to keep (see the class docstring)."""
@@ -124,7 +125,9 @@ class PlanTrials:
         started = time.perf_counter()
         twin = copy.deepcopy(self.model)
         self.make_method(max(option.ratios.values(), default=0.0), option.ratios).apply_(twin, 1.0)
-        recalibrate_batchnorm_(twin, calibration_subset(self.train.x, TRIAL_BN_SAMPLES, self.config.seed))
+        if self._calibration is None:
+            self._calibration = calibration_subset(self.train.x, TRIAL_BN_SAMPLES, self.config.seed)
+        recalibrate_batchnorm_(twin, self._calibration)
         settings = FitSettings(1, self.config.batch_size, self.config.lr, 1e-4, 2, self.config.seed)
         subset = self.train.head(min(self.config.trial_samples, len(self.train)))
         fit_(twin, subset, self.val, settings, desc=f"plan trial {len(self.records) + 1}")
