@@ -26,8 +26,9 @@ def _git(workspace: Path, *args: str) -> str:
 
 
 def collect(workspace: Path, variant: str, dest: Path) -> list[str]:
-    """Copies one row's model (train stage for `dense`, finetune otherwise) to `dest`."""
-    refs = _git(workspace, "for-each-ref", "--format=%(refname)", "refs/exps").split()
+    """Copies the newest row's model (train stage for `dense`, finetune otherwise) to `dest`."""
+    # Newest first: a workspace keeps every run's experiments, and a rerun's row is the one wanted.
+    refs = _git(workspace, "for-each-ref", "--sort=-committerdate", "--format=%(refname)", "refs/exps").split()
     matches = [r for r in refs if r.endswith("/" + variant)]
     if not matches:
         have = sorted(r.rsplit("/", 1)[1] for r in refs)
