@@ -10,6 +10,7 @@ from PIL import Image
 
 from pruneops.checkpoint import load_checkpoint
 from pruneops.io import read_json
+from pruneops.quantize import SAME_SPEED
 
 
 def _metrics(root, stage):
@@ -60,14 +61,19 @@ def test_quantize_stage_keeps_the_fastest_candidate_with_fp32_among_them(pipelin
     chosen = m["candidates"][m["method"]]
     assert set(chosen["latency_ms"]) == {"1", "8"}  # batch 1 and every benchmark batch size
     assert chosen["within_tolerance"] and fp32["within_tolerance"]
-    # Never slower than fp32 at a benchmark batch size; the fastest at batch 1 of those that are not.
-    assert all(chosen["latency_ms"][b] <= fp32["latency_ms"][b] for b in fp32["latency_ms"])
+    # Never slower than fp32 (beyond a tie) at a benchmark batch size; of those that are not, the
+    # fastest at batch 1, ties there going to the fastest at the largest batch.
+    tie = 1 + SAME_SPEED
+    assert all(chosen["latency_ms"][b] <= tie * fp32["latency_ms"][b] for b in fp32["latency_ms"])
     not_slower = [
         c
         for c in m["candidates"].values()
-        if c["within_tolerance"] and all(c["latency_ms"][b] <= fp32["latency_ms"][b] for b in fp32["latency_ms"])
+        if c["within_tolerance"] and all(c["latency_ms"][b] <= tie * fp32["latency_ms"][b] for b in fp32["latency_ms"])
     ]
-    assert all(chosen["latency_ms_b1"] <= c["latency_ms_b1"] for c in not_slower)
+    best = min(c["latency_ms_b1"] for c in not_slower)
+    assert chosen["latency_ms_b1"] <= tie * best
+    tied = [c for c in not_slower if c["latency_ms_b1"] <= tie * best]
+    assert all(chosen["latency_ms"]["8"] <= c["latency_ms"]["8"] for c in tied)
     assert m["warnings"] == []
     assert abs(m["test_accuracy"] - m["fp32_test_accuracy"]) < 0.05
     model = onnx.load(pipeline_dir / "artifacts/quantize/model.onnx")
