@@ -6,7 +6,7 @@ pass per sample at two token lengths, and scales them: an upper bound per plan, 
 shortlisted plan is pruned (fewer heads and FFN channels run faster). Needs `make text-assets`.
 
 Usage:
-    python scripts/time_minilm_trial.py [--model state/assets/all-minilm-l6-v2] [--val 1066]
+    python scripts/time_minilm_trial.py [--model state/assets/all-minilm-l6-v2] [--val 1275]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main() -> int:
     """Prints the estimated seconds of one dense trial per token length."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="state/assets/all-minilm-l6-v2")
-    parser.add_argument("--val", type=int, default=1066, help="validation samples scored per trial")
+    parser.add_argument("--val", type=int, default=1275, help="validation samples per trial (text workload ~1,275)")
     parser.add_argument("--samples", type=int, default=3200, help="prune.trial_samples")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
