@@ -183,12 +183,17 @@ def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, bat
     return measured
 
 
+def _slower(ms: float, reference_ms: float) -> bool:
+    """Whether a median latency is above a reference by more than a tie (`SAME_SPEED`)."""
+    return ms > reference_ms * (1 + SAME_SPEED)
+
+
 def _slower_than_fp32(candidate: dict, fp32: dict) -> list[str]:
-    """The batch sizes at which a candidate's median latency is above fp32's by more than a tie (as 'b16 1.07x')."""
+    """The batch sizes at which a candidate is slower than fp32 (`_slower`), as 'b16 1.070x'."""
     return [
         f"b{b} {ms / fp32['latency_ms'][b]:.3f}x"
         for b, ms in candidate["latency_ms"].items()
-        if ms > fp32["latency_ms"][b] * (1 + SAME_SPEED)
+        if _slower(ms, fp32["latency_ms"][b])
     ]
 
 
@@ -199,7 +204,7 @@ def _fastest(names: list[str], candidates: dict[str, dict]) -> str:
     at batch 64: batch 1 alone, by a fifth of a percent, would ship the slower model.
     """
     best = min(candidates[n]["latency_ms_b1"] for n in names)
-    tied = [n for n in names if candidates[n]["latency_ms_b1"] <= best * (1 + SAME_SPEED)]
+    tied = [n for n in names if not _slower(candidates[n]["latency_ms_b1"], best)]
     largest = max(candidates[tied[0]]["latency_ms"], key=int)
     return min(tied, key=lambda n: (candidates[n]["latency_ms"][largest], candidates[n]["latency_ms_b1"]))
 
