@@ -115,6 +115,22 @@ def test_a_unit_keeps_its_whole_staircase_in_a_model_many_times_its_size(monkeyp
     assert latency.efficient_widths("a", 1) == [16, 32, 48, 64]
 
 
+def test_every_head_count_is_an_efficient_width(monkeypatch):
+    # Projections of a small ViT are all per-call overhead in the one-operator table: 1 head times
+    # as 2. A head count still removes per-head attention the table does not time, so the
+    # allocator may stop at any count (on the ViT-style workload it could not reach a 1-head block).
+    monkeypatch.setattr(LatencyTable, "layer_ms", lambda self, shape, batch, form="fp32": 0.005)
+    _, _, sizes, latency = _latency_model(
+        ModelSpec("tests.models.families:vit_style", SHAPE, 10, {"dim": 16, "num_heads": 4})
+    )
+    heads = [n for n in sizes if n.endswith(".heads")]
+    assert heads
+    for name in heads:
+        assert latency.efficient_widths(name, 1) == list(range(1, sizes[name] + 1))
+    others = [n for n in sizes if n not in heads]
+    assert all(latency.efficient_widths(n, 1) == [sizes[n]] for n in others)  # a flat table: only the full width
+
+
 def test_predicted_moves_equal_whole_model_predictions(synthetic):
     latency, sizes = synthetic
     rng = random.Random(0)
