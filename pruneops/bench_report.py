@@ -162,20 +162,41 @@ def measure_workload(
     return list(models.values()), predictions
 
 
+def compared_pairs(workload: WorkloadConfig) -> list[tuple[str, str, str]]:
+    """The report's same-budget comparisons: (variant, the row it is compared with, the budget).
+
+    Each matched variant against the row it was matched to ("MAC budget" or "measured latency"),
+    and each latency-matched variant against every variant matched to the same row's MACs:
+    issue 15 asks that at the same measured latency ours is no worse than ours with a MAC target
+    in the same run, and the MAC-target row is otherwise compared with the other row only.
+    """
+    pairs = []
+    for variant in workload.variants:
+        if variant.match_macs_of is not None:
+            pairs.append((variant.name, variant.match_macs_of, "MAC budget"))
+        if variant.match_latency_of is not None:
+            pairs.append((variant.name, variant.match_latency_of, "measured latency"))
+            pairs += [
+                (variant.name, other.name, "measured latency")
+                for other in workload.variants
+                if other.match_macs_of == variant.match_latency_of
+            ]
+    return pairs
+
+
 def _paired_against_matches_(workload: WorkloadConfig, models: dict[str, dict], correct: dict) -> None:
-    """Each matched row's test-accuracy change against the row it was matched to, on the same images.
+    """Each compared row's test-accuracy change against its counterpart (`compared_pairs`), on the same images.
 
     The same-budget lines compare two pruned models whose accuracies often differ by less than the
     test set can resolve; the paired interval (`paired_against`, row name → [low, high] points)
     says whether a difference is beyond that noise.
     """
-    for variant in workload.variants:
-        for other in filter(None, (variant.match_macs_of, variant.match_latency_of)):
-            for kind in ("fp32", "deployed"):
-                mine, theirs = f"{variant.name} {kind}", f"{other} {kind}"
-                if mine in models and theirs in models:
-                    ci = paired_bootstrap_ci(correct[mine], correct[theirs])
-                    models[mine].setdefault("paired_against", {})[theirs] = ci
+    for name, other, _ in compared_pairs(workload):
+        for kind in ("fp32", "deployed"):
+            mine, theirs = f"{name} {kind}", f"{other} {kind}"
+            if mine in models and theirs in models:
+                ci = paired_bootstrap_ci(correct[mine], correct[theirs])
+                models[mine].setdefault("paired_against", {})[theirs] = ci
 
 
 def select_point(rows: list[dict], max_drop_points: float) -> dict | None:
@@ -293,22 +314,19 @@ def paired_difference(mine: dict, other: dict) -> str:
 def _same_budget_lines(workload: WorkloadConfig, items: list[dict]) -> list[str]:
     by_key = {(r["variant"], r["deployed"]): r for r in items}
     lines = []
-    for variant in workload.variants:
-        for what, other_name in (("MAC budget", variant.match_macs_of), ("measured latency", variant.match_latency_of)):
-            if other_name is None:
+    for name, other_name, what in compared_pairs(workload):
+        for deployed in (False, True):
+            mine, other = by_key.get((name, deployed)), by_key.get((other_name, deployed))
+            if mine is None or other is None:
                 continue
-            for deployed in (False, True):
-                mine, other = by_key.get((variant.name, deployed)), by_key.get((other_name, deployed))
-                if mine is None or other is None:
-                    continue
-                lines.append(
-                    f"- same {what}, {'deployed' if deployed else 'fp32'}: {mine['label']} "
-                    f"{100 * mine['test_accuracy']:.2f}% test ({100 * mine['val_accuracy']:.2f}% val, "
-                    f"{mine['latency']['1']['p50_ms']:.3f} ms, {mine['macs']:,} MACs) vs {other['label']} "
-                    f"{100 * other['test_accuracy']:.2f}% test ({100 * other['val_accuracy']:.2f}% val, "
-                    f"{other['latency']['1']['p50_ms']:.3f} ms, {other['macs']:,} MACs): "
-                    f"{same_budget_verdict(what, mine, other)}{paired_difference(mine, other)}"
-                )
+            lines.append(
+                f"- same {what}, {'deployed' if deployed else 'fp32'}: {mine['label']} "
+                f"{100 * mine['test_accuracy']:.2f}% test ({100 * mine['val_accuracy']:.2f}% val, "
+                f"{mine['latency']['1']['p50_ms']:.3f} ms, {mine['macs']:,} MACs) vs {other['label']} "
+                f"{100 * other['test_accuracy']:.2f}% test ({100 * other['val_accuracy']:.2f}% val, "
+                f"{other['latency']['1']['p50_ms']:.3f} ms, {other['macs']:,} MACs): "
+                f"{same_budget_verdict(what, mine, other)}{paired_difference(mine, other)}"
+            )
     return lines
 
 

@@ -401,3 +401,43 @@ def test_a_variant_restored_into_the_workspace_is_not_committed_with_the_params(
     assert not [f for f in tracked if f.startswith("artifacts/") or f == "dvc.lock"], tracked
     committed = subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=repo, capture_output=True, text=True).stdout
     assert "epochs: 3" in committed
+
+
+def test_a_latency_match_is_also_compared_with_the_mac_match_of_the_same_row():
+    # Issue 15: at the same measured latency ours is no worse than ours with a MAC target, in one
+    # run; both are matched to TP, so the report pairs them too (and only rows matched to one row).
+    from pruneops.bench import WorkloadConfig
+    from pruneops.bench_report import _same_budget_lines, compared_pairs
+
+    workload = WorkloadConfig.model_validate(
+        {
+            "name": "w",
+            "variants": [
+                {"name": "dense", "kind": "dense", "family": "dense"},
+                {"name": "tp", "family": "torch_pruning"},
+                {"name": "tp-fp32", "family": "torch_pruning"},
+                {"name": "ours-ms", "match_latency_of": "tp"},
+                {"name": "ours-macs", "match_macs_of": "tp"},
+                {"name": "ours-fp32-ms", "match_latency_of": "tp-fp32"},
+            ],
+        }
+    )
+    assert compared_pairs(workload) == [
+        ("ours-ms", "tp", "measured latency"),
+        ("ours-ms", "ours-macs", "measured latency"),
+        ("ours-macs", "tp", "MAC budget"),
+        ("ours-fp32-ms", "tp-fp32", "measured latency"),
+    ]
+
+    def row(name, accuracy, ms):
+        return {"variant": name, "deployed": False, "label": name, "name": f"{name} fp32", "test_accuracy": accuracy,
+                "val_accuracy": accuracy, "latency": {"1": {"p50_ms": ms}}, "macs": 1000}  # fmt: skip
+
+    items = [row("tp", 0.90, 1.0), row("ours-ms", 0.91, 1.0), row("ours-macs", 0.92, 1.6)]
+    lines = _same_budget_lines(workload, items)
+    assert len(lines) == 3
+    # Ours at TP's ms against ours at TP's MACs: less accurate, but 38% faster, which the verdict says.
+    assert (
+        lines[1].startswith("- same measured latency, fp32: ours-ms 91.00% test") and "vs ours-macs 92.00%" in lines[1]
+    )
+    assert lines[1].endswith("**worse**, at 38% fewer ms at batch 1")
