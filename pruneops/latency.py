@@ -45,7 +45,7 @@ from pruneops.plots import plot_latency_staircases
 from pruneops.profiling import forward_with_hooks
 from pruneops.pruning.allocation import cost_of
 from pruneops.pruning.importance import IMPORTANCES
-from pruneops.pruning.units import UnitPruner, round_keep
+from pruneops.pruning.units import UnitPruner, is_head_unit, round_keep
 from pruneops.stages import StageReport
 
 FIELDS = ("cin", "cout", "groups")
@@ -430,11 +430,12 @@ class LatencyModel:
         slower-looking width an extra "step". Every head count of an attention unit is kept: a
         head is a whole block of channels, and the table times only the projections, not the
         per-head attention between them; on the ViT-style workload it timed 1 head as 2 (its
-        projections are all overhead there), which kept the allocation from a 1-head block the
-        whole-model fit and the MAC-target plan both showed faster (docs/families-same-run).
+        projections are all overhead there), which kept the allocation from a 1-head block, where
+        the whole-model fit charges 0.006 ms per head and the MAC-target plan with a 1-head block
+        measured the same ms as the allocation's (3, 2, 2) heads (docs/families-same-run).
         """
         curve = self.unit_curve(name, batch)
-        if name == "heads" or name.endswith(".heads"):
+        if is_head_unit(name):
             return sorted(curve)
         best, keep = float("inf"), []
         for width in sorted(curve, reverse=True):

@@ -50,6 +50,14 @@ def ignored_layers(model: nn.Module) -> list[nn.Module]:
     return ignored
 
 
+HEAD_UNIT = "heads"  # a root-level tie's head unit; others are "<attention module>.heads"
+
+
+def is_head_unit(name: str) -> bool:
+    """Whether a unit name (as `UnitPruner.units` names them) is a head unit, not a channel unit."""
+    return name == HEAD_UNIT or name.endswith(f".{HEAD_UNIT}")
+
+
 def round_keep(size: int, ratio: float, round_to: int | None) -> int:
     """How many of `size` units to keep after removing `ratio` of them (at least one)."""
     keep = size - int(round(size * ratio))
@@ -112,9 +120,9 @@ class UnitPruner:
         ties = head_ties(self.model, sites)
         tied = {s for tie in ties.values() for s in tie.sites}
         units: dict[str, tuple[tuple[str, ...], HeadTie | None]] = {
-            f"{n}.heads": ((n,), None) for n in sites if n not in tied
+            f"{n}.{HEAD_UNIT}": ((n,), None) for n in sites if n not in tied
         }
-        units.update({f"{n}.heads" if n else "heads": (tie.sites, tie) for n, tie in ties.items()})
+        units.update({f"{n}.{HEAD_UNIT}" if n else HEAD_UNIT: (tie.sites, tie) for n, tie in ties.items()})
         return sites, units
 
     def head_unit_members(self) -> dict[str, tuple[str, ...]]:
@@ -165,7 +173,7 @@ class UnitPruner:
                 units without one are ranked by the criterion.
         """
         self._prune_heads_(keep, head_scores or {})
-        wanted = {n: k for n, k in keep.items() if not n.endswith(".heads")}
+        wanted = {n: k for n, k in keep.items() if not is_head_unit(n)}
         if not wanted:
             return
         graph = self._graph()

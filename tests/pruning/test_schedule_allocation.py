@@ -1,7 +1,11 @@
 import pytest
 
+from pruneops.config import PruneConfig
+from pruneops.prune import _planned_widths
 from pruneops.pruning import SCHEDULES, allocate_ratios, round_keep
 from pruneops.pruning.allocation import interpolated_drop
+from pruneops.pruning.targets import Plan
+from pruneops.pruning.units import is_head_unit
 
 
 def test_cubic_schedule_follows_zhu_gupta():
@@ -22,6 +26,17 @@ def test_round_keep_respects_multiples_and_keeps_one():
     assert round_keep(64, 0.55, 8) == 32
     assert round_keep(10, 0.99, None) == 1
     assert round_keep(16, 0.9, 8) == 8
+
+
+def test_head_units_are_never_rounded_to_channel_multiples():
+    # A tie at the model's root (MPNet's encoder as the model) names its unit plain "heads".
+    assert is_head_unit("heads") and is_head_unit("encoder.layer.0.attention.heads")
+    assert not is_head_unit("blocks.0.heads_proj") and not is_head_unit("multiheads")
+    sizes = {"heads": 12, "encoder.heads": 12, "stages.0.conv1": 64}
+    config = PruneConfig(target="ratio", target_batch=None, round_to=8)
+    widths = _planned_widths(config, sizes, Plan(0.5, ratios=dict.fromkeys(sizes, 0.5)))
+    # 12 heads at half keep 6 (rounded to 8 they would keep 8, a third more than planned).
+    assert widths == {"heads": 6, "encoder.heads": 6, "stages.0.conv1": 32}
 
 
 def test_allocation_meets_target_and_spares_the_sensitive_unit():
