@@ -111,7 +111,7 @@ def test_a_unit_keeps_its_whole_staircase_in_a_model_many_times_its_size(monkeyp
     }
     unit = UnitLayers("a", 64, (("a", "cout", 1.0), ("b", "cin", 1.0)))
     latency = LatencyModel(base, {"a": unit}, LatencyTable({}))
-    assert 1 - latency.layer_sum({"a": 16}, 1) / latency.layer_sum({}, 1) < 0.02  # within the noise of the whole
+    assert latency.layer_sum({"a": 16}, 1) / latency.layer_sum({}, 1) > 0.98  # within the noise of the whole
     assert latency.efficient_widths("a", 1) == [16, 32, 48, 64]
 
 
