@@ -32,7 +32,7 @@ from pruneops.plots import plot_history, plot_sensitivity
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, UnitPruner, layer_shapes, sparsity_report
 from pruneops.pruning.masks import save_masks
 from pruneops.pruning.targets import GateResult, Plan, choose_latency_form, gate, plan
-from pruneops.pruning.units import is_head_unit, round_keep
+from pruneops.pruning.units import keep_count
 from pruneops.pruning.vocabulary import trim_vocabulary_, unknown_fraction, used_token_ids
 from pruneops.stages import StageReport
 from pruneops.training import (
@@ -270,9 +270,7 @@ def _unit_sizes(model, example) -> dict[str, int]:
 def _planned_widths(config: PruneConfig, sizes: dict[str, int], target: Plan) -> dict[str, int]:
     """The widths the method will prune to for a plan (as it rounds them)."""
     ratios = target.ratios if target.ratios is not None else dict.fromkeys(sizes, target.ratio)
-    return {
-        n: round_keep(s, ratios.get(n, 0.0), None if is_head_unit(n) else config.round_to) for n, s in sizes.items()
-    }
+    return {n: keep_count(n, s, ratios.get(n, 0.0), config.round_to) for n, s in sizes.items()}
 
 
 def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape, target: Plan) -> GateResult:

@@ -25,7 +25,7 @@ from pruneops.pruning.fisher import FISHER_SCORES_FILE, fisher_scores, load_fish
 from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
-from pruneops.pruning.units import UnitPruner, is_head_unit, round_keep
+from pruneops.pruning.units import UnitPruner, keep_count
 from pruneops.registry import Registry
 
 
@@ -153,10 +153,7 @@ class ChannelPruning(PruningMethod):
         if first:
             self.original = {n: u.size for n, u in pruner.units().items()}
         ratios = self.ctx.allocation or dict.fromkeys(self.original, self.ctx.target_ratio)
-        keep = {}
-        for name, size in self.original.items():
-            round_to = None if is_head_unit(name) else self.ctx.round_to
-            keep[name] = round_keep(size, ratios.get(name, 0.0) * fraction, round_to)
+        keep = {n: keep_count(n, s, ratios.get(n, 0.0) * fraction, self.ctx.round_to) for n, s in self.original.items()}
         if self.ctx.criterion.needs_grad:
             accumulate_grads_(model, self.ctx.train, self.ctx.grad_batches, self.ctx.batch_size)
         shared = self.ctx.base_scores if first else None

@@ -67,6 +67,15 @@ def round_keep(size: int, ratio: float, round_to: int | None) -> int:
     return max(1, min(size, keep))
 
 
+def keep_count(name: str, size: int, ratio: float, round_to: int | None) -> int:
+    """How many of unit `name`'s `size` channels or heads a method keeps at `ratio`.
+
+    Channel counts snap to `round_to` (fast sizes for the kernels); head counts never do: rounding
+    12 heads at half to 8 keeps 8, not 6, and a head is not a channel the kernels tile.
+    """
+    return round_keep(size, ratio, None if is_head_unit(name) else round_to)
+
+
 class UnitPruner:
     """Lists and prunes the units of `model`; the dependency graph is rebuilt per call.
 
