@@ -62,6 +62,13 @@ logger = logging.getLogger(__name__)
 # (benchmarks/latency.yaml, CNN, 2026-11-27).
 LATENCY_BAND = (0.95, 1.01)
 LATENCY_RETRIES = 6
+# A plan that lands in the band but more than 2% (about one timing noise) under the target leaves
+# budget unspent: the loop then measures the next wider plan once, kept if it measures within the
+# band. On the CNN's static-INT8 row the kept plan measured 0.96 of Torch-Pruning's time with
+# a stage-2 conv of 20 where TP keeps 32, and trained 0.22 pt worse beyond noise; the table put
+# TP's widths just over the target (1.024), and they measured 1.008 of it (benchmarks/latency.yaml,
+# 2026-11-27).
+LATENCY_REACH = 0.98
 TRIAL_BN_SAMPLES = 1024  # training images a trial's pruned copy re-estimates BatchNorm on
 TRIAL_EVIDENCE = 2.0  # standard errors by which a trial must beat the allocation's own plan to replace it
 
@@ -327,7 +334,8 @@ def _meet_measured(
     run, `latency_ms` as is. While the planned widths measure outside `LATENCY_BAND` of the
     target (above it, or pruned further than asked, at an accuracy cost), the table's predicted
     savings are rescaled to fit every plan measured so far and the table asked again (stepping
-    along the staircase past plans already measured), `LATENCY_RETRIES` times at most. Of the
+    along the staircase past plans already measured), `LATENCY_RETRIES` times at most. A plan
+    inside the band but under `LATENCY_REACH` of the target is followed by one wider plan. Of the
     plans measured, the least pruned one within the target is kept (else the fastest). Each
     plan's prediction is the one made before it was measured, so the reported prediction error
     is honest. `choose` ranks each allocation's shortlist (`PlanTrials`, or None).
@@ -350,27 +358,24 @@ def _meet_measured(
     low, high = LATENCY_BAND
     tried, points = [(target, gated)], []
     _log_latency_try(1, target, gated, key, fraction(gated))
-    for _ in range(LATENCY_RETRIES):
-        off = fraction(gated)
-        if low <= off <= high:
-            break
+
+    def measure_next(up: bool) -> bool:  # the next plan not measured yet, measured; False if none
+        nonlocal target, gated
         points.append((_planned_widths(config, sizes, target), gated.measured_ms[key] / gated.dense_ms[key]))
-        retry = ask(None, points)
-        seen = [t.ratios for t, _ in tried]
-        if retry.ratios in seen and target.aim_ms is not None:
-            # The refit asks for a plan already measured: step from this plan towards the target,
-            # 3% at a time, to the next plan not measured. Between two measured plans that straddle
-            # the band, the refit alternated between them (vision, 2026-11-26).
-            step, retry = (0.97 if off > high else 1.03), target
-            for _ in range(8):
-                retry = ask(retry.aim_ms * step, points)
-                if retry.ratios not in seen:
-                    break
-        if retry.ratios in seen:
-            break
+        retry = _next_unmeasured(ask, target, points, [t.ratios for t, _ in tried], up)
+        if retry is None:
+            return False
         target, gated = retry, _gate(config, benchmark, model, example, shape, retry)
         tried.append((target, gated))
         _log_latency_try(len(tried), target, gated, key, fraction(gated))
+        return True
+
+    for _ in range(LATENCY_RETRIES):
+        off = fraction(gated)
+        if low <= off <= high or not measure_next(up=off < low):
+            break
+    if low <= fraction(gated) < LATENCY_REACH:
+        measure_next(up=True)
     # A plan the gate refused ships nothing pruned, whatever its own widths measured.
     within = [t for t in tried if fraction(t[1]) <= high and not t[1].decision.startswith("refused")]
     target, gated = max(within, key=lambda t: fraction(t[1])) if within else min(tried, key=lambda t: fraction(t[1]))
@@ -386,6 +391,23 @@ def _meet_measured(
             "allocation); pruned that far"
         )
     return target, gated, plans
+
+
+def _next_unmeasured(ask, target: Plan, points, seen: list, up: bool) -> Plan | None:
+    """The table's next plan (refitted through `points`) not in `seen`; None when there is none.
+
+    When the refit asks for a plan already measured, it steps from `target` towards the target
+    (`up`: wider), 3% of the aim at a time, to the next plan not measured. Between two measured
+    plans that straddle the band, the refit alternated between them (vision, 2026-11-26).
+    """
+    retry = ask(None, points)
+    if retry.ratios in seen and target.aim_ms is not None:
+        step, retry = (1.03 if up else 0.97), target
+        for _ in range(8):
+            retry = ask(retry.aim_ms * step, points)
+            if retry.ratios not in seen:
+                break
+    return None if retry.ratios in seen else retry
 
 
 def _trial_records(trials: PlanTrials | None, plans: tuple[dict, ...] | None) -> tuple[dict, ...] | None:

@@ -835,6 +835,54 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
     assert low <= result.measured_ms["1"] / 0.5 <= high
 
 
+@pytest.mark.parametrize(("wider_fraction", "kept"), [(1.005, "wider"), (1.04, "under")])
+def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(tmp_path, monkeypatch, wider_fraction, kept):
+    """A first plan inside the band at 0.96 of the target leaves 4% of the budget unspent: the
+    loop measures the next wider plan once (the refit asks for the measured plan again, so it
+    steps up), keeps it if it measures inside the band, and stops either way."""
+    from pruneops import prune as prune_module
+    from pruneops.config import BenchmarkConfig, PruneConfig
+    from pruneops.io import Layout
+    from pruneops.pruning import targets
+    from pruneops.pruning.targets import GateResult, Plan
+
+    ratios = {"under": 0.52, "wider": 0.48}
+    fractions = {"under": 0.96, "wider": wider_fraction}
+    assert prune_module.LATENCY_BAND[0] <= fractions["under"] < prune_module.LATENCY_REACH
+
+    def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
+        name = "wider" if aim_ms is not None and aim_ms > 0.5 else "under"
+        return Plan(ratios[name], None, {"u": ratios[name]}, 0.5, 1.0, 0.5, [], aim_ms or 0.5)
+
+    gated = []
+
+    def gate(config, benchmark, model, example, shape, target):
+        name = next(n for n, r in ratios.items() if r == target.ratios["u"])
+        gated.append(name)
+        ms = 0.5 * fractions[name]
+        return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
+
+    monkeypatch.setattr(targets, "plan_latency", staircase)
+    monkeypatch.setattr(prune_module, "_gate", gate)
+    monkeypatch.setattr(prune_module, "_unit_sizes", lambda model, example: {"u": 100})
+    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
+    first = staircase(config, None, None, 1)
+    target, result, plans = prune_module._meet_measured(
+        config,
+        BenchmarkConfig(batch_sizes=[1]),
+        None,
+        Layout(tmp_path),
+        None,
+        None,
+        [1],
+        first,
+        gate(config, None, None, None, None, first),
+    )
+    assert gated == ["under", "wider"]
+    assert target.ratios == {"u": ratios[kept]}
+    assert [p["kept"] for p in plans] == [kept == "under", kept == "wider"]
+
+
 def _stage_copy(pipeline_dir, root, **sections):
     """`root` with the session pipeline's data, model and sweep, and params updated by `sections`."""
     import shutil
