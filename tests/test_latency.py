@@ -570,6 +570,7 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     from pruneops import prune as prune_module
     from pruneops.config import BenchmarkConfig, PruneConfig
     from pruneops.io import Layout
+    from pruneops.pruning import targets
     from pruneops.pruning.targets import GateResult, plan_latency
 
     latency, sizes = synthetic
@@ -592,6 +593,12 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
         return GateResult("passed", target.ratios, {"1": real({}) / ms}, {"1": ms}, {"1": real({})})
 
     monkeypatch.setattr(prune_module, "_gate", measured_gate)
+    # A runoff (plans read just over the target) times on the same machine.
+    monkeypatch.setattr(
+        targets,
+        "retime",
+        lambda m, e, s, plans, b, bench, form: {"dense": real({}), **{p: real(w) for p, w in plans.items()}},
+    )
     config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.8)
     benchmark = BenchmarkConfig(batch_sizes=[1])
     first = plan_latency(config, sweep, layout.stage_dir("latency"), 1)
@@ -835,11 +842,22 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
     assert low <= result.measured_ms["1"] / 0.5 <= high
 
 
-@pytest.mark.parametrize(("wider_fraction", "kept"), [(1.005, "wider"), (1.04, "under")])
-def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(tmp_path, monkeypatch, wider_fraction, kept):
+@pytest.mark.parametrize(
+    ("gate_reads", "runoff_reads", "kept"),
+    [
+        ({"under": 0.96, "wider": 1.005}, None, "wider"),  # in the band: no runoff
+        ({"under": 0.96, "wider": 1.04}, {"under": 0.96, "wider": 1.04}, "under"),  # over, confirmed
+        ({"under": 0.96, "wider": 1.03}, {"under": 0.97, "wider": 1.0}, "wider"),  # over at the gate only
+        ({"under": 0.96, "wider": 1.08}, None, "under"),  # too far over to time again
+    ],
+)
+def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
+    tmp_path, monkeypatch, gate_reads, runoff_reads, kept
+):
     """A first plan inside the band at 0.96 of the target leaves 4% of the budget unspent: the
     loop measures the next wider plan once (the refit asks for the measured plan again, so it
-    steps up), keeps it if it measures inside the band, and stops either way."""
+    steps up) and stops. A wider plan its gate read over the band's top, but within `RUNOFF_TOP`,
+    is timed again with the kept plan in one runoff, whose readings then decide."""
     from pruneops import prune as prune_module
     from pruneops.config import BenchmarkConfig, PruneConfig
     from pruneops.io import Layout
@@ -847,22 +865,30 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(tmp_path, mo
     from pruneops.pruning.targets import GateResult, Plan
 
     ratios = {"under": 0.52, "wider": 0.48}
-    fractions = {"under": 0.96, "wider": wider_fraction}
-    assert prune_module.LATENCY_BAND[0] <= fractions["under"] < prune_module.LATENCY_REACH
+    assert prune_module.LATENCY_BAND[0] <= gate_reads["under"] < prune_module.LATENCY_REACH
 
     def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
         name = "wider" if aim_ms is not None and aim_ms > 0.5 else "under"
         return Plan(ratios[name], None, {"u": ratios[name]}, 0.5, 1.0, 0.5, [], aim_ms or 0.5)
 
-    gated = []
+    gated, runoffs = [], []
+
+    def name_of(ratio: float) -> str:
+        return next(n for n, r in ratios.items() if r == ratio)
 
     def gate(config, benchmark, model, example, shape, target):
-        name = next(n for n, r in ratios.items() if r == target.ratios["u"])
+        name = name_of(target.ratios["u"])
         gated.append(name)
-        ms = 0.5 * fractions[name]
+        ms = 0.5 * gate_reads[name]
         return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
 
+    def retime(model, example, shape, plans, batch, benchmark, form="fp32"):
+        names = {p: name_of(round(1 - w["u"] / 100, 2)) for p, w in plans.items()}
+        runoffs.append(sorted(names.values()))
+        return {"dense": 2.0, **{p: 2.0 * 0.5 * runoff_reads[n] for p, n in names.items()}}  # dense 2x slower here
+
     monkeypatch.setattr(targets, "plan_latency", staircase)
+    monkeypatch.setattr(targets, "retime", retime)
     monkeypatch.setattr(prune_module, "_gate", gate)
     monkeypatch.setattr(prune_module, "_unit_sizes", lambda model, example: {"u": 100})
     config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
@@ -879,8 +905,18 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(tmp_path, mo
         gate(config, None, None, None, None, first),
     )
     assert gated == ["under", "wider"]
+    assert runoffs == ([["under", "wider"]] if runoff_reads else [])
     assert target.ratios == {"u": ratios[kept]}
     assert [p["kept"] for p in plans] == [kept == "under", kept == "wider"]
+    final = runoff_reads or gate_reads
+    assert [p["fraction_of_target"] for p in plans] == pytest.approx([final["under"], final["wider"]])
+    if runoff_reads:  # the gate's first readings stay in the record
+        assert [p["gate_fraction_of_target"] for p in plans] == pytest.approx(
+            [gate_reads["under"], gate_reads["wider"]]
+        )
+        assert result.dense_ms["1"] == 2.0
+    else:
+        assert all("gate_fraction_of_target" not in p for p in plans)
 
 
 def _stage_copy(pipeline_dir, root, **sections):
@@ -1057,3 +1093,19 @@ def test_the_latency_stage_refuses_a_sweep_of_another_model(pipeline_dir, tmp_pa
     with pytest.raises(DataError, match="swept another model than .*model.safetensors; rerun `pruneops sensitivity`"):
         run_stage("latency", params, tmp_path)
     assert not (tmp_path / "artifacts/latency").exists()
+
+
+def test_a_runoff_times_dense_and_each_plan_in_one_run():
+    """`retime` exports dense and each plan's widths and times them together at one batch size:
+    a plan a sixteenth as wide runs a fraction of dense's ms (a 64-to-4-channel cut of a
+    12x12 CNN is far beyond the few percent of timing noise)."""
+    from pruneops.config import BenchmarkConfig
+    from pruneops.pruning.targets import retime
+
+    model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]})).eval()
+    example = torch.zeros(1, *SHAPE)
+    units = dict(_units(model, example))
+    plans = {"narrow": {n: max(1, s // 16) for n, s in units.items()}, "whole": dict(units)}
+    ms = retime(model, example, SHAPE, plans, 1, BenchmarkConfig(threads=1, batch_sizes=[1]))
+    assert set(ms) == {"dense", "narrow", "whole"} and all(v > 0 for v in ms.values())
+    assert ms["narrow"] < 0.5 * ms["dense"], ms

@@ -271,6 +271,26 @@ def _rounded(widths: dict[str, int], sizes: dict[str, int]) -> dict[str, int]:
 
 
 GATE_BUDGET_S = 20.0
+# A runoff between plans that separate gate readings put either side of a latency target's
+# ceiling: twice a gate's rounds and budget, every plan against the same dense reading.
+RUNOFF_ROUNDS = 6
+RUNOFF_BUDGET_S = 2 * GATE_BUDGET_S
+
+
+def retime(
+    model: nn.Module,
+    example: torch.Tensor,
+    input_shape,
+    plans: dict[str, dict[str, int]],
+    batch: int,
+    benchmark: BenchmarkConfig,
+    form: str = "fp32",
+) -> dict[str, float]:
+    """Batch-`batch` ms of dense (as "dense") and of each plan's widths, exported and timed interleaved in one run."""
+    timing = BenchmarkConfig(threads=benchmark.threads, batch_sizes=[batch], warmup=5, repeats=30, rounds=RUNOFF_ROUNDS)
+    candidates = {"dense": model, **{n: _pruned_copy(model, example, w) for n, w in plans.items()}}
+    times = measured_latency(candidates, input_shape, timing, budget_s=RUNOFF_BUDGET_S, form=form)
+    return {n: t[batch] for n, t in times.items()}
 
 
 def gate(
