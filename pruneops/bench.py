@@ -249,7 +249,7 @@ def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: Benchm
     bench times them. The other variant's prune stage measured its *planned* widths against
     dense in its own run, and on the ResNet family that reading was 0.48 of dense where the
     report's timing gave 0.40, so ours was planned 20% slower (2026-11-26). The ratio is kept
-    in `<work>/latency-matches.json` by the two files' content, so that a rerun asks for the same
+    in `<work>/latency-matches.json` by the two files' content and the machine, so that a rerun asks for the same
     target (and DVC's run-cache serves it) while neither model changed.
 
     Args:
@@ -269,6 +269,7 @@ def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: Benchm
 
     from pruneops.benchmark import measure_latencies
     from pruneops.data import load_split
+    from pruneops.latency import machine_fingerprint
     from pruneops.onnx_utils import make_session
 
     files = {"dense": timed_file(dense, form, dense=True), "matched": timed_file(matched, form, dense=False)}
@@ -276,7 +277,11 @@ def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: Benchm
     if missing:
         raise ConfigError(f"latency match in {form}: not deployed in {form}: the {' and the '.join(missing)} variant")
     digest = hashlib.sha256(b"".join(hashlib.sha256(f.read_bytes()).digest() for f in files.values()))
-    key = f"{digest.hexdigest()[:16]} threads={timing.threads}"
+    # The machine too: a ratio timed on one machine is not the target on another (a work dir kept
+    # from an earlier session kept its ratio).
+    machine = machine_fingerprint(timing.threads)
+    where = " ".join(f"{k}={machine[k]}" for k in ("cpu", "cores", "onnxruntime", "threads"))
+    key = f"{digest.hexdigest()[:16]} {where}"
     kept_path = work / "latency-matches.json"
     kept = read_json(kept_path) if kept_path.exists() else {}
     if key not in kept:

@@ -133,6 +133,14 @@ def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, m
 
     monkeypatch.setattr(pruneops.benchmark, "measure_latencies", no_timing)
     assert matched_latency_ratio(tmp_path, dense, small, timing) == ratio
+    # Another machine (here, another CPU name) times the pair again.
+    import pruneops.latency
+
+    real_fingerprint = pruneops.latency.machine_fingerprint
+    monkeypatch.setattr(pruneops.latency, "machine_fingerprint", lambda t: {**real_fingerprint(t), "cpu": "other"})
+    with pytest.raises(AssertionError, match="timed again"):
+        matched_latency_ratio(tmp_path, dense, small, timing)
+    monkeypatch.setattr(pruneops.latency, "machine_fingerprint", real_fingerprint)
     # The measured ratio is the target; the prune stage's reading of the planned widths is not used.
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}
     overrides = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done, ratio)
