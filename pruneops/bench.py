@@ -335,7 +335,7 @@ def run_variant(
     def stage_lines(line: str) -> None:  # which stages ran, which the run-cache restored, epochs
         if line.startswith("Running stage") or "skipping run" in line or "didn't change" in line:
             log(f"{variant.name}: {line}")
-        elif " pruneops.training: " in line or " pruneops.prune: latency plan" in line:
+        elif " pruneops.training: " in line or " pruneops.prune: latency " in line:  # plans and runoffs
             log(f"{variant.name}: {line.split(' pruneops.', 1)[1].split(': ', 1)[1]}")
 
     experiment = run_experiment(repo, overrides, variant.name, log=stage_lines, pythonpath=pythonpath, replace=True)
