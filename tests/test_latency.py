@@ -792,14 +792,37 @@ def test_a_static_int8_latency_model_builds_at_batch_1_and_a_large_batch():
     assert 0 < latency.predict({}, 1) < latency.predict({}, 64) and latency.predict(half, 1) > 0
 
 
+def _one_unit_loop(monkeypatch, tmp_path, staircase, gate):
+    """`prune._meet_measured` on one 100-channel unit, a latency ratio of 0.5 at batch 1, with
+    `staircase` in place of the table's planner and `gate` in place of the measured gate."""
+    from pruneops import prune as prune_module
+    from pruneops.config import BenchmarkConfig, PruneConfig
+    from pruneops.io import Layout
+    from pruneops.pruning import targets
+
+    monkeypatch.setattr(targets, "plan_latency", staircase)
+    monkeypatch.setattr(prune_module, "_gate", gate)
+    monkeypatch.setattr(prune_module, "_unit_sizes", lambda model, example: {"u": 100})
+    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
+    first = staircase(config, None, None, 1)
+    return prune_module._meet_measured(
+        config,
+        BenchmarkConfig(batch_sizes=[1]),
+        None,
+        Layout(tmp_path),
+        None,
+        None,
+        [1],
+        first,
+        gate(config, None, None, None, None, first),
+    )
+
+
 def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(tmp_path, monkeypatch):
     """A refit that alternates between two measured plans straddling the band (one 8% over, one
     10% under, as on the vision workload) must not re-measure them: the loop steps from the last
     plan towards the target, 3% at a time, and finds the plan between them that meets it."""
     from pruneops import prune as prune_module
-    from pruneops.config import BenchmarkConfig, PruneConfig
-    from pruneops.io import Layout
-    from pruneops.pruning import targets
     from pruneops.pruning.targets import GateResult, Plan
 
     over, between, under = 0.46, 0.52, 0.55  # pruned ratios; measured 1.08, 0.97, 0.90 of the target
@@ -818,22 +841,7 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
         ms = measured_ms[target.ratios["u"]]
         return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
 
-    monkeypatch.setattr(targets, "plan_latency", staircase)
-    monkeypatch.setattr(prune_module, "_gate", gate)
-    monkeypatch.setattr(prune_module, "_unit_sizes", lambda model, example: {"u": 100})
-    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
-    first = staircase(config, None, None, 1)
-    target, result, plans = prune_module._meet_measured(
-        config,
-        BenchmarkConfig(batch_sizes=[1]),
-        None,
-        Layout(tmp_path),
-        None,
-        None,
-        [1],
-        first,
-        gate(config, None, None, None, None, first),
-    )
+    target, result, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
     assert gated == [over, under, between]
     assert target.ratios == {"u": between}
     assert [(p["widths"]["u"], p["kept"]) for p in plans] == [(54, False), (45, False), (48, True)]
@@ -859,8 +867,6 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
     steps up) and stops. A wider plan its gate read over the band's top, but within `RUNOFF_TOP`,
     is timed again with the kept plan in one runoff, whose readings then decide."""
     from pruneops import prune as prune_module
-    from pruneops.config import BenchmarkConfig, PruneConfig
-    from pruneops.io import Layout
     from pruneops.pruning import targets
     from pruneops.pruning.targets import GateResult, Plan
 
@@ -887,23 +893,8 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
         runoffs.append(sorted(names.values()))
         return {"dense": 2.0, **{p: 2.0 * 0.5 * runoff_reads[n] for p, n in names.items()}}  # dense 2x slower here
 
-    monkeypatch.setattr(targets, "plan_latency", staircase)
     monkeypatch.setattr(targets, "retime", retime)
-    monkeypatch.setattr(prune_module, "_gate", gate)
-    monkeypatch.setattr(prune_module, "_unit_sizes", lambda model, example: {"u": 100})
-    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
-    first = staircase(config, None, None, 1)
-    target, result, plans = prune_module._meet_measured(
-        config,
-        BenchmarkConfig(batch_sizes=[1]),
-        None,
-        Layout(tmp_path),
-        None,
-        None,
-        [1],
-        first,
-        gate(config, None, None, None, None, first),
-    )
+    target, result, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
     assert gated == ["under", "wider"]
     assert runoffs == ([["under", "wider"]] if runoff_reads else [])
     assert target.ratios == {"u": ratios[kept]}
