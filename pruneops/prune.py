@@ -32,7 +32,7 @@ from pruneops.plots import plot_history, plot_sensitivity
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, UnitPruner, layer_shapes, sparsity_report
 from pruneops.pruning.masks import save_masks
 from pruneops.pruning.targets import GateResult, Plan, choose_latency_form, gate, plan
-from pruneops.pruning.units import keep_count, round_keep
+from pruneops.pruning.units import keep_count
 from pruneops.pruning.vocabulary import trim_vocabulary_, unknown_fraction, used_token_ids
 from pruneops.stages import StageReport
 from pruneops.training import (
@@ -383,7 +383,7 @@ def _meet_measured(
             break
     if low <= fraction(gated) < LATENCY_REACH:
         measure_next(up=True)
-    tried, first_readings = _runoff(config, benchmark, model, example, shape, tried, fraction)
+    tried, first_readings = _runoff(config, benchmark, model, example, shape, sizes, tried, fraction)
     # A plan the gate refused ships nothing pruned, whatever its own widths measured.
     within = [t for t in tried if fraction(t[1]) <= high and not t[1].decision.startswith("refused")]
     target, gated = max(within, key=lambda t: fraction(t[1])) if within else min(tried, key=lambda t: fraction(t[1]))
@@ -401,7 +401,9 @@ def _meet_measured(
     return target, gated, plans
 
 
-def _runoff(config, benchmark, model, example, shape, tried: list, fraction) -> tuple[list, dict[int, float]]:
+def _runoff(
+    config, benchmark, model, example, shape, sizes: dict[str, int], tried: list, fraction
+) -> tuple[list, dict[int, float]]:
     """Times again, interleaved in one run, the plans a gate read just over the target and the plan kept under it.
 
     Candidates: every plan the gate passed that read within `RUNOFF_TOP` of the target but over
@@ -413,6 +415,7 @@ def _runoff(config, benchmark, model, example, shape, tried: list, fraction) -> 
         `tried` with the candidates' readings replaced, and each candidate's first fraction of the
         target by plan number (1-based).
     """
+    from pruneops.latency import keep_counts
     from pruneops.pruning.targets import retime
 
     high, key = LATENCY_BAND[1], str(config.target_batch)
@@ -422,8 +425,7 @@ def _runoff(config, benchmark, model, example, shape, tried: list, fraction) -> 
         return tried, {}
     under = [i for i in passed if fraction(tried[i][1]) <= high]
     picked = over + ([max(under, key=lambda i: fraction(tried[i][1]))] if under else [])
-    sizes = _unit_sizes(model, example)
-    widths = {f"plan{i + 1}": {n: round_keep(sizes[n], r, None) for n, r in tried[i][1].ratios.items()} for i in picked}
+    widths = {f"plan{i + 1}": keep_counts(tried[i][1].ratios, sizes) for i in picked}
     ms = retime(model, example, shape, widths, config.target_batch, benchmark, config.latency_form)
     first = {i + 1: fraction(tried[i][1]) for i in picked}
     retimed = list(tried)
