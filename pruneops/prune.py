@@ -27,7 +27,7 @@ from pruneops.data.text import load_tokenizer, unknown_id
 from pruneops.errors import ConfigError, DataError
 from pruneops.inputs import head_tensors, pad_id
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.latency import PlanOption
+from pruneops.latency import PlanOption, keep_counts
 from pruneops.plots import plot_history, plot_sensitivity
 from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES, PruneContext, UnitPruner, layer_shapes, sparsity_report
 from pruneops.pruning.masks import save_masks
@@ -295,15 +295,25 @@ def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape
     timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target_batch or 1})})
     result = gate(model, example, shape, planned, sizes, config.min_speedup, timing, config.latency_form)
     if result.ratios is None:  # refused: every unit kept whole
-        return GateResult(
-            result.decision, dict.fromkeys(sizes, 0.0), result.speedups, result.measured_ms, result.dense_ms
-        )
+        return dataclasses.replace(result, ratios=dict.fromkeys(sizes, 0.0))
     return result
+
+
+def _timed_widths(config: PruneConfig, sizes: dict[str, int], target: Plan, gated: GateResult) -> dict[str, int]:
+    """The widths that `gated.measured_ms` belong to: as the gate took them, or as planned if it refused."""
+    if gated.decision.startswith("refused"):
+        return _planned_widths(config, sizes, target)
+    return keep_counts(gated.ratios, sizes)
 
 
 def _summed_drop(target: Plan) -> float | None:
     """What the allocation minimised: a ratio or budget allocation's, else a latency plan's."""
     return target.allocation.summed_isolated_drop if target.allocation else target.summed_drop
+
+
+def _planned_ms(gated: GateResult, key: str) -> float | None:
+    """The widths as planned (what the table predicted), measured: the gate may have taken others."""
+    return gated.planned_ms.get(key, gated.measured_ms.get(key))
 
 
 def _predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
@@ -321,14 +331,16 @@ def _log_latency_try(number: int, target: Plan, gated: GateResult, key: str, fra
     # Where a latency target landed, plan by plan: the prune stage's progress on a slow machine,
     # and how to tell a coarse staircase from a misfit table afterwards.
     predicted = _predicted_ms(target, gated, key)
+    taken = "" if gated.decision == "passed" else f"; gate {gated.decision.split(':')[0]}"
     logger.info(
-        "latency plan %d: predicted %.4f ms, measured %.4f ms at batch %s (dense %.4f), %.3f of the target",
+        "latency plan %d: predicted %.4f ms, measured %.4f ms at batch %s (dense %.4f), %.3f of the target%s",
         number,
         float("nan") if predicted is None else predicted,
-        gated.measured_ms[key],
+        _planned_ms(gated, key),
         key,
         gated.dense_ms[key],
         fraction,
+        taken,
     )
 
 
@@ -368,7 +380,7 @@ def _meet_measured(
 
     def measure_next(up: bool) -> bool:  # the next plan not measured yet, measured; False if none
         nonlocal target, gated
-        points.append((_planned_widths(config, sizes, target), gated.measured_ms[key] / gated.dense_ms[key]))
+        points.append((_timed_widths(config, sizes, target, gated), gated.measured_ms[key] / gated.dense_ms[key]))
         retry = _next_unmeasured(ask, target, points, [t.ratios for t, _ in tried], up)
         if retry is None:
             return False
@@ -415,7 +427,6 @@ def _runoff(
         `tried` with the candidates' readings replaced, and each candidate's first fraction of the
         target by plan number (1-based).
     """
-    from pruneops.latency import keep_counts
     from pruneops.pruning.targets import retime
 
     high, key = LATENCY_BAND[1], str(config.target_batch)
@@ -496,11 +507,13 @@ def _plan_record(
     """One measured plan of a latency target, as `PruneReport.latency_plans` lists it.
 
     A plan timed again in the runoff (`_runoff`) carries the runoff's reading, and its gate's
-    first reading as `gate_fraction_of_target`.
+    first reading as `gate_fraction_of_target`. Where the gate took other widths than planned
+    (rounded up, no slower), the planned ones and their time are kept beside them.
     """
+    widths, planned = _timed_widths(config, sizes, target, gated), _planned_widths(config, sizes, target)
     return {
         "plan": number,
-        "widths": _planned_widths(config, sizes, target),
+        "widths": widths,
         "predicted_ms": _predicted_ms(target, gated, key),
         "measured_ms": gated.measured_ms.get(key),
         "dense_ms": gated.dense_ms[key],
@@ -509,6 +522,7 @@ def _plan_record(
         "gate": gated.decision,
         "kept": kept,
         **({"gate_fraction_of_target": gate_fraction} if gate_fraction is not None else {}),
+        **({"planned_widths": planned, "planned_ms": _planned_ms(gated, key)} if planned != widths else {}),
     }
 
 
@@ -736,7 +750,8 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
         batch = str(config.target_batch)
         measured = gated.measured_ms.get(batch)
         predicted = _predicted_ms(target, gated, batch)
-        error = predicted / measured - 1.0 if measured and predicted is not None else None
+        planned = _planned_ms(gated, batch)  # the error is the table's, on the widths it predicted
+        error = predicted / planned - 1.0 if planned and predicted is not None else None
     return PruneReport(
         method=config.method,
         target=config.target,

@@ -285,31 +285,46 @@ def _fake_times(factors, forms=None):
 
 
 @pytest.mark.parametrize(
-    ("factors", "decision", "pruned"),
+    ("factors", "decision", "timed"),
     [
-        ({"plan0": (0.5, 0.6), "plan1": (0.6, 0.7)}, "passed", True),
-        ({"plan0": (0.99, 0.9), "plan1": (0.7, 0.8)}, "backed off: widths rounded up", True),
-        ({"plan0": (0.5, 1.2), "plan1": (0.6, 1.1)}, "refused", False),  # faster at batch 1, slower at 64
-        ({"plan0": (1.3, 1.0), "plan1": (1.1, 1.0)}, "refused", False),
+        ({"plan0": (0.5, 0.6), "plan1": (0.6, 0.7)}, "passed", "plan0"),
+        # Rounded up: faster at batch 1 but slower at 64, so not "no slower": the planned widths.
+        ({"plan0": (0.5, 0.6), "plan1": (0.45, 0.7)}, "passed", "plan0"),
+        ({"plan0": (0.5, 0.6), "plan1": (0.45, 0.55)}, "passed: widths rounded up", "plan1"),
+        ({"plan0": (0.99, 0.7), "plan1": (0.9, 0.8)}, "backed off: widths rounded up", "plan1"),
+        ({"plan0": (0.5, 1.2), "plan1": (0.6, 1.1)}, "refused", "plan0"),  # faster at batch 1, slower at 64
+        ({"plan0": (1.3, 1.0), "plan1": (1.1, 1.0)}, "refused", "plan0"),
     ],
 )
-def test_the_gate_passes_backs_off_or_refuses_on_measured_latency(monkeypatch, factors, decision, pruned):
+def test_the_gate_passes_rounds_up_backs_off_or_refuses_on_measured_latency(monkeypatch, factors, decision, timed):
     from pruneops.config import BenchmarkConfig
 
     monkeypatch.setattr(targets_module, "measured_latency", _fake_times(factors))
     model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [32, 64]})).eval()
     example = torch.zeros(1, *SHAPE)
     sizes = _units(model, example)
-    ratios = {n: 0.3 for n in sizes}  # 32 -> 22 channels: not a multiple of 16, so a back-off step exists
+    ratios = {n: 0.3 for n in sizes}  # 32 -> 22 channels: not a multiple of 16, so a rounded-up plan exists
     result = targets_module.gate(model, example, SHAPE, ratios, sizes, 1.05, BenchmarkConfig(batch_sizes=[1, 64]))
     assert result.decision.startswith(decision)
-    assert (result.ratios is not None) == pruned
-    assert result.speedups == {
-        "1": pytest.approx(1 / factors["plan0"][0]),
-        "64": pytest.approx(1 / factors["plan0"][1]),
+    assert (result.ratios is not None) == (decision != "refused")
+    # Times and speed-ups are those of the widths kept (as planned when refused); the planned
+    # widths' own times are kept for the table's prediction error.
+    assert result.measured_ms == {"1": pytest.approx(factors[timed][0]), "64": pytest.approx(factors[timed][1])}
+    assert result.speedups == {"1": pytest.approx(1 / factors[timed][0]), "64": pytest.approx(1 / factors[timed][1])}
+    assert result.planned_ms == {"1": pytest.approx(factors["plan0"][0]), "64": pytest.approx(factors["plan0"][1])}
+    kept = {n: round((1 - r) * sizes[n]) for n, r in (result.ratios or {}).items()}
+    if timed == "plan1":
+        assert kept and all(w % 16 == 0 for w in kept.values())
+    elif kept:
+        assert kept == {n: round(0.7 * s) for n, s in sizes.items()}
+
+
+def test_the_gate_never_rounds_a_head_count_to_channel_blocks():
+    heads = {"encoder.0.heads": 6, "encoder.0.mlp": 22}
+    assert targets_module._rounded(heads, {"encoder.0.heads": 12, "encoder.0.mlp": 64}) == {
+        "encoder.0.heads": 6,
+        "encoder.0.mlp": 32,
     }
-    if decision.startswith("backed off"):
-        assert all((1 - r) * sizes[n] % 16 == 0 for n, r in result.ratios.items())
 
 
 @pytest.mark.parametrize("form", ["fp32", "static"])
