@@ -185,6 +185,8 @@ class PruneReport(StageReport):
     achieved_ratio: float | None
     summed_isolated_drop: float | None
     predicted_latency_ms: float | None
+    # The widths the table predicted, measured; `measured_ms` holds the widths kept, which differ
+    # where the gate rounded them up (no slower).
     measured_latency_ms: float | None
     latency_prediction_error: float | None
     measured_speedups: dict[str, float] | None
@@ -331,16 +333,18 @@ def _log_latency_try(number: int, target: Plan, gated: GateResult, key: str, fra
     # Where a latency target landed, plan by plan: the prune stage's progress on a slow machine,
     # and how to tell a coarse staircase from a misfit table afterwards.
     predicted = _predicted_ms(target, gated, key)
-    taken = "" if gated.decision == "passed" else f"; gate {gated.decision.split(':')[0]}"
+    planned = _planned_ms(gated, key)
+    taken = gated.measured_ms[key]
+    rounded = f"; rounded up (no slower): {taken:.4f} ms, taken" if gated.decision.startswith("passed:") else ""
     logger.info(
-        "latency plan %d: predicted %.4f ms, measured %.4f ms at batch %s (dense %.4f), %.3f of the target%s",
+        "latency plan %d: predicted %.4f ms, measured %.4f ms at batch %s (dense %.4f)%s, %.3f of the target",
         number,
         float("nan") if predicted is None else predicted,
-        _planned_ms(gated, key),
+        planned,
         key,
         gated.dense_ms[key],
+        rounded,
         fraction,
-        taken,
     )
 
 
@@ -748,10 +752,9 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
     measured = predicted = error = None
     if gated is not None and target.predicted_ms is not None:
         batch = str(config.target_batch)
-        measured = gated.measured_ms.get(batch)
+        measured = _planned_ms(gated, batch)  # the error is the table's, on the widths it predicted
         predicted = _predicted_ms(target, gated, batch)
-        planned = _planned_ms(gated, batch)  # the error is the table's, on the widths it predicted
-        error = predicted / planned - 1.0 if planned and predicted is not None else None
+        error = predicted / measured - 1.0 if measured and predicted is not None else None
     return PruneReport(
         method=config.method,
         target=config.target,
