@@ -26,11 +26,11 @@ from torch import nn
 
 from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig
 from pruneops.errors import ConfigError
-from pruneops.latency import measured_latency
+from pruneops.latency import keep_counts, measured_latency
 from pruneops.profiling import count_macs, count_params
 from pruneops.pruning.allocation import Allocation, allocate_for_target, ratio_for_budget
 from pruneops.pruning.importance import IMPORTANCES
-from pruneops.pruning.units import UnitPruner, is_head_unit, round_keep
+from pruneops.pruning.units import UnitPruner, is_head_unit
 
 CHANNEL_BLOCK = 16  # ONNX Runtime's NCHWc block on AVX-512 (8 on AVX2): whole blocks cost no more
 
@@ -324,7 +324,7 @@ def gate(
         threads=benchmark.threads, batch_sizes=sorted({1, *benchmark.batch_sizes}), warmup=5, repeats=30, rounds=3
     )
     big = max(timing.batch_sizes)
-    widths = {n: round_keep(sizes[n], r, None) for n, r in ratios.items() if n in sizes}
+    widths = keep_counts(ratios, sizes)
     ladder = [("passed", widths)]
     rounded = _rounded(widths, sizes)
     if rounded != widths:
