@@ -260,8 +260,8 @@ class GateResult:
     speedups: dict[str, float]  # measured speed-up of the widths in `ratios` (as planned if refused) per batch size
     measured_ms: dict[str, float]  # the widths in `ratios` (as planned if refused), per batch size
     dense_ms: dict[str, float] = field(default_factory=dict)  # dense, measured in the same run
-    # The widths as planned, per batch size, where the gate took other widths (rounded up): what
-    # the latency table predicted, so its prediction error is of the widths it predicted.
+    # The widths as planned, per batch size (`measured_ms` unless the gate took others, rounded up):
+    # what the latency table predicted, so that its prediction error is of the widths it predicted.
     planned_ms: dict[str, float] = field(default_factory=dict)
 
 
