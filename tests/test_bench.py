@@ -49,7 +49,7 @@ BENCH = {
                         "prune.schedule": "oneshot",
                         "prune.steps": 1,
                         "prune.epochs_per_step": 0,
-                        "finetune.epochs": 2,
+                        "finetune.epochs": 8,
                         "finetune.distill_weight": 0.0,
                     },
                 },
@@ -60,10 +60,13 @@ BENCH = {
                         "prune.schedule": "oneshot",
                         "prune.steps": 1,
                         "prune.epochs_per_step": 0,
-                        "finetune.epochs": 2,
+                        # Eight epochs bring a 75 % cut back within the budget on validation (two
+                        # left it at 34 %), so this is the pick: each variant costs ~35 s of stage
+                        # start-ups here, and a separate ratio-target variant only to be picked
+                        # added them to every `make test`.
+                        "finetune.epochs": 8,
                     },
                 },
-                {"name": "ours50", "set": {"prune.target_value": 0.5}},
                 # Out of reach with units capped at half: reported, and the others still measured.
                 {"name": "unreachable", "set": {"prune.target_value": 0.95, "prune.max_unit_ratio": 0.5}},
             ],
@@ -85,7 +88,7 @@ def test_every_recipe_is_measured_together(bench_run):
     root, _, report, lines = bench_run
     rows = {r["name"]: r for r in report.rows["digits-cnn"]}
     assert set(rows) == {
-        f"{v} {p}" for v in ("dense", "naive90", "tp75", "ours-tp-budget", "ours50") for p in ("fp32", "deployed")
+        f"{v} {p}" for v in ("dense", "naive90", "tp75", "ours-tp-budget") for p in ("fp32", "deployed")
     }
     dense = rows["dense fp32"]
     assert dense["speedup_b1"] == pytest.approx(1.0) and dense["mac_reduction"] == pytest.approx(1.0)
@@ -104,8 +107,8 @@ def test_every_recipe_is_measured_together(bench_run):
     # DVC's run-cache shares the baseline: trained by the first variant, restored for the others.
     assert sum("Running stage 'train'" in line for line in lines) == 1
     # Sensitivity runs once per distinct value of the params it reads (method, whether to sweep):
-    # dense and tp75 share (channel, no sweep); naive90 (magnitude, no sweep); ours50, unreachable
-    # and ours-tp-budget (channel, sweep): a MAC target and a ratio target share the sweep (the
+    # dense and tp75 share (channel, no sweep); naive90 (magnitude, no sweep); unreachable and
+    # ours-tp-budget (channel, sweep): a MAC target and a ratio target share the sweep (the
     # target is the latency stage's param, not the sweep's).
     assert sum("Running stage 'sensitivity'" in line for line in lines) == 3
     assert "out of reach" in report.failed["digits-cnn"]["unreachable"]
