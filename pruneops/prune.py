@@ -295,7 +295,8 @@ def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape
     widths = _planned_widths(config, sizes, target)
     planned = {n: 1.0 - w / sizes[n] for n, w in widths.items()}
     timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target_batch or 1})})
-    result = gate(model, example, shape, planned, sizes, config.min_speedup, timing, config.latency_form)
+    widen = config.target in LATENCY_TARGETS
+    result = gate(model, example, shape, planned, sizes, config.min_speedup, timing, config.latency_form, widen)
     if result.ratios is None:  # refused: every unit kept whole
         return dataclasses.replace(result, ratios=dict.fromkeys(sizes, 0.0))
     return result

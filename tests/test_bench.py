@@ -326,13 +326,34 @@ def test_a_latency_match_is_judged_on_milliseconds_too(accuracy, ms, verdict):
     from pruneops.bench_report import same_budget_verdict
 
     def row(acc, b1_ms):
-        return {"test_accuracy": acc, "latency": {"1": {"p50_ms": b1_ms}}}
+        return {"test_accuracy": acc, "latency": {"1": {"p50_ms": b1_ms}}, "macs": 1000}
 
     assert same_budget_verdict("measured latency", row(accuracy, ms), row(0.90, 1.0)) == verdict
-    # A MAC match is judged on accuracy alone: the MACs are matched by construction.
+    # A MAC match at the same MACs is judged on accuracy alone, whatever its milliseconds.
     assert same_budget_verdict("MAC budget", row(accuracy, 5.0), row(0.90, 1.0)) == (
         "equal or better" if accuracy >= 0.90 else "**worse**"
     )
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "macs", "verdict"),
+    [
+        (0.91, 1000, "equal or better"),
+        (0.91, 1040, "equal or better"),  # whole channels: a few percent over the budget
+        (0.91, 700, "equal or better"),
+        (0.89, 1000, "**worse**"),
+        # The gate backed a MAC target off to wider, faster widths (ConvNeXt-style, 2026-11-27: 3.10 M
+        # MACs against Torch-Pruning's 2.18 M): measured, but not at the other row's budget.
+        (0.91, 1423, "**not comparable**: 42% more MACs, so not the same budget"),
+        (0.89, 1423, "**worse**, and 42% more MACs, so not the same budget"),
+    ],
+)
+def test_a_mac_match_is_judged_on_its_macs_too(accuracy, macs, verdict):
+    from pruneops.bench_report import same_budget_verdict
+
+    mine = {"test_accuracy": accuracy, "macs": macs, "latency": {"1": {"p50_ms": 9.0}}}
+    other = {"test_accuracy": 0.90, "macs": 1000, "latency": {"1": {"p50_ms": 1.0}}}
+    assert same_budget_verdict("MAC budget", mine, other) == verdict
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pruneops.quantize import SAME_SPEED
 from pruneops.stages import STAGE_NAMES, run_stage
 from tests.conftest import ROOT, write_params
 
-FAMILIES = ["mobilenet_v2_style", "se_net", "resnet18_style", "vit_style"]
+FAMILIES = ["mobilenet_v2_style", "se_net", "resnet18_style", "vit_style", "convnext_style"]
 
 
 def test_the_output_layer_is_found_from_the_forward_pass_not_the_registration_order():

@@ -285,18 +285,23 @@ def _fake_times(factors, forms=None):
 
 
 @pytest.mark.parametrize(
-    ("factors", "decision", "timed"),
+    ("factors", "decision", "timed", "widen"),
     [
-        ({"plan0": (0.5, 0.6), "plan1": (0.6, 0.7)}, "passed", "plan0"),
+        ({"plan0": (0.5, 0.6), "plan1": (0.6, 0.7)}, "passed", "plan0", True),
         # Rounded up: faster at batch 1 but slower at 64, so not "no slower": the planned widths.
-        ({"plan0": (0.5, 0.6), "plan1": (0.45, 0.7)}, "passed", "plan0"),
-        ({"plan0": (0.5, 0.6), "plan1": (0.45, 0.55)}, "passed: widths rounded up", "plan1"),
-        ({"plan0": (0.99, 0.7), "plan1": (0.9, 0.8)}, "backed off: widths rounded up", "plan1"),
-        ({"plan0": (0.5, 1.2), "plan1": (0.6, 1.1)}, "refused", "plan0"),  # faster at batch 1, slower at 64
-        ({"plan0": (1.3, 1.0), "plan1": (1.1, 1.0)}, "refused", "plan0"),
+        ({"plan0": (0.5, 0.6), "plan1": (0.45, 0.7)}, "passed", "plan0", True),
+        ({"plan0": (0.5, 0.6), "plan1": (0.45, 0.55)}, "passed: widths rounded up", "plan1", True),
+        # A MAC, parameter or ratio budget: wider widths would break it, however fast they run.
+        ({"plan0": (0.5, 0.6), "plan1": (0.45, 0.55)}, "passed", "plan0", False),
+        ({"plan0": (0.99, 0.7), "plan1": (0.9, 0.8)}, "backed off: widths rounded up", "plan1", True),
+        ({"plan0": (0.99, 0.7), "plan1": (0.9, 0.8)}, "backed off: widths rounded up", "plan1", False),
+        ({"plan0": (0.5, 1.2), "plan1": (0.6, 1.1)}, "refused", "plan0", True),  # faster at batch 1, slower at 64
+        ({"plan0": (1.3, 1.0), "plan1": (1.1, 1.0)}, "refused", "plan0", True),
     ],
 )
-def test_the_gate_passes_rounds_up_backs_off_or_refuses_on_measured_latency(monkeypatch, factors, decision, timed):
+def test_the_gate_passes_rounds_up_backs_off_or_refuses_on_measured_latency(
+    monkeypatch, factors, decision, timed, widen
+):
     from pruneops.config import BenchmarkConfig
 
     monkeypatch.setattr(targets_module, "measured_latency", _fake_times(factors))
@@ -304,8 +309,14 @@ def test_the_gate_passes_rounds_up_backs_off_or_refuses_on_measured_latency(monk
     example = torch.zeros(1, *SHAPE)
     sizes = _units(model, example)
     ratios = {n: 0.3 for n in sizes}  # 32 -> 22 channels: not a multiple of 16, so a rounded-up plan exists
-    result = targets_module.gate(model, example, SHAPE, ratios, sizes, 1.05, BenchmarkConfig(batch_sizes=[1, 64]))
-    assert result.decision.startswith(decision)
+    timing = BenchmarkConfig(batch_sizes=[1, 64])
+    result = targets_module.gate(model, example, SHAPE, ratios, sizes, 1.05, timing, widen_when_free=widen)
+    assert result.decision.startswith(decision) and ("(no slower)" in result.decision) == (
+        decision == "passed: widths rounded up"
+    )
+    if decision.startswith(("backed off", "refused")):  # what the planned widths measured, and against what
+        speedups = f"{1 / factors['plan0'][0]:.2f}x at batch 1 and {1 / factors['plan0'][1]:.2f}x at batch 64"
+        assert f"the planned widths measured {speedups}" in result.decision and "< 1.05x" in result.decision
     assert (result.ratios is not None) == (decision != "refused")
     # Times and speed-ups are those of the widths kept (as planned when refused); the planned
     # widths' own times are kept for the table's prediction error.
@@ -317,6 +328,57 @@ def test_the_gate_passes_rounds_up_backs_off_or_refuses_on_measured_latency(monk
         assert kept and all(w % 16 == 0 for w in kept.values())
     elif kept:
         assert kept == {n: round(0.7 * s) for n, s in sizes.items()}
+
+
+def test_a_mac_target_is_not_widened_past_its_budget_by_rounded_widths_that_run_no_slower(
+    pipeline_dir, tmp_path, monkeypatch
+):
+    """Found on the ConvNeXt-style workload (2026-11-27): a MAC target at Torch-Pruning's 2.18 M MACs
+    shipped 3.10 M, the gate having taken the rounded-up widths because they ran no slower."""
+    import shutil
+
+    from pruneops.io import read_json
+    from pruneops.stages import run_stage
+    from tests.conftest import tiny_params, write_params
+
+    for stage in ("validate", "train", "sensitivity"):
+        shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
+    budget = 0.4 * read_json(pipeline_dir / "metrics/train.json")["macs"]
+    # The rounded-up widths run faster than the planned ones at both batch sizes: free, in milliseconds.
+    monkeypatch.setattr(targets_module, "measured_latency", _fake_times({"plan0": (0.5, 0.6), "plan1": (0.45, 0.55)}))
+    prune = {"target": "macs", "target_value": budget, "min_speedup": 1.05, "schedule": "oneshot", "steps": 1}
+    run_stage("prune", write_params(tmp_path, tiny_params(prune=prune | {"epochs_per_step": 0})), tmp_path)
+    report = read_json(tmp_path / "metrics/prune.json")
+    assert report["gate"] == "passed" and report["macs"] <= budget, (report["gate"], report["macs"], budget)
+
+
+@pytest.mark.parametrize(
+    ("target", "value", "widen"),
+    [
+        ("latency_ratio", 0.5, True),
+        ("latency_ms", 0.1, True),
+        ("macs", 1e6, False),
+        ("params", 1e4, False),
+        ("ratio", 0.5, False),
+    ],
+)
+def test_the_prune_stage_lets_the_gate_widen_for_latency_targets_only(monkeypatch, target, value, widen):
+    from pruneops import prune as prune_module
+    from pruneops.config import BenchmarkConfig, PruneConfig
+    from pruneops.pruning.targets import Plan
+
+    seen = []
+
+    def gate(*args, **kwargs):
+        seen.append(args[-1])
+        return targets_module.GateResult("passed", args[3], {}, {}, {})
+
+    monkeypatch.setattr(prune_module, "gate", gate)
+    model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [32, 64]})).eval()
+    batch = {"target_batch": 1 if target.startswith("latency") else None}
+    config = PruneConfig(target=target, target_value=value, **batch)
+    prune_module._gate(config, BenchmarkConfig(batch_sizes=[1]), model, torch.zeros(1, *SHAPE), SHAPE, Plan(0.3))
+    assert seen == [widen]
 
 
 def test_the_gate_never_rounds_a_head_count_to_channel_blocks():

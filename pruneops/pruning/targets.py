@@ -6,7 +6,8 @@
 - `gate`: the planned widths are pruned into a copy, exported and timed against the dense model
   here (interleaved, batch 1 and the benchmark's largest batch), with the same widths rounded up
   to the channel block (16) where any is not a multiple. The rounded widths are taken when they
-  measure no slower at every batch size: wider at no cost in milliseconds. If the widths are not
+  measure no slower at every batch size: wider at no cost in milliseconds (latency targets only:
+  wider widths would break a MAC, parameter or ratio budget). If the widths are not
   faster than dense by `min_speedup` at batch 1 (or are slower at the large batch), the stage
   backs off: to the rounded widths, then to no pruning at all; the report says which. A slower
   model never leaves the stage.
@@ -278,6 +279,10 @@ def _rounded(widths: dict[str, int], sizes: dict[str, int]) -> dict[str, int]:
     }
 
 
+def _speedups_text(dense: dict[int, float], times: dict[int, float], big: int) -> str:
+    return f"{dense[1] / times[1]:.2f}x at batch 1 and {dense[big] / times[big]:.2f}x at batch {big}"
+
+
 def _no_slower(times: dict[int, float], than: dict[int, float]) -> bool:
     return all(times[b] <= than[b] for b in than)
 
@@ -314,11 +319,15 @@ def gate(
     min_speedup: float | None,
     benchmark: BenchmarkConfig,
     form: str = "fp32",
+    widen_when_free: bool = True,
 ) -> GateResult:
     """Measures the planned widths against dense and backs off until they are faster (see the module docstring).
 
     With `min_speedup` None the widths are measured and reported, and kept whatever they measure.
     Both are timed in `form` (`prune.latency_form`): fp32, or quantized as the quantize stage would.
+    `widen_when_free` takes the rounded-up widths when they measure no slower; only a latency
+    target is still met by wider widths at the same milliseconds (a MAC, parameter or ratio
+    budget is not), so the prune stage passes it for latency targets alone.
     """
     timing = BenchmarkConfig(
         threads=benchmark.threads, batch_sizes=sorted({1, *benchmark.batch_sizes}), warmup=5, repeats=30, rounds=3
@@ -349,7 +358,11 @@ def gate(
     if min_speedup is None:
         return result("off (prune.min_speedup: null): measured, not gated", ratios, "plan0")
     order = list(range(len(ladder)))
-    if len(ladder) > 1 and _no_slower(times["plan1"], times["plan0"]):
+    # A back-off says what the planned widths measured, so the user sees why they were not kept.
+    planned = f"the planned widths measured {_speedups_text(dense, times['plan0'], big)}"
+    if len(ladder) > 1:
+        ladder[1] = (f"{ladder[1][0]} ({planned}: < {min_speedup:g}x, or slower)", rounded)
+    if widen_when_free and len(ladder) > 1 and _no_slower(times["plan1"], times["plan0"]):
         # A width off the channel block can cost more than a whole block: the MobileNetV2-style
         # model ran 0.355 of dense with a 26-channel stream and 0.327 with 32 (benchmarks/latency.yaml,
         # 2026-11-27). Wider at no cost in milliseconds is taken.
@@ -359,10 +372,8 @@ def gate(
         t = times[f"plan{i}"]
         if dense[1] / t[1] >= min_speedup and t[big] <= dense[big]:
             return result(decision, {n: 1.0 - w[n] / sizes[n] for n in w}, f"plan{i}")
-    speedups = {str(b): dense[b] / times["plan0"][b] for b in timing.batch_sizes}
     return result(
-        f"refused: the planned widths measured {speedups['1']:.2f}x at batch 1 and {speedups[str(big)]:.2f}x at "
-        f"batch {big} (< {min_speedup:g}x, or slower): nothing is pruned and the dense model passes on",
+        f"refused: {planned} (< {min_speedup:g}x, or slower): nothing is pruned and the dense model passes on",
         None,
         "plan0",
     )

@@ -8,10 +8,15 @@
   blocks (so "the last registered Linear" is an SE layer, not the head);
 - `resnet18_style`: basic blocks [2, 2, 2, 2] with projection shortcuts;
 - `vit_style`: a patch embedding, a class token, and encoder layers whose attention has one fused
-  `qkv` projection (timm's layout).
+  `qkv` projection (timm's layout);
+- `convnext_style`: ConvNeXt blocks (7x7 depthwise conv, LayerNorm over channels-last, an inverted
+  MLP of Linears with GELU, a learned per-channel layer scale held as a bare `nn.Parameter`),
+  and channels-first LayerNorms (a module of its own, as in ConvNeXt's code) before each downsample.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -237,9 +242,72 @@ def vit_style(input_shape, num_classes, dim: int = 32, depth: int = 2, num_heads
     return ViTStyle(input_shape, num_classes, dim, depth, num_heads, patch)
 
 
+class LayerNorm2d(nn.Module):
+    """LayerNorm over the channels of an NCHW tensor, written out as ConvNeXt's reference code does."""
+
+    def __init__(self, channels: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(1, keepdim=True)
+        var = (x - mean).pow(2).mean(1, keepdim=True)
+        x = (x - mean) / torch.sqrt(var + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class ConvNeXtBlock(nn.Module):
+    """Depthwise 7x7, LayerNorm and a 4x MLP in channels-last, a layer scale, a residual add."""
+
+    def __init__(self, dim: int, layer_scale: float):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), layer_scale))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.dwconv(x).permute(0, 2, 3, 1))
+        y = self.gamma * self.pwconv2(F.gelu(self.pwconv1(y)))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXtStyle(nn.Module):
+    """A patchify stem, two stages of ConvNeXt blocks with a downsample between, a normed head."""
+
+    def __init__(self, input_shape, num_classes: int, width: int, depths: Sequence[int], layer_scale: float):
+        super().__init__()
+        c = input_shape[0]
+        self.stem = nn.Sequential(nn.Conv2d(c, width, 2, 2), LayerNorm2d(width))
+        self.stage1 = nn.Sequential(*[ConvNeXtBlock(width, layer_scale) for _ in range(depths[0])])
+        self.down = nn.Sequential(LayerNorm2d(width), nn.Conv2d(width, 2 * width, 2, 2))
+        self.stage2 = nn.Sequential(*[ConvNeXtBlock(2 * width, layer_scale) for _ in range(depths[1])])
+        self.norm = nn.LayerNorm(2 * width, eps=1e-6)
+        self.head = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stage2(self.down(self.stage1(self.stem(x))))
+        return self.head(self.norm(x.mean((2, 3))))
+
+
+def convnext_style(
+    input_shape, num_classes, width: int = 32, depths: Sequence[int] = (1, 1), layer_scale: float = 0.1
+) -> ConvNeXtStyle:
+    """ConvNeXt-style: depthwise 7x7, channels-last LayerNorm, inverted MLP, layer scale.
+
+    `layer_scale` starts at 0.1, not ConvNeXt's 1e-6: that suits 300 epochs, and these models
+    train for a few.
+    """
+    return ConvNeXtStyle(input_shape, num_classes, width, depths, layer_scale)
+
+
 FAMILIES = {
     "mobilenet_v2_style": {},
     "se_net": {},
     "resnet18_style": {},
     "vit_style": {},
+    "convnext_style": {},
 }
