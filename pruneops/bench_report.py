@@ -293,7 +293,11 @@ def same_budget_verdict(what: str, mine: dict, other: dict) -> str:
         return f"{verdict}, at {100 * -slower:.0f}% fewer ms at batch 1"
     if slower <= SLOWER_TOLERANCE:
         return verdict
-    missed = f"{100 * slower:.0f}% slower at batch 1, so not the same latency"
+    return _not_a_match(better, f"{100 * slower:.0f}% slower at batch 1, so not the same latency")
+
+
+def _not_a_match(better: bool, missed: str) -> str:
+    """The verdict on a row that missed the other row's budget by what `missed` says."""
     return f"**not comparable**: {missed}" if better else f"**worse**, and {missed}"
 
 
@@ -305,8 +309,7 @@ def _mac_budget_verdict(verdict: str, better: bool, more: float) -> str:
     """
     if more <= MAC_TOLERANCE:
         return verdict
-    missed = f"{100 * more:.0f}% more MACs, so not the same budget"
-    return f"**not comparable**: {missed}" if better else f"**worse**, and {missed}"
+    return _not_a_match(better, f"{100 * more:.0f}% more MACs, so not the same budget")
 
 
 def paired_difference(mine: dict, other: dict) -> str:
