@@ -46,21 +46,19 @@ DENSE = {
     "finetune.epochs": 0,
 }
 
-# At most this many seconds of interleaved batch-1 runs when the bench times a pair to match (as the gate).
-MATCH_BUDGET_S = 20.0
-
 
 class VariantConfig(BaseModel):
     """One recipe: dotted params overrides on top of the workload's params.
 
     `match_macs_of` names an earlier variant: this one prunes to that variant's MACs
     (`prune.target: macs`), for a comparison at the same compute budget. `match_latency_of`
-    likewise prunes to that variant's batch-1 latency as a ratio of dense's (`prune.target:
-    latency_ratio`): a comparison at the same milliseconds. The ratio is in this variant's
-    `prune.latency_form` if it sets one, else in the form the other variant's prune stage timed.
-    The bench times the two exported models in that form itself (`matched_latency_ratio`: the fp32
-    exports, or the deployed ones where both were deployed in that INT8 form); otherwise it takes
-    the ratio the other variant's prune stage measured, which must then be in the same form.
+    likewise prunes to that variant's batch-1 latency: a comparison at the same milliseconds, in
+    this variant's `prune.latency_form` if it sets one, else in the form the other variant's prune
+    stage timed. Where the other variant's export in that form exists (its fp32 export, or its
+    deployed one if deployed in that INT8 form), it is the prune stage's `target_reference` at a
+    ratio of 1.0: every gate reading times it beside dense and the plan (`reference_to_match`).
+    Otherwise the target is the ratio to dense the other variant's prune stage measured, which
+    must then be in the same form.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -170,17 +168,15 @@ def match_form(variant: VariantConfig, other: dict) -> str:
     return variant.set.get("prune.latency_form", other["prune"].get("latency_form", "fp32"))
 
 
-def variant_overrides(
-    variant: VariantConfig, done: dict[str, dict], latency_ratio: float | None = None
-) -> dict[str, Any]:
+def variant_overrides(variant: VariantConfig, done: dict[str, dict], reference: Path | None = None) -> dict[str, Any]:
     """The variant's overrides, with what its kind and MAC or latency matching add.
 
     Args:
         variant: The variant.
         done: Each finished earlier variant's metrics (by stage).
-        latency_ratio: For `match_latency_of`, the matched variant's batch-1 latency over dense's
-            as the bench timed their exports in `match_form` (`matched_latency_ratio`); None: the
-            ratio that variant's prune stage measured for its planned widths.
+        reference: For `match_latency_of`, the matched variant's export in `match_form`
+            (`reference_to_match`), the prune stage's `target_reference`; None: the ratio to
+            dense that variant's prune stage measured for its planned widths.
 
     Raises:
         ConfigError: It matches a variant that failed or is not earlier, or a prune-stage reading
@@ -201,8 +197,8 @@ def variant_overrides(
                 f"{variant.name}: a latency match is timed in one form; set prune.latency_form to fp32 or a "
                 f"quantizer's name, not {AUTO_FORM}"
             )
-        ratio = latency_ratio
-        if ratio is None:
+        ratio = 1.0
+        if reference is None:
             ratio = prune["measured_ms"]["1"] / prune["dense_ms"]["1"]
             # A stage's reading holds in the form it was timed in; a variant timing another would aim wrong.
             timed = prune.get("latency_form", "fp32")
@@ -218,6 +214,8 @@ def variant_overrides(
         # measure over the aim and be refused, as they were at 1.001 of it while the band
         # stopped at 1.0 (2026-11-27).
         overrides.update({"prune.target": "latency_ratio", "prune.target_value": ratio, "prune.target_batch": 1})
+        if reference is not None:
+            overrides["prune.target_reference"] = str(reference)
         if form != "fp32":  # the default: left unwritten, so that params (and the run-cache) stay as they were
             overrides["prune.latency_form"] = form
     return overrides
@@ -242,82 +240,28 @@ def timed_file(directory: Path, form: str, dense: bool) -> Path | None:
     return export / deployed["file"] if deployed.get("quantizer") == form else None
 
 
-def matched_latency_ratio(work: Path, dense: Path, matched: Path, timing: BenchmarkConfig, form: str = "fp32") -> float:
-    """The batch-1 latency of `matched`'s export over `dense`'s in `form`, timed here interleaved.
+def reference_to_match(
+    variant: VariantConfig, dirs: dict[str, Path], done: dict[str, dict], log: Callable[[str], None]
+) -> Path | None:
+    """The matched variant's export that a latency match is timed against, in `match_form`; None if it has none.
 
-    A latency match aims at what the report compares: the two exported models, timed as the
-    bench times them. The other variant's prune stage measured its *planned* widths against
-    dense in its own run, and on the ResNet family that reading was 0.48 of dense where the
-    report's timing gave 0.40, so ours was planned 20% slower (2026-11-26). The ratio is kept
-    in `<work>/latency-matches.json` by the two files' content and the machine, so that a rerun asks for the same
-    target (and DVC's run-cache serves it) while neither model changed.
-
-    Args:
-        work: The workload's project (where the ratios are kept).
-        dense: The dense variant's results directory.
-        matched: The matched variant's results directory.
-        timing: The bench's timing (threads, warm-up, repeats, rounds).
-        form: `fp32` (the fp32 exports) or the INT8 quantizer both variants deployed (their
-            deployed exports).
-
-    Raises:
-        ConfigError: A variant's deployed model is not in `form`.
+    The prune stage times it beside dense and each plan (`prune.target_reference`). Until
+    2026-11-28 the bench timed the two exports once and the prune stage aimed at their ratio to
+    dense minutes later: on the ConvNeXt-style workload that ratio moved between 0.46 and 0.56
+    from one second to the next (`scripts/measure_timing_drift.py`), the smaller model slowing
+    more in slow spells, and the match landed 17% under the other row's time.
     """
-    import hashlib
-
-    import numpy as np
-
-    from pruneops.benchmark import measure_latencies
-    from pruneops.data import load_split
-    from pruneops.latency import machine_fingerprint
-    from pruneops.onnx_utils import make_session
-
-    files = {"dense": timed_file(dense, form, dense=True), "matched": timed_file(matched, form, dense=False)}
-    missing = [name for name, file in files.items() if file is None]
-    if missing:
-        raise ConfigError(f"latency match in {form}: not deployed in {form}: the {' and the '.join(missing)} variant")
-    digest = hashlib.sha256(b"".join(hashlib.sha256(f.read_bytes()).digest() for f in files.values()))
-    # The machine too: a ratio timed on one machine is not the target on another (a work dir kept
-    # from an earlier session kept its ratio).
-    machine = machine_fingerprint(timing.threads)
-    where = " ".join(f"{k}={machine[k]}" for k in ("cpu", "cores", "onnxruntime", "threads"))
-    key = f"{digest.hexdigest()[:16]} {where}"
-    kept_path = work / "latency-matches.json"
-    kept = read_json(kept_path) if kept_path.exists() else {}
-    if key not in kept:
-        sessions = {n: make_session(f, timing.threads) for n, f in files.items()}
-        x = load_split(Layout(dense).stage_dir("validate"), "val").x
-        one = timing.model_copy(update={"batch_sizes": [1]})
-        times = measure_latencies(sessions, x, one, budget_s=MATCH_BUDGET_S)
-        kept[key] = float(np.median(times["matched"][1]) / np.median(times["dense"][1]))
-        dump_json(kept, kept_path)
-    return kept[key]
-
-
-def _latency_ratio_to_match(
-    work: Path,
-    workload: WorkloadConfig,
-    variant: VariantConfig,
-    dirs: dict[str, Path],
-    done: dict[str, dict],
-    timing: BenchmarkConfig,
-    log: Callable[[str], None],
-) -> float | None:
-    """`matched_latency_ratio` for a latency match, in `match_form`; None where the prune stage's reading is used."""
     other = variant.match_latency_of
     if other is None or other not in done:
         return None
     form = match_form(variant, done[other])
-    dense = next((v.name for v in workload.variants if v.kind == "dense" and v.name in dirs), None)
-    deployed = dense is not None and all(timed_file(dirs[v], form, v == dense) for v in (dense, other))
-    if not deployed:
-        why = "no dense variant finished" if dense is None else f"not both deployed in {form}"
-        log(f"{variant.name}: matching {other}'s latency as its prune stage measured it ({why})")
+    reference = timed_file(dirs[other], form, dense=False) if form != AUTO_FORM else None
+    if reference is None:
+        log(f"{variant.name}: matching {other}'s latency as its prune stage measured it (not deployed in {form})")
         return None
-    ratio = matched_latency_ratio(work, dirs[dense], dirs[other], timing, form)
-    kind = "fp32 exports" if form == "fp32" else f"exports deployed in {form}"
-    log(f"{variant.name}: matching {other}'s batch-1 latency, {ratio:.3f} of {dense}'s ({kind}, timed here)")
-    return ratio
+    kind = "fp32 export" if form == "fp32" else f"export deployed in {form}"
+    log(f"{variant.name}: matching {other}'s batch-1 latency, its {kind} timed in every gate reading")
+    return reference.resolve()
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -361,7 +305,6 @@ def prepare_workload(
     params: dict[str, Any],
     log: Callable[[str], None],
     root: Path,
-    timing: BenchmarkConfig,
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """Runs every variant of a workload; a failing one is reported and the others go on.
 
@@ -380,8 +323,8 @@ def prepare_workload(
 
     for variant in workload.variants:
         try:
-            ratio = _latency_ratio_to_match(work, workload, variant, dirs, done, timing, tagged)
-            overrides = variant_overrides(variant, done, ratio)
+            reference = reference_to_match(variant, dirs, done, tagged)
+            overrides = variant_overrides(variant, done, reference)
             dirs[variant.name] = run_variant(work, variant, overrides, tagged, (root,))
         except PruneOpsError as exc:
             failed[variant.name] = str(exc)
@@ -426,7 +369,7 @@ def run_benchmarks(
         with project_importable(root):
             params = workload_params(base_params, workload, root)
         noting = _noting_reuse(log, reused)
-        dirs, failed[workload.name] = prepare_workload(work, workload, params, noting, root.resolve(), timing)
+        dirs, failed[workload.name] = prepare_workload(work, workload, params, noting, root.resolve())
         log(f"[{workload.name}] timing {2 * len(dirs)} models, interleaved")
         rows[workload.name], predictions[workload.name] = measure_workload(work, workload, dirs, timing)
         pick = select_point(rows[workload.name], workload.max_accuracy_drop_points)

@@ -303,6 +303,9 @@ class LatencyConfig(StageConfig):
     threads: Threads = 2
 
 
+# A ratio of a reference model's latency may exceed 1 (slower than the reference, faster than dense),
+# but a plan is never slower than dense: past this the target is not a pruning target.
+MAX_REFERENCE_RATIO = 4.0
 DEFAULT_PLAN_TRIALS = 4  # plans trained briefly per latency allocation: the best uniform cut and three others
 
 
@@ -313,6 +316,11 @@ class PruneConfig(StageConfig):
     MAC-weighted, or of weights to remove), `macs` or `params` (the most one sample's forward pass
     may cost, or the model may hold), `latency_ms` or `latency_ratio` (predicted latency at
     `target_batch` on this machine, in milliseconds or as a fraction of dense; structured methods).
+    `target_reference` (with `latency_ratio`): an ONNX file (relative to the project) whose latency
+    the ratio is of instead of dense's: 1.0 asks to be as fast as that model (one served now, or
+    another pruning tool's result), which the gate times interleaved with dense and each plan, so
+    that the comparison holds in whatever state the machine is in. It is timed as it is (not
+    quantized); its inputs must be named as the model's export names them.
     `latency_form` is the form that latency, and the gate's, is measured in: `fp32`, or a
     quantizer's name (`static`, `dynamic`) when that is what will be deployed: INT8 and fp32 do not
     rank plans alike (INT8 kernels have their own fast channel counts and per-operator costs).
@@ -338,6 +346,7 @@ class PruneConfig(StageConfig):
     target: Literal["ratio", "macs", "params", "latency_ms", "latency_ratio"] | None = "latency_ratio"
     target_value: Annotated[float, Field(ge=0.0, le=1e18)] | None = 0.5
     target_batch: Annotated[int, Field(ge=1, le=4096)] | None = 1
+    target_reference: str | None = None
     min_speedup: Annotated[float, Field(ge=1.0, le=100.0)] | None = 1.05
     latency_form: str = "fp32"
     max_unit_ratio: Ratio = 0.8
@@ -411,7 +420,9 @@ class PruneConfig(StageConfig):
 
     def _check_target(self, method: Any) -> None:
         value, latency = self.target_value, self.target in LATENCY_TARGETS
-        if self.target in ("ratio", "latency_ratio") and value is not None and not value < 1.0:
+        if self.target_reference is not None:
+            self._check_reference()
+        elif self.target in ("ratio", "latency_ratio") and value is not None and not value < 1.0:
             raise ValueError(f"target_value: a ratio must be less than 1 (got {value})")
         if self.target == "latency_ratio" and not value > 0.0:
             raise ValueError(f"target_value: a latency ratio must be more than 0 (got {value})")
@@ -423,6 +434,17 @@ class PruneConfig(StageConfig):
             raise ValueError(f"target_batch: applies to latency targets only (target is {self.target!r}); set null")
         if not latency and self.plan_trials is not None:
             raise ValueError(f"plan_trials: ranks latency plans only (target is {self.target!r}); set null")
+
+    def _check_reference(self) -> None:
+        if self.target != "latency_ratio":
+            raise ValueError(f"target_reference: applies to target latency_ratio only (target is {self.target!r})")
+        if not self.target_reference.endswith(".onnx"):
+            raise ValueError(f"target_reference: an ONNX model file (.onnx), not {self.target_reference!r}")
+        if not 0.0 < self.target_value <= MAX_REFERENCE_RATIO:
+            raise ValueError(
+                f"target_value: a ratio of the reference's latency must be in (0, {MAX_REFERENCE_RATIO:g}] "
+                f"(got {self.target_value})"
+            )
 
     @property
     def trial_count(self) -> int:

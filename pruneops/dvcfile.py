@@ -2,8 +2,9 @@
 
 Each stage depends on the files it really imports inside `pruneops` (the static import closure
 of its module and of the stage runner), on the outputs of its upstream stages, on every params key
-of its sections, and on the user's own files that params name: the data file (`validate.path`)
-and the module of a model given as `package.module:factory`. `pruneops dvc-yaml` writes the file;
+of its sections, and on the user's own files that params name: the data file (`validate.path`),
+the module of a model given as `package.module:factory`, its weights, and the model a latency
+target is relative to (`prune.target_reference`). `pruneops dvc-yaml` writes the file;
 `--check` (and each stage run under DVC) compares it with what the table and params require.
 """
 
@@ -115,7 +116,7 @@ def model_module_file(model: str, root: Path) -> Path | None:
 
 
 def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> list[str]:
-    """Files the user's params make this stage read: the data, the model's module, its initial weights."""
+    """Files the user's params make this stage read: data, the model's module and weights, a reference model."""
     files: list[str] = []
     if stage.name == "validate" and configs["validate"].path:
         files.append(_dep_path(root / configs["validate"].path, root))
@@ -125,6 +126,8 @@ def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
         files.append(_dep_path(root / configs["train"].init_weights, root))
     if stage.name == "train" and configs["train"].pretrained:
         files.append(_dep_path(root / configs["train"].pretrained, root))
+    if stage.name == "prune" and configs["prune"].target_reference:
+        files.append(_dep_path(root / configs["prune"].target_reference, root))
     if stage.builds_model and "train" in configs:
         module = model_module_file(configs["train"].model, root)
         if module is not None:

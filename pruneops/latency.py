@@ -38,7 +38,7 @@ from torch import nn
 from pruneops.checkpoint import file_sha256, load_checkpoint
 from pruneops.config import AUTO_FORM, LATENCY_TARGETS, BenchmarkConfig, LatencyConfig, PruneConfig, QuantizeConfig
 from pruneops.data import load_prepared
-from pruneops.errors import DataError
+from pruneops.errors import ConfigError, DataError
 from pruneops.inputs import head_tensors, run_model, timing_inputs
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.plots import plot_latency_staircases
@@ -478,7 +478,7 @@ class LatencyModel:
 
 
 def measured_latency(
-    models: dict[str, nn.Module],
+    models: dict[str, nn.Module | Path],
     input_shape,
     timing,
     budget_s: float | None = None,
@@ -487,7 +487,8 @@ def measured_latency(
     """Median ms per model and batch size of their real ONNX exports, timed interleaved round by round.
 
     Args:
-        models: The models to export and time.
+        models: The models to export and time, the first a module; an ONNX file (a reference
+            model) is timed as it is, in no other form.
         input_shape: One sample's shape.
         timing: A `BenchmarkConfig` (threads, batch sizes, warm-up, repeats, rounds), or one per
             batch size (each naming that batch size), so that each is timed as long as it needs
@@ -510,6 +511,9 @@ def measured_latency(
     with tempfile.TemporaryDirectory(prefix="pruneops-latency-") as tmp:
         sessions = {}
         for name, model in models.items():
+            if isinstance(model, Path):
+                sessions[name] = _reference_session(model, timings[0].threads, sessions)
+                continue
             path = Path(tmp) / f"{name}.onnx"
             export_onnx_file(model, list(input_shape), path, 18)
             model_form = form[name] if isinstance(form, dict) else form
@@ -522,6 +526,36 @@ def measured_latency(
             for name, per in measure_latencies(sessions, x, each, budget_s).items():
                 medians[name].update({b: float(np.median(t)) for b, t in per.items()})
     return medians
+
+
+def _reference_session(path: Path, threads: int, exported: dict):
+    """A session of a given ONNX file, refused unless it takes the inputs the exports take.
+
+    Raises:
+        ConfigError: The file is missing or not a model, or its inputs are named otherwise.
+    """
+    from pruneops.onnx_utils import make_session
+
+    if not path.is_file():
+        raise ConfigError(f"prune.target_reference: {path} not found")
+    try:
+        session = make_session(path, threads)
+    except Exception as exc:  # ONNX Runtime raises its own types for a file that is not a model
+        raise ConfigError(f"prune.target_reference: {path} is not an ONNX model ONNX Runtime loads: {exc}") from None
+    names = sorted(i.name for i in session.get_inputs())
+    wanted = sorted(i.name for i in next(iter(exported.values())).get_inputs())
+    if names != wanted:
+        raise ConfigError(
+            f"prune.target_reference: {path} takes inputs {', '.join(names)}; the model's export takes "
+            f"{', '.join(wanted)} (the two are timed on the same inputs)"
+        )
+    fixed = [f"{i.name} ({i.shape[0]})" for i in session.get_inputs() if i.shape and isinstance(i.shape[0], int)]
+    if fixed:
+        raise ConfigError(
+            f"prune.target_reference: {path} has a fixed batch size in {', '.join(fixed)}; it is timed at "
+            "every batch the gate measures: export it with a dynamic batch axis"
+        )
+    return session
 
 
 def build_latency_model(

@@ -217,11 +217,17 @@ class PruneReport(StageReport):
     # prune.plan_trials: each plan trained briefly to rank an allocation's shortlist (widths,
     # summed isolated drop, validation accuracy after the trial), and whether it was measured and kept.
     plan_trials: tuple[dict, ...] | None = None
+    # prune.target_reference: the file, its time and dense's when the stage began, the ratio of
+    # dense planned from them, and its time beside the kept plan's in the gate's run.
+    reference: dict | None = None
 
     def summary(self) -> str:
         latency = ""
         if self.measured_speedups:
             latency = ", measured " + ", ".join(f"b{b} {s:.2f}x" for b, s in self.measured_speedups.items())
+        if self.reference and "speedups_over_reference" in self.reference:
+            over = self.reference["speedups_over_reference"].items()
+            latency += " (over the reference: " + ", ".join(f"b{b} {s:.2f}x" for b, s in over) + ")"
         return (
             f"{self.method}: {self.mac_reduction:.2f}x fewer MACs, {self.param_reduction:.2f}x fewer params, "
             f"{100 * self.weight_zero_fraction:.1f}% zero weights, val accuracy {100 * self.val_accuracy:.2f}%"
@@ -296,7 +302,10 @@ def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape
     planned = {n: 1.0 - w / sizes[n] for n, w in widths.items()}
     timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target_batch or 1})})
     widen = config.target in LATENCY_TARGETS
-    result = gate(model, example, shape, planned, sizes, config.min_speedup, timing, config.latency_form, widen)
+    reference = Path(config.target_reference) if config.target_reference else None
+    result = gate(
+        model, example, shape, planned, sizes, config.min_speedup, timing, config.latency_form, widen, reference
+    )
     if result.ratios is None:  # refused: every unit kept whole
         return dataclasses.replace(result, ratios=dict.fromkeys(sizes, 0.0))
     return result
@@ -330,6 +339,64 @@ def _predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
     return target.predicted_ms / target.dense_predicted_ms * gated.dense_ms[key]
 
 
+def _goal_ms(config: PruneConfig, asked: PruneConfig, gated: GateResult, key: str) -> float:
+    """The milliseconds a plan's reading at batch `key` is held to, from readings in the same run.
+
+    `latency_ms` as set; `latency_ratio` of dense, or (`prune.target_reference`) of the reference
+    model as set (`asked`), no slower than the gate's `min_speedup` lets a pruned model be.
+    """
+    if config.target == "latency_ms":
+        return config.target_value
+    if not gated.reference_ms:
+        return config.target_value * gated.dense_ms[key]
+    mildest = 1.0 / config.min_speedup if config.min_speedup else 1.0
+    return min(asked.target_value * gated.reference_ms[key], mildest * gated.dense_ms[key])
+
+
+def _aim_at_reference(
+    config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout, model, shape
+) -> tuple[PruneConfig, dict | None]:
+    """With `prune.target_reference`: the config to plan with, its ratio of dense as timed here now.
+
+    The table plans in fractions of dense, so the reference and dense are timed once, interleaved,
+    at the target batch (in `latency_form`; fp32 under `auto`, whose form choice converts a ratio
+    of dense fp32), and the ratio asked of the reference becomes a ratio of dense; the gate then
+    holds each plan to the reference's time as read in its own run (`_goal_ms`). The path is made
+    absolute, so that every later timing reads the same file.
+
+    Returns:
+        The config (unchanged without a reference), and what the reference measured (None without).
+    """
+    from pruneops.latency import measured_latency
+
+    if not config.target_reference:
+        return config, None
+    path = (layout.root / config.target_reference).resolve()
+    batch = config.target_batch
+    timing = benchmark.model_copy(update={"batch_sizes": [batch], "warmup": 5, "repeats": 30, "rounds": 3})
+    form = "fp32" if config.latency_form == AUTO_FORM else config.latency_form
+    times = measured_latency({"dense": model, "reference": path}, shape, timing, budget_s=10.0, form=form)
+    of_dense = times["reference"][batch] / times["dense"][batch]
+    mildest = 1.0 / config.min_speedup if config.min_speedup else 1.0
+    ratio = min(config.target_value * of_dense, mildest)
+    logger.info(
+        "latency target reference %s: %.4f ms at batch %d against dense %.4f (%s): aiming at %.3f of dense",
+        path.name, times["reference"][batch], batch, times["dense"][batch], form, ratio,
+    )  # fmt: skip
+    record = {
+        "file": str(path),
+        "sha256": file_sha256(path),
+        "ms_at_start": times["reference"][batch],
+        "dense_ms_at_start": times["dense"][batch],
+        "planned_ratio_of_dense": ratio,
+    }
+    if ratio < config.target_value * of_dense:
+        record["note"] = (
+            f"the reference measured {of_dense:.3f} of dense: held to prune.min_speedup {config.min_speedup:g} instead"
+        )
+    return config.model_copy(update={"target_reference": str(path), "target_value": ratio}), record
+
+
 def _log_latency_try(number: int, target: Plan, gated: GateResult, key: str, fraction: float) -> None:
     # Where a latency target landed, plan by plan: the prune stage's progress on a slow machine,
     # and how to tell a coarse staircase from a misfit table afterwards.
@@ -350,7 +417,7 @@ def _log_latency_try(number: int, target: Plan, gated: GateResult, key: str, fra
 
 
 def _meet_measured(
-    config, benchmark, sweep, layout, model, example, shape, target: Plan, gated: GateResult, choose=None
+    config, benchmark, sweep, layout, model, example, shape, target: Plan, gated: GateResult, choose=None, asked=None
 ):
     """Closes the loop on milliseconds for a latency target.
 
@@ -362,7 +429,8 @@ def _meet_measured(
     inside the band but under `LATENCY_REACH` of the target is followed by one wider plan. Of the
     plans measured, the least pruned one within the target is kept (else the fastest). Each
     plan's prediction is the one made before it was measured, so the reported prediction error
-    is honest. `choose` ranks each allocation's shortlist (`PlanTrials`, or None).
+    is honest. `choose` ranks each allocation's shortlist (`PlanTrials`, or None); `asked` is the
+    config as set, where a reference's ratio (`_goal_ms`) or `auto`'s form choice rewrote the target.
     """
     from pruneops.pruning.targets import plan_latency
 
@@ -370,9 +438,7 @@ def _meet_measured(
     sizes = _unit_sizes(model, example)
 
     def fraction(g: GateResult) -> float:  # of the target: 1.0 is on it
-        ms = g.measured_ms.get(key, float("inf"))
-        goal = config.target_value if config.target == "latency_ms" else config.target_value * g.dense_ms[key]
-        return ms / goal
+        return g.measured_ms.get(key, float("inf")) / _goal_ms(config, asked or config, g, key)
 
     def ask(aim: float | None, points) -> Plan:
         return plan_latency(
@@ -409,8 +475,10 @@ def _meet_measured(
         for n, (t, g) in enumerate(tried, 1)
     )
     if not within:
+        of = f" of {Path(config.target_reference).name}" if config.target_reference else ""
         target.warnings.append(
-            f"latency target {config.target_value:g} ({config.target}) at batch {config.target_batch} not reached: "
+            f"latency target {(asked or config).target_value:g} ({config.target}{of}) at batch {config.target_batch} "
+            "not reached: "
             f"the fastest planned widths measure {gated.measured_ms[key]:.4f} ms, {fraction(gated):.2f}x the target "
             f"(the sweep's informative ratios and prune.max_unit_ratio {config.max_unit_ratio} allow no faster "
             "allocation); pruned that far"
@@ -442,7 +510,8 @@ def _runoff(
     under = [i for i in passed if fraction(tried[i][1]) <= high]
     picked = over + ([max(under, key=lambda i: fraction(tried[i][1]))] if under else [])
     widths = {f"plan{i + 1}": keep_counts(tried[i][1].ratios, sizes) for i in picked}
-    ms = retime(model, example, shape, widths, config.target_batch, benchmark, config.latency_form)
+    reference = Path(config.target_reference) if config.target_reference else None
+    ms = retime(model, example, shape, widths, config.target_batch, benchmark, config.latency_form, reference)
     first = {i + 1: fraction(tried[i][1]) for i in picked}
     retimed = list(tried)
     for i in picked:
@@ -455,6 +524,7 @@ def _runoff(
                 measured_ms={**g.measured_ms, key: reading},
                 dense_ms={**g.dense_ms, key: ms["dense"]},
                 speedups={**g.speedups, key: ms["dense"] / reading},
+                reference_ms={**g.reference_ms, key: ms["reference"]} if reference else g.reference_ms,
             ),
         )
         logger.info(
@@ -522,6 +592,7 @@ def _plan_record(
         "predicted_ms": _predicted_ms(target, gated, key),
         "measured_ms": gated.measured_ms.get(key),
         "dense_ms": gated.dense_ms[key],
+        **({"reference_ms": gated.reference_ms[key]} if gated.reference_ms else {}),
         "fraction_of_target": off,
         "summed_isolated_drop": _summed_drop(target),
         "gate": gated.decision,
@@ -593,7 +664,11 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     def make_method(ratio: float, ratios: dict | None):
         return method_cls(make_context(config, train, example, ratio, ratios, shared))
 
-    asked, config, form_choice = config, *_resolve_form(config, sweep, layout, benchmark)
+    asked = config
+    reference = None
+    if method_cls.structured:  # else config validation has refused a latency target already
+        config, reference = _aim_at_reference(config, benchmark, layout, model, meta.input_shape)
+    config, form_choice = _resolve_form(config, sweep, layout, benchmark)
     trials = PlanTrials(config, model, make_method, example, train, val) if config.trial_count > 1 else None
     target = plan(
         config, sweep, model, make_method, meta.input_shape, layout.stage_dir("latency"), benchmark.threads, trials
@@ -602,13 +677,15 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     plans = None
     if target.target_ms is not None and gated is not None:
         target, gated, plans = _meet_measured(
-            config, benchmark, sweep, layout, model, example, meta.input_shape, target, gated, trials
+            config, benchmark, sweep, layout, model, example, meta.input_shape, target, gated, trials, asked
         )
     ratios = gated.ratios if gated is not None else target.ratios
     # Before the steps: fine-tuning then updates (and Adam keeps state for) only the rows kept.
     vocabulary = trim_vocabulary(model, layout, train, val, test, val_accuracy) if config.trim_vocabulary else None
     ctx = make_context(config, train, example, target.ratio, ratios, shared)
     ctx.warnings.extend(target.warnings)
+    if reference is not None and "note" in reference:
+        ctx.warnings.append(f"prune.target_reference: {reference['note']}")
     if gated is not None and gated.decision.startswith(("backed off", "refused")):
         ctx.warnings.append(f"prune gate {gated.decision}")
     method = method_cls(ctx)
@@ -620,9 +697,18 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
         form_choice=tuple(form_choice) if form_choice else None,
         latency_plans=plans,
         plan_trials=_trial_records(trials, plans),
+        reference=_reference_record(reference, gated),
     )
     _write(layout, config, ckpt, model, method, sweep, target, ratios, history, report, meta.input_shape)
     return report
+
+
+def _reference_record(reference: dict | None, gated: GateResult | None) -> dict | None:
+    """What `prune.target_reference` measured: at the start, and beside the kept plan (per batch size)."""
+    if reference is None or gated is None or gated.decision.startswith("refused"):
+        return reference  # refused: dense passes on, and the widths measured are not what ships
+    speedups = {b: gated.reference_ms[b] / gated.measured_ms[b] for b in gated.reference_ms}
+    return {**reference, "ms": dict(gated.reference_ms), "speedups_over_reference": speedups}
 
 
 def trim_vocabulary(

@@ -235,10 +235,10 @@ def test_every_committed_benchmark_file_and_variant_is_valid_params(path):
             for v in workload.variants
         }
         for variant in workload.variants:
-            # A latency match as the bench makes it: a ratio it timed the two exports at (whether the
+            # A latency match as the bench makes it: against the other row's export (whether the
             # other row deployed the matching form is known only once it ran).
-            timed = 0.5 if variant.match_latency_of else None
-            apply_overrides(params, variant_overrides(variant, done, timed))
+            reference = ROOT / "results" / "other" / "pruned_fp32.onnx" if variant.match_latency_of else None
+            apply_overrides(params, variant_overrides(variant, done, reference))
 
 
 def test_workload_paths_are_resolved_against_the_project(tmp_path):

@@ -113,67 +113,45 @@ def _mlp(hidden: int):
     return nn.Sequential(nn.Linear(256, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
 
-def test_a_latency_match_aims_at_the_exports_as_the_bench_times_them(tmp_path, monkeypatch):
-    """The ratio is the two exported files timed together, and a rerun with the same files reuses it."""
-    import pruneops.benchmark
-    from pruneops.bench import VariantConfig, matched_latency_ratio, variant_overrides
-    from pruneops.config import BenchmarkConfig
+def test_a_latency_match_times_the_other_rows_export_in_every_gate_reading(tmp_path):
+    """The matched variant's export in the form matched is the prune stage's reference, at 1.0 of its time."""
+    from pruneops.bench import VariantConfig, reference_to_match, variant_overrides
+    from pruneops.config import PruneConfig, parse_section
 
-    dense = _export_dir(tmp_path / "dense", _mlp(1024), "dense_fp32")
-    small = _export_dir(tmp_path / "tp", _mlp(64), "pruned_fp32")
-    timing = BenchmarkConfig(threads=1, batch_sizes=[1, 64], warmup=3, repeats=20, rounds=2)
-    ratio = matched_latency_ratio(tmp_path, dense, small, timing)
-    # 1/16 of the hidden width, ~1/200 of the MACs: faster by far more than timing noise, but not free.
-    assert 0.0 < ratio < 0.5
-    same_size = _export_dir(tmp_path / "same", _mlp(1024), "pruned_fp32")
-    assert matched_latency_ratio(tmp_path, dense, same_size, timing) == pytest.approx(1.0, abs=0.25)
-
-    def no_timing(*args, **kwargs):
-        raise AssertionError("timed again although neither file changed")
-
-    monkeypatch.setattr(pruneops.benchmark, "measure_latencies", no_timing)
-    assert matched_latency_ratio(tmp_path, dense, small, timing) == ratio
-    # Another machine (here, another CPU name) times the pair again.
-    import pruneops.latency
-
-    real_fingerprint = pruneops.latency.machine_fingerprint
-    monkeypatch.setattr(pruneops.latency, "machine_fingerprint", lambda t: {**real_fingerprint(t), "cpu": "other"})
-    with pytest.raises(AssertionError, match="timed again"):
-        matched_latency_ratio(tmp_path, dense, small, timing)
-    monkeypatch.setattr(pruneops.latency, "machine_fingerprint", real_fingerprint)
-    # The measured ratio is the target; the prune stage's reading of the planned widths is not used.
+    tp = _export_dir(tmp_path / "tp", _mlp(64), "pruned_fp32")
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}
-    overrides = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done, ratio)
-    assert overrides["prune.target"] == "latency_ratio"
-    # aimed at it: the prune stage accepts a reading within one reading's noise over it
-    assert overrides["prune.target_value"] == pytest.approx(ratio)
+    lines = []
+    ours = VariantConfig(name="ours", match_latency_of="tp")
+    reference = reference_to_match(ours, {"tp": tp}, done, lines.append)
+    assert reference == (tp / "artifacts/export/pruned_fp32.onnx").resolve() and reference.is_file()
+    assert lines == ["ours: matching tp's batch-1 latency, its fp32 export timed in every gate reading"]
+    overrides = variant_overrides(ours, done, reference)
+    assert overrides["prune.target"] == "latency_ratio" and overrides["prune.target_value"] == 1.0
+    assert overrides["prune.target_reference"] == str(reference)
+    prune = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("prune.")}
+    parse_section("prune", prune, PruneConfig)  # valid params as the stage will load them
+    # A variant matching nothing has no reference.
+    assert reference_to_match(VariantConfig(name="plain"), {"tp": tp}, done, lines.append) is None
 
 
-def test_a_latency_match_in_an_int8_form_times_the_deployed_exports(tmp_path):
-    """A variant timing static INT8 matches the other's deployed static model against dense's, not fp32."""
-    from pruneops.bench import VariantConfig, matched_latency_ratio, timed_file, variant_overrides
-    from pruneops.config import BenchmarkConfig
+def test_a_latency_match_in_an_int8_form_is_timed_against_the_deployed_export(tmp_path):
+    """A variant timing static INT8 matches the other's deployed static model; not deployed so, the
+    other's prune-stage reading, which must then be in that form."""
+    from pruneops.bench import VariantConfig, reference_to_match, timed_file, variant_overrides
     from pruneops.errors import ConfigError
 
-    # Stand-ins whose widths make the forms tell apart: in fp32 the two are the same size, deployed
-    # the dense one is 1/16 the width of the matched one (what a quantizer does is not the point).
-    dense = _export_dir(tmp_path / "dense", {"dense_fp32": _mlp(1024), "pruned_deployed": _mlp(64)}, quantizer="static")
-    tp = _export_dir(tmp_path / "tp", {"pruned_fp32": _mlp(1024), "pruned_deployed": _mlp(1024)}, quantizer="static")
-    timing = BenchmarkConfig(threads=1, batch_sizes=[1, 64], warmup=3, repeats=20, rounds=2)
-    assert timed_file(tp, "dynamic", dense=False) is None
-    fp32 = matched_latency_ratio(tmp_path, dense, tp, timing)
-    static = matched_latency_ratio(tmp_path, dense, tp, timing, "static")
-    assert fp32 == pytest.approx(1.0, abs=0.25)
-    assert static > 2.0  # the matched deployed model is 16x as wide as dense's deployed one
-    with pytest.raises(ConfigError, match="not deployed in dynamic: the dense and the matched variant"):
-        matched_latency_ratio(tmp_path, dense, tp, timing, "dynamic")
-
-    # TP's prune stage timed fp32; ours asks static: the bench's static ratio is the target...
+    tp = _export_dir(tmp_path / "tp", {"pruned_fp32": _mlp(1024), "pruned_deployed": _mlp(64)}, quantizer="static")
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}
     ours = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "static"})
-    overrides = variant_overrides(ours, done, static)
-    assert overrides["prune.latency_form"] == "static"
-    assert overrides["prune.target_value"] == pytest.approx(static)
-    # ...and without it, the stage's fp32 reading would be the wrong form: refused, not used.
+    reference = reference_to_match(ours, {"tp": tp}, done, lambda line: None)
+    assert reference == timed_file(tp, "static", dense=False).resolve()
+    assert reference.name == "pruned_deployed.onnx"
+    overrides = variant_overrides(ours, done, reference)
+    assert overrides["prune.latency_form"] == "static" and overrides["prune.target_reference"] == str(reference)
+    # Deployed in another form than the one asked: no file to time, so the stage's reading, in fp32: refused.
+    dynamic = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "dynamic"})
+    lines = []
+    assert reference_to_match(dynamic, {"tp": tp}, done, lines.append) is None
+    assert lines == ["ours: matching tp's latency as its prune stage measured it (not deployed in dynamic)"]
     with pytest.raises(ConfigError, match="timed in fp32 by its prune stage"):
-        variant_overrides(ours, done)
+        variant_overrides(dynamic, done)

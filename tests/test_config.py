@@ -79,6 +79,38 @@ def test_keys_that_do_not_apply_to_the_method_are_refused_at_load(raw, fragment)
     assert fragment in str(exc.value) and exc.value.exit_code == 2
 
 
+REFERENCE = {"target_reference": "served/model.onnx"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({**RATIO, **REFERENCE}, "prune.target_reference: applies to target latency_ratio only (target is 'ratio')"),
+        ({"target_reference": "served/model.pt"}, "prune.target_reference: an ONNX model file (.onnx)"),
+        (
+            {**REFERENCE, "target_value": 4.5},
+            "prune.target_value: a ratio of the reference's latency must be in (0, 4]",
+        ),
+        (
+            {**REFERENCE, "target_value": 0.0},
+            "prune.target_value: a ratio of the reference's latency must be in (0, 4]",
+        ),
+    ],
+)
+def test_a_latency_target_relative_to_a_reference_model_is_checked_at_load(raw, fragment):
+    with pytest.raises(ConfigError) as exc:
+        parse_section("prune", raw, PruneConfig)
+    assert fragment in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_a_reference_model_may_be_matched_or_beaten_by_any_ratio_up_to_the_bound():
+    """1.0 (as fast as the reference) and more are ratios of the reference, not of dense."""
+    for value in (0.5, 1.0, 2.0):
+        parse_section("prune", {**REFERENCE, "target_value": value}, PruneConfig)
+    with pytest.raises(ConfigError, match="a ratio must be less than 1"):
+        parse_section("prune", {"target_value": 1.0}, PruneConfig)
+
+
 def test_plan_trials_default_to_four_for_latency_targets_and_none_otherwise():
     assert parse_section("prune", {}, PruneConfig).trial_count == 4
     assert parse_section("prune", {"plan_trials": 1}, PruneConfig).trial_count == 1

@@ -73,6 +73,20 @@ def test_a_user_model_module_is_a_dependency_of_every_stage_that_builds_the_mode
     assert "train" in users and "validate" not in users and "benchmark" not in users
 
 
+def test_a_latency_reference_model_is_a_dependency_of_the_prune_stage_alone(tmp_path):
+    reference = tmp_path / "served" / "model.onnx"
+    reference.parent.mkdir()
+    reference.write_bytes(b"")
+    latency = {"target": "latency_ratio", "target_value": 1.0, "target_batch": 1}
+    write_params(tmp_path, tiny_params(prune={**latency, "target_reference": "served/model.onnx"}))
+    stages = render(tmp_path)["stages"]
+    assert [name for name, entry in stages.items() if "served/model.onnx" in entry["deps"]] == ["prune"]
+    # Outside the project (a bench variant matching another's export): an absolute path DVC tracks.
+    outside = tmp_path.parent / f"{tmp_path.name}-elsewhere.onnx"
+    write_params(tmp_path, tiny_params(prune={**latency, "target_reference": str(outside)}))
+    assert str(outside) in render(tmp_path)["stages"]["prune"]["deps"]
+
+
 def test_a_stage_under_dvc_refuses_a_dvc_yaml_that_misses_a_file_it_uses(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     root = _project_with_user_model(tmp_path, "usermodels_b")

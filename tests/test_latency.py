@@ -370,7 +370,7 @@ def test_the_prune_stage_lets_the_gate_widen_for_latency_targets_only(monkeypatc
     seen = []
 
     def gate(*args, **kwargs):
-        seen.append(args[-1])
+        seen.append(args[8])  # widen_when_free
         return targets_module.GateResult("passed", args[3], {}, {}, {})
 
     monkeypatch.setattr(prune_module, "gate", gate)
@@ -674,7 +674,10 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     monkeypatch.setattr(
         targets,
         "retime",
-        lambda m, e, s, plans, b, bench, form: {"dense": real({}), **{p: real(w) for p, w in plans.items()}},
+        lambda m, e, s, plans, b, bench, form, reference=None: {
+            "dense": real({}),
+            **{p: real(w) for p, w in plans.items()},
+        },
     )
     config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.8)
     benchmark = BenchmarkConfig(batch_sizes=[1])
@@ -965,7 +968,7 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
         ms = 0.5 * gate_reads[name]
         return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
 
-    def retime(model, example, shape, plans, batch, benchmark, form="fp32"):
+    def retime(model, example, shape, plans, batch, benchmark, form="fp32", reference=None):
         names = {p: name_of(round(1 - w["u"] / 100, 2)) for p, w in plans.items()}
         runoffs.append(sorted(names.values()))
         return {"dense": 2.0, **{p: 2.0 * 0.5 * runoff_reads[n] for p, n in names.items()}}  # dense 2x slower here
@@ -1147,6 +1150,96 @@ def test_auto_with_quantize_auto_leaves_untimed_only_the_forms_it_measured_slowe
     assert [c["form"] for c in choices] == [*report.forms, *report.screened]
     assert [c["screened"] for c in choices if "screened" in c] == list(report.screened.values())
     assert sum(c["chosen"] for c in choices) == 1 and not any(c["chosen"] for c in choices if "screened" in c)
+
+
+def test_a_latency_target_relative_to_a_reference_model_holds_each_plan_to_the_reference_read_in_its_run(
+    pipeline_dir, tmp_path
+):
+    """`prune.target_reference`: the reference is timed at the start (the plan's ratio of dense) and
+    again in every gate reading beside dense and the plan, and each plan is held to that reading."""
+    from pruneops.io import read_json
+    from pruneops.stages import run_stage
+
+    reference = pipeline_dir / "artifacts/export/pruned_fp32.onnx"  # the session pipeline's half-ratio cut
+    prune = {"target": "latency_ratio", "target_value": 1.0, "target_batch": 1, "target_reference": str(reference)}
+    params = _stage_copy(pipeline_dir, tmp_path, prune=prune | {"plan_trials": 1})
+    run_stage("latency", params, tmp_path)
+    run_stage("prune", params, tmp_path)
+    metrics = read_json(tmp_path / "metrics/prune.json")
+    record = metrics["reference"]
+    assert record["file"] == str(reference.resolve()) and len(record["sha256"]) == 64
+    start = record["ms_at_start"] / record["dense_ms_at_start"]
+    assert record["planned_ratio_of_dense"] == pytest.approx(min(start, 1.0))  # min_speedup null: at most dense
+    assert metrics["target_value"] == 1.0  # the target as set: of the reference
+    assert metrics["latency_plans"]
+    for plan in metrics["latency_plans"]:
+        # Held to the reference as timed in the plan's own run, not to the ratio read at the start.
+        goal = min(plan["reference_ms"], plan["dense_ms"])
+        assert plan["fraction_of_target"] == pytest.approx(plan["measured_ms"] / goal)
+    assert record["ms"]["1"] == next(p["reference_ms"] for p in metrics["latency_plans"] if p["kept"])
+    speedup = record["speedups_over_reference"]["1"]
+    assert speedup == pytest.approx(record["ms"]["1"] / metrics["measured_ms"]["1"])
+
+
+def test_a_plan_is_held_to_the_reference_as_read_beside_it_and_never_to_slower_than_the_gate_allows():
+    """On the ConvNeXt-style workload a small model's time over dense's moved 0.46-0.56 within seconds:
+    a reading taken when the reference read 0.6 of dense is judged against 0.6, not a ratio read earlier."""
+    from pruneops.config import PruneConfig
+    from pruneops.prune import _goal_ms
+    from pruneops.pruning.targets import GateResult
+
+    asked = PruneConfig(target_value=1.0, target_reference="tp.onnx")
+    planning = asked.model_copy(update={"target_value": 0.5})  # the reference read 0.5 of dense at the start
+    reading = GateResult("passed", {}, {}, {"1": 0.58}, {"1": 1.0}, reference_ms={"1": 0.6})
+    assert _goal_ms(planning, asked, reading, "1") == pytest.approx(0.6)
+    beaten = asked.model_copy(update={"target_value": 0.9})  # 10% faster than the reference
+    assert _goal_ms(planning, beaten, reading, "1") == pytest.approx(0.54)
+    # A reference slower than dense/min_speedup: held to what the gate lets a pruned model be.
+    slow = GateResult("passed", {}, {}, {"1": 0.9}, {"1": 1.0}, reference_ms={"1": 1.2})
+    assert _goal_ms(planning, asked, slow, "1") == pytest.approx(1.0 / asked.min_speedup)
+    # Without a reference: a ratio of dense as the planning config holds it.
+    plain = GateResult("passed", {}, {}, {"1": 0.58}, {"1": 2.0})
+    assert _goal_ms(planning, asked, plain, "1") == pytest.approx(1.0)
+
+
+def _renamed_or_fixed(source, target, rename: str | None = None, batch: int | None = None):
+    import onnx
+
+    model = onnx.load(source)
+    graph_input = model.graph.input[0]
+    if rename is not None:
+        old = graph_input.name
+        graph_input.name = rename
+        for node in model.graph.node:
+            node.input[:] = [rename if i == old else i for i in node.input]
+    if batch is not None:
+        graph_input.type.tensor_type.shape.dim[0].dim_value = batch
+    onnx.save(model, target)
+    return target
+
+
+def test_a_reference_model_that_cannot_be_timed_on_the_models_inputs_is_refused_with_why(pipeline_dir, tmp_path):
+    from pruneops.config import BenchmarkConfig
+    from pruneops.errors import ConfigError
+    from pruneops.latency import measured_latency
+
+    source = pipeline_dir / "artifacts/export/pruned_fp32.onnx"
+    model = create_model(ModelSpec("cnn", [1, 8, 8], 10, {"widths": [16, 32]})).eval()
+    timing = BenchmarkConfig(threads=1, batch_sizes=[1], warmup=1, repeats=2, rounds=1)
+
+    def timed(path):
+        return measured_latency({"dense": model, "reference": path}, [1, 8, 8], timing)
+
+    assert set(timed(source)) == {"dense", "reference"}
+    with pytest.raises(ConfigError, match="target_reference: .*missing.onnx not found"):
+        timed(tmp_path / "missing.onnx")
+    (tmp_path / "text.onnx").write_text("not a model")
+    with pytest.raises(ConfigError, match="text.onnx is not an ONNX model ONNX Runtime loads"):
+        timed(tmp_path / "text.onnx")
+    with pytest.raises(ConfigError, match="takes inputs pixels; the model's export takes input"):
+        timed(_renamed_or_fixed(source, tmp_path / "renamed.onnx", rename="pixels"))
+    with pytest.raises(ConfigError, match=r"fixed batch size in input \(1\); .* dynamic batch axis"):
+        timed(_renamed_or_fixed(source, tmp_path / "fixed.onnx", batch=1))
 
 
 def test_the_latency_stage_refuses_a_sweep_of_another_model(pipeline_dir, tmp_path):

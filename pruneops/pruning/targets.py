@@ -264,6 +264,8 @@ class GateResult:
     # The widths as planned, per batch size (`measured_ms` unless the gate took others, rounded up):
     # what the latency table predicted, so that its prediction error is of the widths it predicted.
     planned_ms: dict[str, float] = field(default_factory=dict)
+    # `prune.target_reference`, measured in the same run, per batch size (empty without one).
+    reference_ms: dict[str, float] = field(default_factory=dict)
 
 
 def _pruned_copy(model: nn.Module, example: torch.Tensor, widths: dict[str, int]) -> nn.Module:
@@ -302,10 +304,16 @@ def retime(
     batch: int,
     benchmark: BenchmarkConfig,
     form: str = "fp32",
+    reference: Path | None = None,
 ) -> dict[str, float]:
-    """Batch-`batch` ms of dense (as "dense") and of each plan's widths, exported and timed interleaved in one run."""
+    """Batch-`batch` ms of dense (as "dense") and of each plan's widths, exported and timed interleaved in one run.
+
+    With `reference` (an ONNX file, `prune.target_reference`) it is timed among them, as "reference".
+    """
     timing = BenchmarkConfig(threads=benchmark.threads, batch_sizes=[batch], warmup=5, repeats=30, rounds=RUNOFF_ROUNDS)
     candidates = {"dense": model, **{n: _pruned_copy(model, example, w) for n, w in plans.items()}}
+    if reference is not None:
+        candidates["reference"] = reference
     times = measured_latency(candidates, input_shape, timing, budget_s=RUNOFF_BUDGET_S, form=form)
     return {n: t[batch] for n, t in times.items()}
 
@@ -320,6 +328,7 @@ def gate(
     benchmark: BenchmarkConfig,
     form: str = "fp32",
     widen_when_free: bool = True,
+    reference: Path | None = None,
 ) -> GateResult:
     """Measures the planned widths against dense and backs off until they are faster (see the module docstring).
 
@@ -327,7 +336,8 @@ def gate(
     Both are timed in `form` (`prune.latency_form`): fp32, or quantized as the quantize stage would.
     `widen_when_free` takes the rounded-up widths when they measure no slower; only a latency
     target is still met by wider widths at the same milliseconds (a MAC, parameter or ratio
-    budget is not), so the prune stage passes it for latency targets alone.
+    budget is not), so the prune stage passes it for latency targets alone. A `reference` ONNX
+    file (`prune.target_reference`) is timed with them, as it is, into `reference_ms`.
     """
     timing = BenchmarkConfig(
         threads=benchmark.threads, batch_sizes=sorted({1, *benchmark.batch_sizes}), warmup=5, repeats=30, rounds=3
@@ -339,6 +349,8 @@ def gate(
     if rounded != widths:
         ladder.append((f"backed off: widths rounded up to multiples of {CHANNEL_BLOCK}", rounded))
     candidates = {"dense": model, **{f"plan{i}": _pruned_copy(model, example, w) for i, (_, w) in enumerate(ladder)}}
+    if reference is not None:
+        candidates["reference"] = reference
     # Exported and timed interleaved, about GATE_BUDGET_S per batch size (a transformer's large batch
     # runs for tenths of a second, and the gate compares medians with a margin, not percentiles).
     times = measured_latency(candidates, input_shape, timing, budget_s=GATE_BUDGET_S, form=form)
@@ -353,6 +365,7 @@ def gate(
             {str(b): t[b] for b in timing.batch_sizes},
             {str(b): dense[b] for b in timing.batch_sizes},
             {str(b): times["plan0"][b] for b in timing.batch_sizes},
+            {str(b): times["reference"][b] for b in timing.batch_sizes} if reference is not None else {},
         )
 
     if min_speedup is None:
