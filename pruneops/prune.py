@@ -404,13 +404,15 @@ def _log_latency_try(number: int, target: Plan, gated: GateResult, key: str, fra
     planned = _planned_ms(gated, key)
     taken = gated.measured_ms[key]
     rounded = f"; rounded up (no slower): {taken:.4f} ms, taken" if gated.decision.startswith("passed:") else ""
+    reference = f", reference {gated.reference_ms[key]:.4f}" if gated.reference_ms else ""
     logger.info(
-        "latency plan %d: predicted %.4f ms, measured %.4f ms at batch %s (dense %.4f)%s, %.3f of the target",
+        "latency plan %d: predicted %.4f ms, measured %.4f ms at batch %s (dense %.4f%s)%s, %.3f of the target",
         number,
         float("nan") if predicted is None else predicted,
         planned,
         key,
         gated.dense_ms[key],
+        reference,
         rounded,
         fraction,
     )
@@ -528,10 +530,11 @@ def _runoff(
             ),
         )
         logger.info(
-            "latency runoff: plan %d measured %.4f ms (dense %.4f), %.3f of the target (its gate read %.3f)",
+            "latency runoff: plan %d measured %.4f ms (dense %.4f%s), %.3f of the target (its gate read %.3f)",
             i + 1,
             reading,
             ms["dense"],
+            f", reference {ms['reference']:.4f}" if reference else "",
             fraction(retimed[i][1]),
             first[i + 1],
         )
