@@ -339,6 +339,11 @@ def _predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
     return target.predicted_ms / target.dense_predicted_ms * gated.dense_ms[key]
 
 
+def _mildest_ratio(config: PruneConfig) -> float:
+    """The slowest a pruned model may be, as a fraction of dense: what the gate's `min_speedup` lets pass."""
+    return 1.0 / config.min_speedup if config.min_speedup else 1.0
+
+
 def _goal_ms(config: PruneConfig, asked: PruneConfig, gated: GateResult, key: str) -> float:
     """The milliseconds a plan's reading at batch `key` is held to, from readings in the same run.
 
@@ -349,8 +354,7 @@ def _goal_ms(config: PruneConfig, asked: PruneConfig, gated: GateResult, key: st
         return config.target_value
     if not gated.reference_ms:
         return config.target_value * gated.dense_ms[key]
-    mildest = 1.0 / config.min_speedup if config.min_speedup else 1.0
-    return min(asked.target_value * gated.reference_ms[key], mildest * gated.dense_ms[key])
+    return min(asked.target_value * gated.reference_ms[key], _mildest_ratio(config) * gated.dense_ms[key])
 
 
 def _aim_at_reference(
@@ -377,8 +381,7 @@ def _aim_at_reference(
     form = "fp32" if config.latency_form == AUTO_FORM else config.latency_form
     times = measured_latency({"dense": model, "reference": path}, shape, timing, budget_s=10.0, form=form)
     of_dense = times["reference"][batch] / times["dense"][batch]
-    mildest = 1.0 / config.min_speedup if config.min_speedup else 1.0
-    ratio = min(config.target_value * of_dense, mildest)
+    ratio = min(config.target_value * of_dense, _mildest_ratio(config))
     logger.info(
         "latency target reference %s: %.4f ms at batch %d against dense %.4f (%s): aiming at %.3f of dense",
         path.name, times["reference"][batch], batch, times["dense"][batch], form, ratio,
@@ -391,9 +394,9 @@ def _aim_at_reference(
         "planned_ratio_of_dense": ratio,
     }
     if ratio < config.target_value * of_dense:
-        record["note"] = (
-            f"the reference measured {of_dense:.3f} of dense: held to prune.min_speedup {config.min_speedup:g} instead"
-        )
+        # A None min_speedup cannot be formatted: that case is held to dense's own time.
+        held = f"1/prune.min_speedup ({ratio:.3f})" if config.min_speedup else "dense's time (prune.min_speedup null)"
+        record["note"] = f"the reference measured {of_dense:.3f} of dense: the target is held to {held} instead"
     return config.model_copy(update={"target_reference": str(path), "target_value": ratio}), record
 
 

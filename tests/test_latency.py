@@ -1202,6 +1202,39 @@ def test_a_plan_is_held_to_the_reference_as_read_beside_it_and_never_to_slower_t
     assert _goal_ms(planning, asked, plain, "1") == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(("min_speedup", "held"), [(1.05, "1/prune.min_speedup (0.952)"), (None, "dense's time")])
+def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
+    monkeypatch, tmp_path, min_speedup, held
+):
+    """A reference timed at 1.2x dense asks for a pruned model slower than dense: the plan is
+    held to what the gate lets pass, and the record says so (with and without a min_speedup)."""
+    from pruneops import latency as latency_module
+    from pruneops.config import BenchmarkConfig, PruneConfig
+    from pruneops.io import Layout
+    from pruneops.prune import _aim_at_reference
+
+    monkeypatch.setattr(
+        latency_module,
+        "measured_latency",
+        lambda models, shape, timing, budget_s=None, form="fp32": {"dense": {1: 1.0}, "reference": {1: 1.2}},
+    )
+    (tmp_path / "served.onnx").write_bytes(b"stand-in")
+    asked = PruneConfig(target_value=1.0, target_reference="served.onnx", min_speedup=min_speedup)
+    planning, record = _aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
+    mildest = 1.0 / min_speedup if min_speedup else 1.0
+    assert planning.target_value == pytest.approx(mildest) == pytest.approx(record["planned_ratio_of_dense"])
+    assert planning.target_reference == str((tmp_path / "served.onnx").resolve())
+    assert record["note"].startswith("the reference measured 1.200 of dense") and held in record["note"]
+    # A faster reference is planned at its own ratio, with no note.
+    monkeypatch.setattr(
+        latency_module,
+        "measured_latency",
+        lambda models, shape, timing, budget_s=None, form="fp32": {"dense": {1: 1.0}, "reference": {1: 0.4}},
+    )
+    planning, record = _aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
+    assert planning.target_value == pytest.approx(0.4) and "note" not in record
+
+
 def _renamed_or_fixed(source, target, rename: str | None = None, batch: int | None = None):
     import onnx
 
