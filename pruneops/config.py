@@ -447,6 +447,11 @@ class PruneConfig(StageConfig):
             )
 
     @property
+    def reference_file(self) -> Path | None:
+        """`target_reference` as a path (None without one)."""
+        return Path(self.target_reference) if self.target_reference else None
+
+    @property
     def trial_count(self) -> int:
         """How many latency plans are trained briefly and compared (1: none; see the class docstring)."""
         if self.target not in LATENCY_TARGETS:

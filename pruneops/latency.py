@@ -532,7 +532,8 @@ def _reference_session(path: Path, threads: int, exported: dict):
     """A session of a given ONNX file, refused unless it takes the inputs the exports take.
 
     Raises:
-        ConfigError: The file is missing or not a model, or its inputs are named otherwise.
+        ConfigError: The file is missing or not a model, its inputs are named otherwise, or its batch axis
+            is fixed.
     """
     from pruneops.onnx_utils import make_session
 

@@ -302,7 +302,7 @@ def _gate(config: PruneConfig, benchmark: BenchmarkConfig, model, example, shape
     planned = {n: 1.0 - w / sizes[n] for n, w in widths.items()}
     timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target_batch or 1})})
     widen = config.target in LATENCY_TARGETS
-    reference = Path(config.target_reference) if config.target_reference else None
+    reference = config.reference_file
     result = gate(
         model, example, shape, planned, sizes, config.min_speedup, timing, config.latency_form, widen, reference
     )
@@ -480,7 +480,7 @@ def _meet_measured(
         for n, (t, g) in enumerate(tried, 1)
     )
     if not within:
-        of = f" of {Path(config.target_reference).name}" if config.target_reference else ""
+        of = f" of {config.reference_file.name}" if config.reference_file else ""
         target.warnings.append(
             f"latency target {(asked or config).target_value:g} ({config.target}{of}) at batch {config.target_batch} "
             "not reached: "
@@ -515,7 +515,7 @@ def _runoff(
     under = [i for i in passed if fraction(tried[i][1]) <= high]
     picked = over + ([max(under, key=lambda i: fraction(tried[i][1]))] if under else [])
     widths = {f"plan{i + 1}": keep_counts(tried[i][1].ratios, sizes) for i in picked}
-    reference = Path(config.target_reference) if config.target_reference else None
+    reference = config.reference_file
     ms = retime(model, example, shape, widths, config.target_batch, benchmark, config.latency_form, reference)
     first = {i + 1: fraction(tried[i][1]) for i in picked}
     retimed = list(tried)
