@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -109,6 +111,11 @@ def test_a_reference_model_may_be_matched_or_beaten_by_any_ratio_up_to_the_bound
         parse_section("prune", {**REFERENCE, "target_value": value}, PruneConfig)
     with pytest.raises(ConfigError, match="a ratio must be less than 1"):
         parse_section("prune", {"target_value": 1.0}, PruneConfig)
+
+
+def test_the_reference_is_read_as_a_path_only_when_set():
+    assert parse_section("prune", REFERENCE, PruneConfig).reference_file == Path("served/model.onnx")
+    assert parse_section("prune", {}, PruneConfig).reference_file is None
 
 
 def test_plan_trials_default_to_four_for_latency_targets_and_none_otherwise():
