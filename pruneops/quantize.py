@@ -22,6 +22,7 @@ from pruneops.onnx_utils import export_onnx_file, file_size, make_session, ort_a
 from pruneops.registry import Registry
 from pruneops.stages import StageReport
 
+logger = logging.getLogger(__name__)
 Quantizer = Callable[[Path, Path, np.ndarray, QuantizeConfig], None]
 # Two median latencies within this fraction of each other are a tie: identical models timed
 # interleaved (`benchmark.measure_latencies`) agree to about 0.5 % here, so 1 % is noise.
@@ -153,7 +154,9 @@ def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, bat
     `SAME_SPEED`) at some batch size is not evaluated on validation (`val_accuracy` None,
     `not_evaluated` says why): `_choose` never ships it, fp32 being within tolerance and not slower
     (dynamic INT8 of MobileNetV2 at 64x64 measured 8.2 ms at batch 1 against fp32's 0.78 here:
-    evaluating it cost more than the fp32 model's).
+    evaluating it cost more than the fp32 model's). Where some candidate reads slower than fp32,
+    that batch size is timed once more and each candidate keeps its faster reading
+    (`timed_twice_at` lists those batch sizes).
     """
     from pruneops.benchmark import measure_latencies
 
@@ -161,12 +164,29 @@ def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, bat
     rounds = 4
     per_round = max(1, config.latency_repeats // rounds)
     latency: dict[str, dict[str, float]] = {n: {} for n in paths}
+    retimed: list[str] = []
     for b in batch_sizes:
         repeats = per_round if b == 1 else max(5, int(per_round / b**0.5))
         timing = BenchmarkConfig(batch_sizes=[b], warmup=10 if b == 1 else 3, repeats=repeats, rounds=rounds)
-        samples = measure_latencies(sessions, val.x, timing)
+
+        def medians(timing: BenchmarkConfig = timing, b: int = b) -> dict[str, float]:
+            samples = measure_latencies(sessions, val.x, timing)
+            return {n: float(np.median(samples[n][b])) for n in paths}
+
+        at_b = medians()
+        if "fp32" in paths and any(_slower(ms, at_b["fp32"]) for ms in at_b.values()):
+            # A candidate read slower than fp32 is never shipped, on a reading of a few hundred
+            # milliseconds: static INT8 of a pruned CNN read 2.15x its fp32 at batch 64 once and
+            # 0.88x timed again (benchmarks/latency.yaml, 2026-11-28), and fp32 shipped 15 % slower
+            # than the INT8 target it was planned for. So it is timed again, and each candidate keeps
+            # its faster reading (the machine only ever adds time).
+            again = medians()
+            at_b = {n: min(ms, again[n]) for n, ms in at_b.items()}
+            retimed.append(f"b{b}")
         for n in paths:
-            latency[n][str(b)] = float(np.median(samples[n][b]))
+            latency[n][str(b)] = at_b[n]
+    if retimed:
+        logger.info("quantize: a candidate read slower than fp32 at %s; timed again there", ", ".join(retimed))
     measured = {}
     for n in paths:
         slower = (
@@ -179,6 +199,7 @@ def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, bat
             "latency_ms": latency[n],
             "size_bytes": file_size(paths[n]),
             **({"not_evaluated": f"slower than fp32 at {', '.join(slower)}"} if slower else {}),
+            **({"timed_twice_at": retimed} if retimed else {}),
         }
     return measured
 

@@ -84,6 +84,43 @@ def test_quantize_ships_int8_only_where_it_is_not_slower_at_any_benchmark_batch(
     assert manifest["pruned_deployed"]["precision"] == "fp32" and export.deployed_precision == "fp32"
 
 
+def test_a_candidate_read_slower_than_fp32_once_is_timed_again_before_it_is_ruled_out(
+    pipeline_dir, tmp_path, monkeypatch
+):
+    """Static INT8 read 2x fp32 at batch 8 in one timing and 0.9x in the next: it ships."""
+    import pruneops.benchmark as benchmark
+
+    for part in ("validate", "train", "prune", "finetune"):
+        shutil.copytree(pipeline_dir / "artifacts" / part, tmp_path / "artifacts" / part)
+    shutil.copy(pipeline_dir / "params.yaml", tmp_path / "params.yaml")
+    # Each call's factors over fp32 (1 ms at batch 1, 8 ms at batch 8): dynamic reads 1.5x every
+    # time, so every batch size is timed twice; static's first batch-8 reading is the outlier.
+    readings = iter(
+        [
+            {"static": 0.8, "dynamic": 1.5},  # batch 1
+            {"static": 0.8, "dynamic": 1.5},  # batch 1 again
+            {"static": 2.0, "dynamic": 1.5},  # batch 8
+            {"static": 0.9, "dynamic": 1.5},  # batch 8 again
+        ]
+    )
+    calls = []
+
+    def measure(sessions, x, config):
+        (b,) = config.batch_sizes
+        calls.append(b)
+        factors = next(readings)
+        return {n: {b: np.full(5, (1.0 if b == 1 else 8.0) * factors.get(n, 1.0))} for n in sessions}
+
+    monkeypatch.setattr(benchmark, "measure_latencies", measure)
+    report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
+    assert calls == [1, 1, 8, 8]
+    assert report.method == "static"
+    static = report.candidates["static"]
+    assert static["timed_twice_at"] == ["b1", "b8"] and static["val_accuracy"] is not None
+    assert static["latency_ms"] == {"1": pytest.approx(0.8), "8": pytest.approx(7.2)}
+    assert report.candidates["dynamic"]["not_evaluated"] == "slower than fp32 at b1 1.500x, b8 1.500x"
+
+
 def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower_or_planned_otherwise(
     pipeline_dir, tmp_path, monkeypatch
 ):
