@@ -1202,6 +1202,61 @@ def test_a_plan_is_held_to_the_reference_as_read_beside_it_and_never_to_slower_t
     assert _goal_ms(planning, asked, plain, "1") == pytest.approx(1.0)
 
 
+def _staircase_ask(plans: dict[str, float], fallback_aim: float):
+    """A table that plans the widest of `plans` (name -> predicted table ms) within the aim, else the narrowest."""
+    from pruneops.pruning.targets import Plan
+
+    asked = []
+
+    def ask(aim, points):
+        aim = fallback_aim if aim is None else aim
+        asked.append(aim)
+        within = [n for n, ms in plans.items() if ms <= aim]
+        name = max(within, key=plans.get) if within else min(plans, key=plans.get)
+        return Plan(0.5, ratios={name: 0.5}, predicted_ms=plans[name], dense_predicted_ms=2.0, aim_ms=aim)
+
+    return ask, asked
+
+
+def test_a_retry_aims_at_the_reference_as_the_gate_last_read_it():
+    """The static-INT8 CNN match: the reference read 0.155 of dense at the start and 0.213 in the
+    gate; the table's narrowest plan (0.205 of dense, measured) was below the reference, and the
+    steps up from the start's aim (at most 1.03^8 = 1.27x of it) never reached a wider plan."""
+    from pruneops.config import PruneConfig
+    from pruneops.prune import _aim_now, _next_unmeasured
+    from pruneops.pruning.targets import GateResult, Plan
+
+    asked = PruneConfig(target_value=1.0, target_reference="tp.onnx")
+    planning = asked.model_copy(update={"target_value": 0.155})
+    # Table ms, dense predicted at 2.0: the narrowest plan "all16" and two wider ones.
+    ask, aims = _staircase_ask({"all16": 0.41, "some24": 0.42, "tp_like": 0.50}, fallback_aim=0.155 * 2.0)
+    first = Plan(0.5, ratios={"all16": 0.5}, predicted_ms=0.41, dense_predicted_ms=2.0, aim_ms=0.31)
+    gated = GateResult("passed", {}, {}, {"1": 0.1223}, {"1": 0.5957}, reference_ms={"1": 0.1267})
+    aim = _aim_now(planning, asked, first, gated, "1")
+    assert aim == pytest.approx(0.1267 / 0.5957 * 2.0)  # 0.425: the reference as the gate read it
+    points = [({"u": 16}, 0.1223 / 0.5957)]
+    retry = _next_unmeasured(ask, first, points, [first.ratios], up=True, aim=aim)
+    assert retry.ratios == {"some24": 0.5} and aims == [pytest.approx(aim)]
+    # Without a reference there is nothing to re-aim at.
+    assert _aim_now(planning, asked, first, GateResult("passed", {}, {}, {"1": 0.1}, {"1": 0.5}), "1") is None
+
+
+def test_steps_up_start_where_the_last_plan_measured_when_the_aim_is_below_it():
+    """Stepping up 3% at a time from an aim under the measured plan's own time finds it again; the
+    steps start from where it measured instead, so a wider plan 3% above it is found."""
+    from pruneops.prune import _next_unmeasured
+    from pruneops.pruning.targets import Plan
+
+    ask, aims = _staircase_ask({"all16": 0.41, "some24": 0.42}, fallback_aim=0.31)
+    first = Plan(0.5, ratios={"all16": 0.5}, predicted_ms=0.41, dense_predicted_ms=2.0, aim_ms=0.31)
+    points = [({"u": 16}, 0.205)]  # measured at 0.205 of dense: 0.41 table ms
+    retry = _next_unmeasured(ask, first, points, [first.ratios], up=True)
+    assert retry.ratios == {"some24": 0.5}
+    assert aims[1] == pytest.approx(0.41 * 1.03)  # the first step starts at the measured plan
+    # The old start (the aim, 0.31) would have needed 1.03^n >= 0.42/0.31, n = 11 > 8 steps.
+    assert math.log(0.42 / 0.31) / math.log(1.03) > 8
+
+
 @pytest.mark.parametrize(("min_speedup", "held"), [(1.05, "1/prune.min_speedup (0.952)"), (None, "dense's time")])
 def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
     monkeypatch, tmp_path, min_speedup, held
