@@ -202,9 +202,10 @@ def channels_last_(*models: nn.Module | None) -> Iterator[bool]:
     with a channels-last weight makes its output channels-last, so the inputs need no change.
     The weights are stored contiguously again on exit, as checkpoints, pruning and export expect.
     Yields whether any model was converted: models without a Conv2d are left alone, and so are
-    models already converted by an enclosing block (which restores them).
+    models already converted by an enclosing block (which restores them), and models with a
+    convolution that PyTorch's channels-last kernels get wrong (`_channels_last_unsafe`).
     """
-    convolutional = [m for m in models if m is not None and _stored_contiguously(m)]
+    convolutional = [m for m in models if m is not None and _stored_contiguously(m) and not _channels_last_unsafe(m)]
     for m in convolutional:
         m.to(memory_format=torch.channels_last)
     try:
@@ -212,6 +213,21 @@ def channels_last_(*models: nn.Module | None) -> Iterator[bool]:
     finally:
         for m in convolutional:
             m.to(memory_format=torch.contiguous_format)
+
+
+def _channels_last_unsafe(model: nn.Module) -> bool:
+    """Whether `model` has a strided 1x1 Conv2d over fewer than 8 input channels.
+
+    Its channels-last backward pass in torch 2.13's CPU build corrupts the heap on a 2-core AMD
+    EPYC (Zen 3, AVX2): glibc aborts ("corrupted size vs. prev_size") with 1 thread, and with 2 the
+    weight gradients differ run to run (two seeded fits of a ResNet with a 4 -> 8 projection
+    shortcut ended 0.07 apart). Measured for 2-6 input channels; 7, 8, 16 and 64 and a 3x3 stride-2
+    conv over 4 were exact. Pruning makes such widths, so those models train in NCHW.
+    """
+    return any(
+        isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1) and max(m.stride) > 1 and m.in_channels < 8
+        for m in model.modules()
+    )
 
 
 def _stored_contiguously(model: nn.Module) -> bool:
