@@ -506,6 +506,8 @@ class QuantizeConfig(StageConfig):
     threads: Threads = 1
     opset: Annotated[int, Field(ge=13, le=23)] = 18
     exporter: str = "torchscript"
+    # Static INT8 weights in 7 bits: auto = on x86 without VNNI, whose u8 x s8 kernels saturate.
+    reduce_range: bool | Literal["auto"] = "auto"
 
     @field_validator("method")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import platform
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -41,6 +42,45 @@ class _Calibration:
         return None if batch is None else as_feed(batch)
 
 
+# x86 kernels that multiply u8 activations by s8 weights without VNNI (SSSE3/AVX2 `pmaddubsw`)
+# add pairs of products in 16 bits and saturate. Measured on a Zen 3 EPYC (AVX2, no VNNI): the
+# digits CNN's static QDQ graph read 93.1 % on validation with the integer kernels and 95.8 % run
+# unfused (logits up to 2.08 apart, on a scale of 5); with 7-bit weights both read 95.4 %, 0.04 apart.
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
+X86 = frozenset({"x86_64", "amd64", "i386", "i686"})
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def weight_range(
+    setting: bool | str, machine: str | None = None, flags: frozenset[str] | None = None
+) -> tuple[bool, str]:
+    """Whether static INT8 weights use 7 bits (`quantize.reduce_range`), and why.
+
+    Args:
+        setting: True, False, or "auto" (7 bits on x86 without VNNI).
+        machine: `platform.machine()`; this machine's when None.
+        flags: CPU feature flags; this machine's when None.
+    """
+    if setting != "auto":
+        return bool(setting), f"quantize.reduce_range: {str(setting).lower()}"
+    machine = (machine or platform.machine()).lower()
+    if machine not in X86:
+        return False, f"auto: {machine} is not x86 (the saturating u8 x s8 kernels are x86's)"
+    flags = cpu_flags() if flags is None else flags
+    if flags & VNNI_FLAGS:
+        return False, f"auto: {sorted(flags & VNNI_FLAGS)[0]} multiplies u8 x s8 without saturating"
+    return True, "auto: x86 without VNNI, whose u8 x s8 kernels saturate; weights in 7 bits"
+
+
 @QUANTIZERS.register("static", "QDQ with calibrated activations (uint8 act/int8 weights by default)")
 def quantize_static_qdq(
     src: Path, dst: Path, calib: np.ndarray, config: QuantizeConfig, exclude: Sequence[str] = ()
@@ -63,6 +103,7 @@ def quantize_static_qdq(
         per_channel=config.per_channel,
         activation_type=act,
         weight_type=QuantType.QInt8,
+        reduce_range=weight_range(config.reduce_range)[0],
         nodes_to_exclude=list(exclude),
         **extra,
     )
@@ -106,6 +147,7 @@ class QuantizeReport(StageReport):
     size_bytes: int
     candidates: dict
     warnings: tuple[str, ...]
+    static_weight_bits: str
     model_path: Path
 
     def summary(self) -> str:
@@ -353,12 +395,19 @@ def quantize_model(
             size_bytes=candidates[chosen]["size_bytes"],
             candidates=candidates,
             warnings=tuple(warnings),
+            static_weight_bits="{} ({})".format(*_bits(config)),
             model_path=layout.stage_dir("quantize") / "model.onnx",
         )
         _write(layout, paths[chosen], report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def _bits(config: QuantizeConfig) -> tuple[int, str]:
+    """The static candidate's weight bits and why (`weight_range`)."""
+    reduced, why = weight_range(config.reduce_range)
+    return (7 if reduced else 8), why
 
 
 def _write(layout: Layout, chosen: Path, report: QuantizeReport) -> None:
