@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 
@@ -70,10 +69,17 @@ def plot_frontier(points: list[dict], path: Path, latency_key: str) -> None:
     """Test accuracy vs latency, one labelled point per model."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    labels = []
     for p in points:
         ax.scatter(p[latency_key], 100 * p["test_accuracy"], s=40)
-        ax.annotate(
-            p["name"], (p[latency_key], 100 * p["test_accuracy"]), textcoords="offset points", xytext=(5, 4), fontsize=8
+        labels.append(
+            ax.annotate(
+                p["name"],
+                (p[latency_key], 100 * p["test_accuracy"]),
+                textcoords="offset points",
+                xytext=(5, 4),
+                fontsize=8,
+            )
         )
     ax.set_xscale("log")
     ax.set_xlabel(f"{latency_key.replace('_', ' ')} (ms, ONNX Runtime CPU, log scale)")
@@ -81,6 +87,7 @@ def plot_frontier(points: list[dict], path: Path, latency_key: str) -> None:
     ax.set_title("Accuracy vs latency")
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
+    spread_labels_(ax, labels)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -115,21 +122,30 @@ def plot_frontiers(rows: dict[str, list[dict]], path: Path) -> None:
     """Test accuracy vs batch-1 latency, one panel per workload; our recipe's Pareto front joined."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(rows), figsize=(8.5 * len(rows), 4.8), squeeze=False)
+    marks = []
     for ax, (workload, items) in zip(axes[0], rows.items(), strict=True):
-        draw_frontier_(ax, workload, items)
+        marks.append((ax, draw_frontier_(ax, workload, items)))
     fig.tight_layout()
+    for ax, texts in marks:  # once the layout has placed the axes: overlaps are in pixels
+        spread_labels_(ax, texts)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
-def draw_frontier_(ax, workload: str, items: list[dict]) -> None:
-    """Draws one workload's rows on `ax`: a marker and a label per row, our Pareto front joined."""
+def draw_frontier_(ax, workload: str, items: list[dict]) -> list:
+    """Draws one workload's rows on `ax`: a marker per row, our Pareto front joined.
+
+    Each marker carries its variant's number, named in a key below the axes.
+
+    Returns:
+        The number labels, to be spread apart (`spread_labels_`) once the figure's layout is final.
+    """
     if not items:  # every variant failed: the report says why
         ax.set_title(workload)
         ax.text(0.5, 0.5, "no model finished (the report says why)", ha="center", transform=ax.transAxes)
         ax.set_axis_off()
-        return
+        return []
     front = pareto_front([r for r in items if r["family"] == "ours"])
     ax.plot(
         [r["latency"]["1"]["p50_ms"] for r in front],
@@ -154,27 +170,65 @@ def draw_frontier_(ax, workload: str, items: list[dict]) -> None:
                     label=f"{FAMILY_NAMES[family]} {precision}",
                 )
     xs = [r["latency"]["1"]["p50_ms"] for r in items]
-    middle = math.sqrt(min(xs) * max(xs))  # the log axis's middle
-    for r in items:
-        # Right of the middle, labels run leftwards: a long label at the slowest point ran past
-        # the axes and was clipped.
-        right = r["latency"]["1"]["p50_ms"] > middle
-        ax.annotate(
-            r["label"],
-            (r["latency"]["1"]["p50_ms"], 100 * r["test_accuracy"]),
-            textcoords="offset points",
-            xytext=(-4, 3) if right else (4, 3),
-            ha="right" if right else "left",
-            fontsize=7,
-        )
     ax.set_xscale("log")
     _pad_limits(ax, xs, [100 * r["test_accuracy"] for r in items])
+    # Each point carries its variant's number and a key below the axes names it: full labels at
+    # points that share a latency (a variant's fp32 and INT8 forms, a latency-matched pair) wrote
+    # over each other.
+    numbers = {label: n for n, label in enumerate(dict.fromkeys(r["label"] for r in items), start=1)}
+    marks = [
+        ax.annotate(
+            str(numbers[r["label"]]),
+            (r["latency"]["1"]["p50_ms"], 100 * r["test_accuracy"]),
+            textcoords="offset points",
+            xytext=(4, 3),
+            fontsize=7,
+        )
+        for r in items
+    ]
+    ax.annotate(
+        "\n".join(f"{n}  {label}" for label, n in numbers.items()),
+        xy=(0.0, 0.0),
+        xycoords=("axes fraction", ax.xaxis.label),
+        xytext=(0, -6),
+        textcoords="offset points",
+        va="top",
+        fontsize=7,
+    )
     ax.set_xlabel("batch-1 p50 latency (ms, ONNX Runtime CPU, log); hollow fp32, filled int8")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(workload)
     ax.grid(alpha=0.3, which="both")
     # Outside the axes: inside, it hid a point on a crowded workload.
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return marks
+
+
+def spread_labels_(ax, texts: list) -> None:
+    """Moves each label up until it overlaps none placed before it, lowest points first.
+
+    Labels that moved more than a line away from their point get a thin line back to it.
+    """
+    renderer = ax.figure.canvas.get_renderer()
+    placed = []
+    for text in sorted(texts, key=lambda t: (t.xy[1], t.xy[0])):
+        start = text.xyann
+        for _ in range(len(texts)):
+            box = text.get_window_extent(renderer)
+            hit = next((b for b in placed if box.overlaps(b)), None)
+            if hit is None:
+                break
+            x, y = text.xyann
+            text.xyann = (x, y + (hit.y1 - box.y0 + 1) * 72 / ax.figure.dpi)
+        placed.append(text.get_window_extent(renderer))
+        if text.xyann[1] - start[1] > text.get_fontsize():
+            ax.annotate(
+                "",
+                text.xy,
+                xytext=text.get_position(),
+                textcoords="offset points",
+                arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.5", "shrinkA": 0, "shrinkB": 3},
+            )
 
 
 def _grouped(items: list[dict]) -> dict[tuple[str, int], list[dict]]:

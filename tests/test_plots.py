@@ -2,7 +2,7 @@
 
 import pytest
 
-from pruneops.plots import _pad_limits, _pyplot, draw_frontier_
+from pruneops.plots import _pad_limits, _pyplot, draw_frontier_, spread_labels_
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,18 @@ def _row(label: str, ms: float, accuracy: float, family: str = "ours", precision
     }
 
 
-def test_every_label_stays_inside_the_axes() -> None:
+def _draw(rows: list[dict]):
+    """The frontier of `rows` drawn and laid out as the report draws it: figure, axes, number labels."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    marks = draw_frontier_(ax, "w", rows)
+    fig.tight_layout()
+    spread_labels_(ax, marks)
+    fig.canvas.draw()
+    return fig, ax, marks
+
+
+def test_every_label_stays_inside_the_axes_and_the_key_names_each_variant_once() -> None:
     # The text run: the slowest point's label (dense fp32, at the right edge) ran past the axes.
     rows = [
         _row("dense MiniLM fine-tuned, a long label", 12.15, 0.8299, "dense", "fp32"),
@@ -46,19 +57,45 @@ def test_every_label_stays_inside_the_axes() -> None:
         _row("ours (Fisher), latency ratio 0.25", 3.12, 0.8240, precision="fp32"),
         _row("ours (Fisher), latency ratio 0.25", 1.92, 0.8216),
     ]
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    fig, ax, marks = _draw(rows)
     try:
-        draw_frontier_(ax, "text", rows)
-        fig.canvas.draw()
         box = ax.get_window_extent()
-        labels = [t for t in ax.texts if t.get_text() in {r["label"] for r in rows}]
-        assert len(labels) == len(rows)
-        for text in labels:
-            extent = text.get_window_extent()
-            assert box.x0 <= extent.x0 and extent.x1 <= box.x1, text.get_text()
+        assert [m.get_text() for m in marks] == ["1", "1", "2", "2"]
+        for mark in marks:
+            extent = mark.get_window_extent()
+            assert box.contains(extent.x0, extent.y0) and box.contains(extent.x1, extent.y1)
+        (key,) = [t for t in ax.texts if "\n" in t.get_text()]
+        assert key.get_text().splitlines() == [
+            "1  dense MiniLM fine-tuned, a long label",
+            "2  ours (Fisher), latency ratio 0.25",
+        ]
+        # Below the axes and their x label, not over the points.
+        assert key.get_window_extent().y1 < ax.xaxis.label.get_window_extent().y0
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
+
+
+def test_labels_of_points_at_one_latency_do_not_overlap() -> None:
+    # docs/wide-latency: two latency targets gave the same model (one point, two labels) beside
+    # a third 3 % away, and their full labels were written over each other.
+    rows = [
+        _row("dense", 1.787, 0.9914, "dense", "fp32"),
+        _row("ours, latency target = the MAC-targeted row's measured ms", 0.0888, 0.9884),
+        _row("ours, latency ratio 0.1", 0.0888, 0.9884),
+        _row("ours, latency ratio 0.07", 0.0916, 0.9881),
+        _row("ours @ TP MACs (MAC target)", 0.0852, 0.9871),
+    ]
+    fig, _, marks = _draw(rows)
+    try:
+        boxes = [m.get_window_extent() for m in marks]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1 :]:
+                assert not a.overlaps(b)
+        # The labels moved off their point are joined to it by a line; those left in place are not.
+        lines = [t for t in fig.axes[0].texts if t.get_text() == "" and t.arrow_patch is not None]
+        assert 1 <= len(lines) < len(marks)
+    finally:
+        _pyplot().close(fig)
 
 
 def test_latency_predictions_say_the_form_and_batch_each_was_timed_at(tmp_path) -> None:
