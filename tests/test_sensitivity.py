@@ -35,6 +35,7 @@ from pruneops.training import evaluate
 from tests.conftest import prune_section, tiny_params, write_params
 
 RATIOS = [0.25, 0.5, 0.75]
+RUNS = 5  # independent latency-table and gate timings of one plan (see the latency-target test)
 TRANSFORMER = {"model": "transformer", "model_kwargs": {"dim": 32, "ffn_dim": 64}}
 
 
@@ -127,18 +128,26 @@ def test_fisher_sweep_plans_a_latency_target(trained, tmp_path, monkeypatch):
     run_stage("sensitivity", params, tmp_path)
     assert (tmp_path / "artifacts/sensitivity/fisher_scores.safetensors").exists()
     assert read_json(tmp_path / "metrics/sensitivity.json")["evaluations"] == 0
-    run_stage("latency", params, tmp_path)
-    assert (tmp_path / "artifacts/latency/fp32/latency_table.json").exists()
     # The prune stage ranks by the sweep's saved scores: it has no reason to compute them again.
     monkeypatch.setattr(methods, "fisher_scores", _must_not_run)
-    run_stage("prune", params, tmp_path)
-    prune = read_json(tmp_path / "metrics/prune.json")
+    errors = []
+    for _ in range(RUNS):
+        run_stage("latency", params, tmp_path)
+        assert (tmp_path / "artifacts/latency/fp32/latency_table.json").exists()
+        run_stage("prune", params, tmp_path)
+        prune = read_json(tmp_path / "metrics/prune.json")
+        assert prune["predicted_latency_ms"] is not None
+        errors.append(prune["latency_prediction_error"])
     # The plan came from the table over the predicted curves, and the table predicted what it
-    # planned. How far it cut is not asserted: the tiny model's 0.05 ms is mostly per-operator
-    # overhead, so the (unreachable) 0.6 led to 1.0x-2.5x fewer MACs from run to run here, 1.0x
-    # where the table measured no cut worth its accuracy.
-    assert prune["predicted_latency_ms"] is not None
-    assert abs(prune["latency_prediction_error"]) < 0.15
+    # planned. How far it cut is not asserted: the tiny model's 0.05-0.2 ms is mostly per-operator
+    # overhead, so the (unreachable) 0.6 led to 1.0x-3.8x fewer MACs from run to run here, 1.0x
+    # where the table measured no cut worth its accuracy. One run's error is one timing of each
+    # side: dense itself read 0.078-0.178 ms in five runs here, single runs' errors spread from
+    # -0.13 to +0.14, and a CI run's read -0.17. A table that misfits this model misses in most
+    # runs (a 25 % bias read +0.09, +0.31, +0.43 here); the median of independent runs, table and
+    # gate timed again in each, is what the 15 % bound holds.
+    print(f"latency prediction errors {[round(e, 3) for e in errors]}")
+    assert abs(float(np.median(errors))) < 0.15, errors
 
 
 def _must_not_run(*_, **__):
