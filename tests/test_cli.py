@@ -216,6 +216,7 @@ def test_temporary_outputs_of_a_killed_stage_are_swept_by_the_next_run(tmp_path)
     assert (final / "model.txt").read_text() == "new"
 
 
+@pytest.mark.slow
 def test_a_training_stage_shows_one_line_per_epoch(tmp_path):
     write_params(tmp_path, tiny_params(train={"epochs": 2, "model": "mlp", "model_kwargs": {"hidden": [16]}}))
     assert _run(tmp_path, "validate").returncode == 0

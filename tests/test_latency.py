@@ -1068,6 +1068,7 @@ def test_the_latency_stage_times_nothing_without_a_latency_target_and_says_why(p
     assert (pipeline_dir / "plots/latency/latency.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipeline_dir, tmp_path):
     from PIL import Image
 
@@ -1100,6 +1101,7 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
     assert metrics["plan_trials"] is None and any("not reached" in w for w in metrics["warnings"])
 
 
+@pytest.mark.slow
 def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one_kept(pipeline_dir, tmp_path):
     from PIL import Image
 
@@ -1124,6 +1126,7 @@ def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one
     assert read_json(tmp_path / "artifacts/prune/allocation.json")["latency_form"] == "static"
 
 
+@pytest.mark.slow
 def test_auto_with_quantize_auto_leaves_untimed_only_the_forms_it_measured_slower_than_fp32(pipeline_dir, tmp_path):
     import re
 

@@ -122,6 +122,7 @@ def test_fisher_ranks_points_as_measured_loss_does(trained, tmp_path):
     assert sweeps["fisher"]["estimator"] == "fisher" and sweeps["fisher"]["chance_drop"] is None
 
 
+@pytest.mark.slow
 def test_fisher_sweep_plans_a_latency_target(trained, tmp_path, monkeypatch):
     shutil.copytree(trained / "artifacts", tmp_path / "artifacts")
     params = _params(tmp_path, "fisher", target="latency_ratio", target_value=0.6, target_batch=1, steps=1)

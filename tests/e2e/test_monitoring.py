@@ -109,6 +109,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
             proc.kill()
 
 
+@pytest.mark.slow
 def test_drift_alert_reaches_receiver_and_starts_one_reprune(served_project, tmp_path_factory):
     import uvicorn
     from prefect.client.orchestration import get_client
