@@ -503,6 +503,14 @@ def _meet_measured(
             f"(the sweep's informative ratios and prune.max_unit_ratio {config.max_unit_ratio} allow no faster "
             "allocation); pruned that far"
         )
+    elif fraction(gated) < low:
+        # Kept for want of a plan in the band, not chosen: the user asked for less pruning.
+        target.warnings.append(
+            f"latency target {(asked or config).target_value:g} ({config.target}) at batch {config.target_batch}: "
+            f"no measured plan landed in {low:g}-{high:g} of it; the least pruned plan within it measures "
+            f"{fraction(gated):.2f} of the target, so the model is pruned further than asked "
+            f"({len(tried)} plans measured, prune.latency_plans lists them)"
+        )
     return target, gated, plans
 
 
@@ -512,9 +520,15 @@ def _runoff(
     """Times again, interleaved in one run, the plans a gate read just over the target and the plan kept under it.
 
     Candidates: every plan the gate passed that read within `RUNOFF_TOP` of the target but over
-    the band's top, and the least pruned plan under it. Each candidate's reading at the target
-    batch is replaced by the runoff's (against the runoff's dense); nothing runs without a plan
-    over the top.
+    the band's top, and the least pruned plan under it (the anchor); nothing runs without a plan
+    over the top. The runoff decides how the candidates' times compare, not where the target
+    lies: each plan over the top gets the anchor's gate reading scaled by the two plans' runoff
+    times (against the anchor's dense), and the anchor keeps its own reading. Read against the
+    runoff's dense instead, one drifting dense reading moved every candidate at once: on the
+    ConvNeXt-style family dense read 0.86 ms in the runoff against 0.46-0.71 at the gates, the
+    anchor (0.961 at its gate) read 1.047, no candidate stayed within the target, and the loop
+    kept a plan 21 % under it that lost 1.47 points (benchmarks/families.yaml, 2026-11-29).
+    Without an anchor, the readings are the runoff's, against its dense.
 
     Returns:
         `tried` with the candidates' readings replaced, and each candidate's first fraction of the
@@ -533,30 +547,41 @@ def _runoff(
     reference = config.reference_file
     ms = retime(model, example, shape, widths, config.target_batch, benchmark, config.latency_form, reference)
     first = {i + 1: fraction(tried[i][1]) for i in picked}
+    anchor = max(under, key=lambda i: fraction(tried[i][1])) if under else None
     retimed = list(tried)
-    for i in picked:
-        t, g = tried[i]
-        reading = ms[f"plan{i + 1}"]
-        retimed[i] = (
-            t,
-            dataclasses.replace(
-                g,
-                measured_ms={**g.measured_ms, key: reading},
-                dense_ms={**g.dense_ms, key: ms["dense"]},
-                speedups={**g.speedups, key: ms["dense"] / reading},
-                reference_ms={**g.reference_ms, key: ms["reference"]} if reference else g.reference_ms,
-            ),
-        )
+    for i in over if anchor is not None else picked:
+        retimed[i] = (tried[i][0], _runoff_reading(tried[i][1], ms, f"plan{i + 1}", key, anchor, tried, reference))
         logger.info(
-            "latency runoff: plan %d measured %.4f ms (dense %.4f%s), %.3f of the target (its gate read %.3f)",
+            "latency runoff: plan %d measured %.4f ms (dense %.4f%s)%s, %.3f of the target (its gate read %.3f)",
             i + 1,
-            reading,
+            ms[f"plan{i + 1}"],
             ms["dense"],
             f", reference {ms['reference']:.4f}" if reference else "",
+            "" if anchor is None else f", {ms[f'plan{i + 1}'] / ms[f'plan{anchor + 1}']:.3f}x plan {anchor + 1}'s time",
             fraction(retimed[i][1]),
             first[i + 1],
         )
     return retimed, first
+
+
+def _runoff_reading(
+    g: GateResult, ms: dict[str, float], name: str, key: str, anchor: int | None, tried: list, reference
+) -> GateResult:
+    """A candidate's gate result with its runoff reading at batch `key`, scaled to the anchor's gate reading if any."""
+    if anchor is None:
+        reading, dense = ms[name], ms["dense"]
+        ref = ms.get("reference")
+    else:
+        a = tried[anchor][1]
+        reading = a.measured_ms[key] * ms[name] / ms[f"plan{anchor + 1}"]
+        dense, ref = a.dense_ms[key], a.reference_ms.get(key) if reference else None
+    return dataclasses.replace(
+        g,
+        measured_ms={**g.measured_ms, key: reading},
+        dense_ms={**g.dense_ms, key: dense},
+        speedups={**g.speedups, key: dense / reading},
+        reference_ms={**g.reference_ms, key: ref} if reference else g.reference_ms,
+    )
 
 
 def _next_unmeasured(ask, target: Plan, points, seen: list, up: bool, aim: float | None = None) -> Plan | None:

@@ -937,6 +937,9 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
         ({"under": 0.96, "wider": 1.04}, {"under": 0.96, "wider": 1.04}, "under"),  # over, confirmed
         ({"under": 0.96, "wider": 1.03}, {"under": 0.97, "wider": 1.0}, "wider"),  # over at the gate only
         ({"under": 0.96, "wider": 1.08}, None, "under"),  # too far over to time again
+        # A runoff whose dense read slow puts both over (ConvNeXt-style, 2026-11-29): the wider
+        # plan ran 1.037x the anchor's time, so it is 0.997 of the target on the anchor's reading.
+        ({"under": 0.961, "wider": 1.05}, {"under": 1.047, "wider": 1.086}, "wider"),
     ],
 )
 def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
@@ -945,7 +948,8 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
     """A first plan inside the band at 0.96 of the target leaves 4% of the budget unspent: the
     loop measures the next wider plan once (the refit asks for the measured plan again, so it
     steps up) and stops. A wider plan its gate read over the band's top, but within `RUNOFF_TOP`,
-    is timed again with the kept plan in one runoff, whose readings then decide."""
+    is timed again with the kept plan in one runoff: the wider plan's fraction is then the kept
+    plan's gate reading times the two plans' runoff time ratio, and decides."""
     from pruneops import prune as prune_module
     from pruneops.pruning import targets
     from pruneops.pruning.targets import GateResult, Plan
@@ -979,15 +983,63 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
     assert runoffs == ([["under", "wider"]] if runoff_reads else [])
     assert target.ratios == {"u": ratios[kept]}
     assert [p["kept"] for p in plans] == [kept == "under", kept == "wider"]
-    final = runoff_reads or gate_reads
-    assert [p["fraction_of_target"] for p in plans] == pytest.approx([final["under"], final["wider"]])
+    wider = gate_reads["wider"]
+    if runoff_reads:  # anchored on the under plan's own gate reading
+        wider = gate_reads["under"] * runoff_reads["wider"] / runoff_reads["under"]
+    assert [p["fraction_of_target"] for p in plans] == pytest.approx([gate_reads["under"], wider])
     if runoff_reads:  # the gate's first readings stay in the record
         assert [p["gate_fraction_of_target"] for p in plans] == pytest.approx(
             [gate_reads["under"], gate_reads["wider"]]
         )
-        assert result.dense_ms["1"] == 2.0
     else:
         assert all("gate_fraction_of_target" not in p for p in plans)
+    # Every reading kept is on the gates' dense (1.0 ms), not the runoff's (2.0).
+    assert result.dense_ms["1"] == 1.0
+    assert target.warnings == []
+
+
+def test_a_runoff_without_a_plan_under_the_target_reads_against_its_own_dense(tmp_path, monkeypatch):
+    """With no plan under the band's top to anchor on, the runoff's readings (against its dense)
+    are the candidates' readings: the plan it reads under the top is kept."""
+    from pruneops.pruning import targets
+    from pruneops.pruning.targets import GateResult, Plan
+
+    reads = {0.5: 1.04, 0.52: 1.03}  # ratio -> gate fraction, both just over
+
+    def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
+        r = 0.52 if measured else 0.5
+        return Plan(r, None, {"u": r}, 0.5, 1.0, 0.5, [], aim_ms or 0.5)
+
+    def gate(config, benchmark, model, example, shape, target):
+        ms = 0.5 * reads[target.ratios["u"]]
+        return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
+
+    def retime(model, example, shape, plans, batch, benchmark, form="fp32", reference=None):
+        return {"dense": 2.0, **{p: 2.0 * 0.5 * (0.99 if w["u"] == 48 else 1.02) for p, w in plans.items()}}
+
+    monkeypatch.setattr(targets, "retime", retime)
+    target, result, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
+    assert target.ratios == {"u": 0.52}
+    assert [p["fraction_of_target"] for p in plans] == pytest.approx([1.02, 0.99])
+    assert result.dense_ms["1"] == 2.0
+
+
+def test_a_plan_kept_under_the_band_says_it_is_pruned_further_than_asked(tmp_path, monkeypatch):
+    """When the only plan measured within the target is well under it (no plan lands in the band),
+    the loop keeps it and the report says the model is pruned further than asked."""
+    from pruneops.pruning.targets import GateResult, Plan
+
+    def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
+        return Plan(0.6, None, {"u": 0.6}, 0.5, 1.0, 0.5, [], aim_ms or 0.5)  # the table has no other plan
+
+    def gate(config, benchmark, model, example, shape, target):
+        ms = 0.5 * 0.8
+        return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
+
+    target, _, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
+    assert [p["kept"] for p in plans] == [True]
+    assert len(target.warnings) == 1 and "pruned further than asked" in target.warnings[0]
+    assert "0.80 of the target" in target.warnings[0]
 
 
 def _stage_copy(pipeline_dir, root, **sections):
