@@ -542,14 +542,15 @@ def _runoff(
     if not over:
         return tried, {}
     under = [i for i in passed if fraction(tried[i][1]) <= high]
-    picked = over + ([max(under, key=lambda i: fraction(tried[i][1]))] if under else [])
+    anchor = max(under, key=lambda i: fraction(tried[i][1])) if under else None
+    picked = over + ([anchor] if anchor is not None else [])
     widths = {f"plan{i + 1}": keep_counts(tried[i][1].ratios, sizes) for i in picked}
     reference = config.reference_file
     ms = retime(model, example, shape, widths, config.target_batch, benchmark, config.latency_form, reference)
     first = {i + 1: fraction(tried[i][1]) for i in picked}
-    anchor = max(under, key=lambda i: fraction(tried[i][1])) if under else None
     retimed = list(tried)
-    for i in over if anchor is not None else picked:
+    # The anchor keeps its gate reading; without one, `picked` is `over`.
+    for i in over:
         retimed[i] = (tried[i][0], _runoff_reading(tried[i][1], ms, f"plan{i + 1}", key, anchor, tried, reference))
         logger.info(
             "latency runoff: plan %d measured %.4f ms (dense %.4f%s)%s, %.3f of the target (its gate read %.3f)",
