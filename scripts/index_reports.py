@@ -23,11 +23,11 @@ def _report_line(path: Path) -> tuple[str, str]:
     workloads = []
     for section in re.split(r"^## ", text, flags=re.M)[1:]:
         name = section.split("\n", 1)[0].strip()
-        picked = next((SELECTED.match(line) for line in section.splitlines() if SELECTED.match(line)), None)
+        picked = next(filter(None, map(SELECTED.match, section.splitlines())), None)
         if picked:
             row, test, drop, speedup = picked.groups()
             workloads.append(f"{name}: {row}, {test} ({drop} pt), {speedup} b1")
-        elif "No structured model stayed within" in section or "No point" in section:
+        elif "No structured model stayed within" in section:  # bench_report's line when nothing is selected
             workloads.append(f"{name}: no point within budget")
         else:
             workloads.append(name)
