@@ -930,6 +930,55 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
     assert low <= result.measured_ms["1"] / 0.5 <= high
 
 
+def test_the_refit_is_fitted_on_the_widths_as_planned_not_as_the_gate_rounded_them(tmp_path, monkeypatch):
+    """The gate may take the planned widths rounded up to the channel block (no slower); the
+    table predicted the planned widths, so those and their own reading are what the next plan is
+    refitted on. Refitted on the rounded widths (which the table put far slower than they ran),
+    the savings scale grew and wide plans looked fast (docs/vision-2026-11-29)."""
+    from pruneops.pruning.targets import GateResult, Plan
+
+    refits = []
+
+    def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
+        refits.append(list(measured or ()))
+        ratio = 0.5 if not measured else 0.6
+        return Plan(ratio, None, {"u": ratio}, 0.5, 1.0, 0.5, [], 0.5)
+
+    def gate(config, benchmark, model, example, shape, target):
+        if target.ratios["u"] == 0.5:  # 50 channels read 0.58 ms; rounded up to 64, 0.54: taken
+            return GateResult("passed: widths rounded up to multiples of 16 (no slower)", {"u": 0.36},
+                              {"1": 1 / 0.54}, {"1": 0.54}, {"1": 1.0}, {"1": 0.58})  # fmt: skip
+        return GateResult("passed", target.ratios, {"1": 1 / 0.495}, {"1": 0.495}, {"1": 1.0}, {"1": 0.495})
+
+    target, result, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
+    assert refits[1] == [({"u": 50}, pytest.approx(0.58))]
+    assert target.ratios == {"u": 0.6} and [p["kept"] for p in plans] == [False, True]
+    assert plans[0]["widths"] == {"u": 64} and plans[0]["planned_widths"] == {"u": 50}
+
+
+@pytest.mark.parametrize(("predicted", "why"), [(0.5, "predicted within it by the latency table"), (0.7, "no faster")])
+def test_a_target_not_reached_says_whether_the_table_misjudged_or_nothing_reaches_it(
+    tmp_path, monkeypatch, predicted, why
+):
+    """Every plan measures 1.2x the target. Where the table predicted them within it, the
+    warning names the table's error (1.2x the predictions), not the sweep's reach; where the
+    table predicted them over it too, the allocation had nothing faster to offer."""
+    from pruneops.pruning.targets import GateResult, Plan
+
+    def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
+        ratio = round(0.3 + 0.01 * len(measured or ()), 2)  # a new plan every time, none faster
+        return Plan(ratio, None, {"u": ratio}, predicted, 1.0, 0.5, [], aim_ms or 0.5)
+
+    def gate(config, benchmark, model, example, shape, target):
+        return GateResult("passed", target.ratios, {"1": 1 / 0.6}, {"1": 0.6}, {"1": 1.0})
+
+    target, _, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
+    (warning,) = [w for w in target.warnings if "not reached" in w]
+    assert why in warning and len(plans) >= 2, warning
+    if predicted == 0.5:
+        assert f"{len(plans)} of the {len(plans)} plans" in warning and "1.20-1.20x their predictions" in warning
+
+
 @pytest.mark.parametrize(
     ("gate_reads", "runoff_reads", "kept"),
     [
