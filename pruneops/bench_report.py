@@ -382,7 +382,8 @@ def render_markdown(
     parts = [
         "# Benchmarks: the accuracy–latency frontier\n",
         f"Reproduce: `{command}`\n",
-        f"Machine: {machine['cpu']}, {machine['cores']} cores; ONNX Runtime {machine['onnxruntime']} CPU, "
+        f"Machine: {machine['cpu']} ({machine.get('cpu_features') or 'CPU features unknown'}), "
+        f"{machine['cores']} cores; ONNX Runtime {machine['onnxruntime']} CPU, "
         f"{timing.threads} thread(s); Python {machine['python']}; {machine['date']}. Latency: {timing.rounds} "
         f"interleaved rounds × {timing.repeats} runs after {timing.warmup} warm-up per model and batch size, all "
         "models in one process; each timed run under 20 ms follows an untimed run of the same model. "

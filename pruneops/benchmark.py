@@ -55,6 +55,46 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+# Instruction-set extensions that change which kernels ONNX Runtime and torch run (and so what a
+# width costs): a virtual machine may name a Zen 3 and a Zen 4 alike ("AMD EPYC"), and the Zen 4's
+# AVX-512 VNNI ran the default model's static INT8 1.5x faster than the Zen 3 under that name.
+KERNEL_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "i8mm",
+    "sve",
+)
+
+
+def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's family/model numbers and kernel-relevant extensions from `cpuinfo` ("" without one).
+
+    E.g. `family 25 model 17: avx2 fma avx512f avx512bw avx512_vnni avx512_bf16`; on Arm the
+    first core's `Features` (`asimd asimddp i8mm`).
+    """
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return ""
+    fields: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    ident = " ".join(f"{k.removeprefix('cpu ')} {fields[k]}" for k in ("cpu family", "model") if k in fields)
+    present = " ".join(f for f in KERNEL_FLAGS if f in flags)
+    return f"{ident}: {present}" if ident else present
+
+
 def cuda_device() -> str | None:
     """The name of the CUDA device torch sees here, or None (nothing in the pipeline times one)."""
     import torch
@@ -198,6 +238,7 @@ def machine_info(threads: int) -> dict[str, Any]:
 
     return {
         "cpu": cpu_name(),
+        "cpu_features": cpu_features(),
         "cores": os.cpu_count(),
         "threads": threads,
         "python": platform.python_version(),
@@ -268,7 +309,8 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         tmp = staged.dir(out_dir)
         (tmp / "benchmark.md").write_text(
             f"# Benchmark\n\nONNX Runtime CPU, {config.threads} thread(s), {config.rounds} interleaved rounds x "
-            f"{config.repeats} runs after {config.warmup} warm-up, on {machine['cpu']}.\n\n{table}\n"
+            f"{config.repeats} runs after {config.warmup} warm-up, on {machine['cpu']} "
+            f"({machine['cpu_features'] or 'CPU features unknown'}).\n\n{table}\n"
             f"TensorRT: {machine['tensorrt']}\n" + "".join(f"\nWarning: {w}\n" for w in report.warnings)
         )
         dump_json(report.metrics(), staged.path(metrics_path))
