@@ -579,7 +579,7 @@ def build_latency_model(
     Exported and timed together (interleaved): the dense model; copies with every unit at the
     first efficient width above 3/4, 1/2, 1/3 and 1/4 of its size (on which the calibration line
     `a + b * sum(layer ms)` is fitted); and, per unit, the model with only that unit at up to
-    `unit_points` of its efficient widths. Then `select_cost_model` picks the predictor per batch.
+    `unit_points` of its efficient widths. Then `pick_predictor` picks the predictor per batch.
     The exports, and the one-operator table (so its staircase of fast widths), are timed in
     `form` (fp32, or the quantizer named: the form that will be deployed).
     """
@@ -703,9 +703,9 @@ def pick_predictor(errors: dict[str, list[float]]) -> str:
     """The predictor whose mean held-out miss is least (ties: the least worst miss).
 
     The mean, not the median: the median of four misses ignores the largest, most often the
-    deepest cut's, where latency targets send plans. On a small transformer whose one-operator timings are mostly
-    call overhead, a table-sum predictor won on the median in some builds while missing the
-    deepest cut by 11 %; MAC costs missed every cut by 6 % at most. Judged on random mixed plans
+    deepest cut's, where latency targets send plans. On a small transformer whose one-operator
+    timings are mostly call overhead, a table-sum predictor won on the median in some builds
+    while missing the deepest cut by 11 %; MAC costs missed every cut by 6 % at most. Judged on random mixed plans
     timed against dense (10-20 builds each: the digits CNN at batch 1 and 64, a small transformer,
     five families), the mean misses of the mean's choices summed to 23.3 % over the eight cases,
     the median's to 24.8 % and the worst miss's to 23.7 % (worse than the median's by 0.7 on one);
@@ -717,13 +717,6 @@ def pick_predictor(errors: dict[str, list[float]]) -> str:
         return (float(np.mean(e)), max(e)) if e else (np.inf, np.inf)
 
     return min(errors, key=misses)
-
-
-def select_cost_model(
-    latency: LatencyModel, points: dict[str, dict[str, int]], measured: dict[str, float], batch: int
-) -> str:
-    """Which predictor best predicts a multi-unit cut it was not fitted on (`held_out_errors`, `pick_predictor`)."""
-    return pick_predictor(held_out_errors(latency, points, measured, batch))
 
 
 VOCABULARY_ROWS = 1024  # rows kept of a token embedding in timing copies (timing feeds use token id 1)

@@ -724,7 +724,7 @@ def test_layer_costs_fitted_on_exports_predict_unseen_allocations(synthetic):
     """A machine whose layers cost a different amount per MAC each, plus a fixed per-call cost:
     fitted on dense, uniform cuts and each unit alone (what the sensitivity stage exports), the
     model predicts allocations it never saw, where one line over the table sum cannot."""
-    from pruneops.latency import _measurement_points, fit_layer_costs, layer_mmacs, select_cost_model
+    from pruneops.latency import _measurement_points, fit_layer_costs, held_out_errors, layer_mmacs, pick_predictor
 
     latency, sizes = synthetic
     per_mmac = {name: 0.01 * (1 + i % 3) for i, name in enumerate(latency.base)}
@@ -735,7 +735,7 @@ def test_layer_costs_fitted_on_exports_predict_unseen_allocations(synthetic):
 
     points = _measurement_points(latency, list(sizes.items()), [1])
     times = {k: real(w) for k, w in points.items()}
-    assert select_cost_model(latency, points, times, 1) == "mmacs"  # the machine's own law wins
+    assert pick_predictor(held_out_errors(latency, points, times, 1)) == "mmacs"  # the machine's own law wins
     latency.layer_costs[1] = fit_layer_costs(latency, points, times, "mmacs", 1)
     rng = random.Random(0)
     for _ in range(20):
