@@ -23,7 +23,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import platform
 import time
 from collections.abc import Iterable
@@ -58,19 +57,12 @@ logger = logging.getLogger(__name__)
 
 
 def machine_fingerprint(threads: int) -> dict[str, Any]:
-    """What a latency measurement depends on besides the model."""
-    import onnxruntime
+    """What a latency measurement depends on besides the model: `machine_info` less the date and Python."""
+    from pruneops.benchmark import machine_info
 
-    from pruneops.benchmark import cpu_features, cpu_name
-
-    return {
-        "cpu": cpu_name(),
-        "cpu_features": cpu_features(),  # a VM may give two CPU generations one name
-        "cores": os.cpu_count(),
-        "machine": platform.machine(),
-        "onnxruntime": onnxruntime.__version__,
-        "threads": threads,
-    }
+    info = machine_info(threads)  # its cpu_features: a VM may give two CPU generations one name
+    kept = ("cpu", "cpu_features", "cores", "onnxruntime", "threads")
+    return {**{k: info[k] for k in kept}, "machine": platform.machine()}
 
 
 @dataclass(frozen=True)
