@@ -625,7 +625,7 @@ def build_latency_model(
     for batch in batches:
         errors = held_out_errors(latency, points, latency.exports["measured"][batch], batch)
         latency.fit_(pick_predictor(errors), batch)
-        latency.held_out[batch] = {f: float(np.mean(e)) if e else None for f, e in errors.items()}
+        latency.held_out[batch] = {f: mean_miss(e) for f, e in errors.items()}
     return latency
 
 
@@ -691,22 +691,27 @@ def held_out_errors(
     return errors
 
 
+def mean_miss(errors: list[float]) -> float | None:
+    """The mean of one predictor's held-out misses; None when no cut was held out for it."""
+    return float(np.mean(errors)) if errors else None
+
+
 def pick_predictor(errors: dict[str, list[float]]) -> str:
     """The predictor whose mean held-out miss is least (ties: the least worst miss).
 
     The mean, not the median: the median of four misses ignores the largest, most often the
     deepest cut's, where latency targets send plans. On a small transformer whose one-operator
     timings are mostly call overhead, a table-sum predictor won on the median in some builds
-    while missing the deepest cut by 11 %; MAC costs missed every cut by 6 % at most. Judged on random mixed plans
-    timed against dense (10-20 builds each: the digits CNN at batch 1 and 64, a small transformer,
-    five families), the mean misses of the mean's choices summed to 23.3 % over the eight cases,
-    the median's to 24.8 % and the worst miss's to 23.7 % (worse than the median's by 0.7 on one);
-    the mean's was never more than 0.15 worse than the median's.
+    while missing the deepest cut by 11 %; MAC costs missed every cut by 6 % at most. Judged on
+    random mixed plans timed against dense (10-20 builds each: the digits CNN at batch 1 and 64,
+    a small transformer, five families), the mean misses of the mean's choices summed to 23.3 %
+    over the eight cases, the median's to 24.8 % and the worst miss's to 23.7 % (worse than the
+    median's by 0.7 on one); the mean's was never more than 0.15 worse than the median's.
     """
 
     def misses(feature: str) -> tuple[float, float]:
         e = errors[feature]
-        return (float(np.mean(e)), max(e)) if e else (np.inf, np.inf)
+        return (mean_miss(e), max(e)) if e else (np.inf, np.inf)
 
     return min(errors, key=misses)
 
