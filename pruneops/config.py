@@ -80,7 +80,7 @@ class FitParams(StageConfig):
     batch_size: BatchSize = 64
     lr: LearningRate = 3e-3
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 1e-4
-    patience: Epochs = 5
+    patience: Epochs = 5  # stale epochs that stop a run, not before the LR is half its peak
     seed: Seed = 0
     threads: Threads = 2
 

@@ -26,12 +26,30 @@ def test_fit_learns_digits_and_is_seeded(tmp_path):
     assert results[0][1] == results[0][0]  # the best epoch's weights are the ones kept
 
 
-def test_early_stopping_stops_before_epoch_budget(tmp_path):
+def _stale_runs(history: list[dict]) -> list[int]:
+    """Epochs without a better (accuracy, -loss) than the best so far, at each epoch, as `fit_` counts them."""
+    best, stale, runs = None, 0, []
+    for h in history:
+        key = (h["val_accuracy"], -h["val_loss"])
+        best, stale = (key, 0) if best is None or key > best else (best, stale + 1)
+        runs.append(stale)
+    return runs
+
+
+def test_early_stopping_waits_for_the_lr_to_halve_then_stops(tmp_path):
     meta, train, val, _ = _digits(tmp_path)
+    torch.manual_seed(0)
     model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [8]}))
-    fit = fit_(model, train, val, FitSettings(epochs=200, lr=0.5, patience=2))
-    assert len(fit.history) < 200
-    assert len(fit.history) - fit.best_epoch == 2
+    settings = FitSettings(epochs=20, lr=0.5, patience=2)  # LR 0.5 diverges: accuracy stalls early
+    fit = fit_(model, train, val, settings)
+    assert settings.earliest_stop == 10  # the cosine is at half its peak halfway through
+    stale = _stale_runs(fit.history)
+    # Stale for `patience` epochs before the midpoint (the old rule stopped there), yet it went on,
+    # and stopped at the first epoch from the midpoint on that had been stale that long.
+    assert any(n >= settings.patience for n in stale[: int(settings.earliest_stop) - 1])
+    stops = [e for e, n in enumerate(stale, 1) if n >= settings.patience and e >= settings.earliest_stop]
+    assert len(fit.history) == stops[0] < 20
+    assert FitSettings(epochs=20, warmup_epochs=2).earliest_stop == 11  # the decay starts after warm-up
 
 
 def test_distillation_pulls_student_towards_teacher(tmp_path):
