@@ -52,6 +52,7 @@ FORMS_FILE = "forms.json"  # in artifacts/latency: the forms to plan in and a ra
 UNIT_POINTS = 4  # default exports per unit alone (`latency.unit_points`): each costs an export and a timed session
 SHORTLIST_FLOOR = 0.85  # of the target: the least an alternative plan on the shortlist may be predicted at
 PREDICTORS = ("mmacs", "table", "line")  # per-layer costs on MACs or table times; one line over the table sum
+MISS_DIGITS = 9  # held-out relative misses equal to this many decimals are a tie (`pick_predictor`)
 
 logger = logging.getLogger(__name__)
 
@@ -697,7 +698,7 @@ def mean_miss(errors: list[float]) -> float | None:
 
 
 def pick_predictor(errors: dict[str, list[float]]) -> str:
-    """The predictor whose mean held-out miss is least (ties: the least worst miss).
+    """The predictor whose mean held-out miss is least (ties, to `MISS_DIGITS` decimals: the least worst miss).
 
     The mean, not the median: the median of four misses ignores the largest, most often the
     deepest cut's, where latency targets send plans. On a small transformer whose one-operator
@@ -711,7 +712,10 @@ def pick_predictor(errors: dict[str, list[float]]) -> str:
 
     def misses(feature: str) -> tuple[float, float]:
         e = errors[feature]
-        return (mean_miss(e), max(e)) if e else (np.inf, np.inf)
+        # Rounded: two predictors that fit the exports equally well differ by float rounding
+        # alone (1e-15 here), which then chose between them by CPU; a tie goes to the order of
+        # `errors` (PREDICTORS: MAC costs first).
+        return (round(mean_miss(e), MISS_DIGITS), round(max(e), MISS_DIGITS)) if e else (np.inf, np.inf)
 
     return min(errors, key=misses)
 
