@@ -1,6 +1,7 @@
 """How much of a MAC reduction can turn into fp32 speed-up on this machine: the `mnist-wide.yaml` CNN.
 
-Usage: `python scripts/measure_mac_ratio.py --out DIR [--plans 48] [--seed 0]` (nothing downloaded).
+Usage: `python scripts/measure_mac_ratio.py --out DIR [--plans 48] [--depth-plans 12] [--seed 0]`
+(nothing downloaded).
 
 Issue 15 asks the wide CNN's fp32 rows for speed-up / MAC reduction >= 1.0 at 20.48x batch-1.
 That ratio is the pruned model's MAC rate over dense's (`(t_dense / t_pruned) / (M_dense / M_pruned)`
@@ -9,7 +10,8 @@ many MACs per millisecond as dense. This script measures both halves of that on 
 with random weights (latency does not depend on their values):
 
 1. Whole-model exports of random width plans (each unit's keep drawn log-uniformly between the
-   `prune.max_unit_ratio: 0.94` bound and its size) and uniform cuts, timed interleaved in one
+   `prune.max_unit_ratio: 0.94` bound and its size), uniform cuts and depth cuts (the stage-0
+   block removed, which this graph allows exactly), timed interleaved in one
    process with dense (ONNX Runtime, 1 thread, batch 1 and 64, as the benchmark): speed-up, MAC
    reduction and their ratio per plan, and the best ratio in each band of batch-1 speed-up.
 2. Each convolution's MAC rate in context (ONNX Runtime's profiler on every export, the fused
@@ -50,6 +52,7 @@ from pruneops.pruning.units import UnitPruner  # noqa: E402
 SHAPE = [1, 28, 28]
 SPEC = ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128], "blocks": 1})
 TARGET_SPEEDUP = 20.48  # issue 15's batch-1 mark on this CNN
+FIRST_BLOCK_UNIT = "stages.0.conv1"  # the unit inside the stage-0 block's residual branch
 BANDS = [(1.0, 5.0), (5.0, 10.0), (10.0, TARGET_SPEEDUP), (TARGET_SPEEDUP, math.inf)]
 # The batch-1 runs are short, the batch-64 ones up to ~0.2 s each: fewer repeats there.
 TIMING = {
@@ -59,17 +62,25 @@ TIMING = {
 
 
 def pruned(dense: torch.nn.Module, example: torch.Tensor, keep: dict[str, int]) -> torch.nn.Module:
-    """A copy of `dense` with each unit cut to `keep[unit]` channels."""
+    """A copy of `dense` with each unit cut to `keep[unit]` channels; 0 for the stage-0 block removes the block.
+
+    That block has an identity shortcut after the stem's ReLU, so without its residual branch it
+    passes its input through unchanged (`relu(x + 0) = x` for `x >= 0`): removing it is a depth cut
+    the graph allows exactly. PruneOps itself prunes channels and heads, not blocks.
+    """
     twin = copy.deepcopy(dense)
-    UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_(keep)
+    if keep.get(FIRST_BLOCK_UNIT) == 0:
+        twin.stages[0] = torch.nn.Identity()
+    UnitPruner(twin, example, IMPORTANCES.get("l2")).prune_to_({n: k for n, k in keep.items() if k})
     return twin.eval()
 
 
-def draw_plans(sizes: dict[str, int], count: int, seed: int) -> dict[str, dict[str, int]]:
+def draw_plans(sizes: dict[str, int], count: int, depth: int, seed: int) -> dict[str, dict[str, int]]:
     """Uniform cuts and `count` random plans: each unit's keep log-uniform from the 0.94 bound up.
 
     Every other random plan is snapped to multiples of 8, the channel block of ONNX Runtime's
     AVX2 kernels (odd counts run as the next block up), so the fast plans are well sampled too.
+    `depth` more plans remove the stage-0 block (see `pruned`), their other units at 8 to half size.
     """
     rng = random.Random(seed)
     plans = {
@@ -86,6 +97,10 @@ def draw_plans(sizes: dict[str, int], count: int, seed: int) -> dict[str, dict[s
         if i % 2:
             keep = {n: min(sizes[n], max(8, 8 * round(k / 8))) for n, k in keep.items()}
         plans[f"random {i:02d}"] = keep
+    # Depth cuts on top: the stage-0 block removed, the other units drawn among deep cuts, snapped.
+    for i in range(depth):
+        keep = {n: round(math.exp(rng.uniform(math.log(8), math.log(max(8, s // 2))))) for n, s in sizes.items()}
+        plans[f"no block 0, {i:02d}"] = {n: 0 if n == FIRST_BLOCK_UNIT else 8 * round(k / 8) for n, k in keep.items()}
     return plans
 
 
@@ -165,6 +180,43 @@ def summarise(rows: list[dict]) -> list[dict]:
     return out
 
 
+def ratio_bounds(rows: list[dict], layers: list[dict], dense_ms: float, dense_macs: int) -> list[dict]:
+    """Per structure (channels only; the stage-0 block removed): the most a plan at 20.48x could reach.
+
+    The structure's fastest plan spends some time on anything but its MACs (the call, pooling,
+    reorders, the classifier): at least its time less its MACs at the best conv rate seen in
+    context, `e_max`. Widening layers adds MACs and does not shrink that, so a plan at 20.48x has
+    at most `budget - fixed` ms for MACs, `e_max` times that in MACs, against the 1/20.48 of
+    dense's that a ratio of 1.0 needs. `needed_gmacs` asks it the other way, with no assumed rate:
+    the rate at which the MACs a ratio of 1.0 needs beyond the fastest plan's would have to run.
+    """
+    e_max = max(max(r["dense_gmacs"], r["best_pruned_gmacs"]) for r in layers)  # MMACs per ms
+    budget, needed = dense_ms / TARGET_SPEEDUP, dense_macs / TARGET_SPEEDUP / 1e6
+    out = []
+    for label, depth in (("channels only", False), ("stage-0 block removed", True)):
+        family = [r for r in rows if (r["widths"].get(FIRST_BLOCK_UNIT) == 0) == depth]
+        if not family:  # --depth-plans 0
+            continue
+        floor = min(family, key=lambda r: r["ms_b1"])
+        fixed = floor["ms_b1"] - floor["macs"] / 1e6 / e_max
+        best = max((r for r in family if r["speedup_b1"] >= TARGET_SPEEDUP), key=lambda r: r["ratio_b1"], default=None)
+        out.append(
+            {
+                "structure": label,
+                "floor_plan": floor["plan"],
+                "floor_ms": floor["ms_b1"],
+                "floor_macs": floor["macs"],
+                "fixed_ms_at_least": fixed,
+                "best_conv_gmacs": e_max,
+                "bound": max(0.0, budget - fixed) * e_max / needed,
+                # The rate the MACs added to the fastest plan would need for a ratio of 1.0.
+                "needed_gmacs": (needed - floor["macs"] / 1e6) / (budget - floor["ms_b1"]),
+                "best_measured": best and best["ratio_b1"],
+            }
+        )
+    return out
+
+
 def write_markdown(path: Path, result: dict) -> None:
     """The report: machine, command, per-layer rates, bands, and every plan."""
     m = result["machine"]
@@ -182,6 +234,20 @@ def write_markdown(path: Path, result: dict) -> None:
         lines.append(
             f"| `{r['node']}` | {r['dense_mmacs']:.2f} | {r['dense_ms']:.4f} | {r['dense_gmacs']:.1f} | "
             f"{r['best_pruned_gmacs']:.1f} ({r['best_pruned_plan']}, {r['best_pruned_mmacs']:.2f}) |"
+        )
+    lines += [
+        "",
+        f"## The most a plan at {TARGET_SPEEDUP}× could reach (`ratio_bounds`)\n",
+        f"The best conv rate seen in context: {result['bounds'][0]['best_conv_gmacs']:.1f} GMAC/s. '1.0 needs': "
+        "the rate at which the MACs a ratio of 1.0 needs beyond the fastest plan's would have to run.\n",
+        "| structure | fastest plan: ms, MACs | time not on MACs ≥ (ms) | bound | best measured | 1.0 needs (GMAC/s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for b in result["bounds"]:
+        best = "–" if b["best_measured"] is None else f"{b['best_measured']:.2f}"
+        lines.append(
+            f"| {b['structure']} | {b['floor_plan']}: {b['floor_ms']:.4f}, {b['floor_macs']:,} | "
+            f"{b['fixed_ms_at_least']:.4f} | {b['bound']:.2f} | {best} | {b['needed_gmacs']:.0f} |"
         )
     lines += [
         "",
@@ -208,7 +274,10 @@ def write_markdown(path: Path, result: dict) -> None:
             f"{r['ms_b1']:.4f} | {r['speedup_b1']:.2f} | {r['speedup_b64']:.2f} | {r['mac_reduction']:.2f} | "
             f"{r['ratio_b1']:.2f} | {r['ratio_b64']:.2f} |"
         )
-    lines.append(f"\nWidths are in the order {', '.join(result['units'])}.\n")
+    lines.append(
+        f"\nWidths are in the order {', '.join(result['units'])}; 0 for {FIRST_BLOCK_UNIT}: "
+        "the stage-0 block removed.\n"
+    )
     path.write_text("\n".join(lines))
 
 
@@ -239,13 +308,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--plans", type=int, default=48, help="random plans besides the four uniform cuts")
+    parser.add_argument("--depth-plans", type=int, default=12, help="plans without the stage-0 block")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     dense = create_model(SPEC).eval()
     example = torch.zeros(1, *SHAPE)
     sizes = {n: u.size for n, u in UnitPruner(dense, example, IMPORTANCES.get("l2")).units().items()}
-    plans = draw_plans(sizes, args.plans, args.seed)
+    plans = draw_plans(sizes, args.plans, args.depth_plans, args.seed)
     models = {"dense": dense, **{name: pruned(dense, example, keep) for name, keep in plans.items()}}
     macs = {name: count_macs(m, SHAPE) for name, m in models.items()}
     with torch.no_grad():
@@ -287,6 +357,13 @@ def main() -> int:
             f"speed-up {b['band'][0]:g}-{b['band'][1]:g}x: {b['plans']} plans, best ratio b1 {b['best_ratio_b1']} "
             f"({b['best_plan']}), least MAC reduction {b['least_mac_reduction']}, b64 {b['best_ratio_b64']}"
         )
+    bounds = ratio_bounds(rows, layers, ms["dense"][1], macs["dense"])
+    for b in bounds:
+        print(
+            f"{b['structure']}: at {TARGET_SPEEDUP}x the ratio is at most {b['bound']:.2f} "
+            f"(best measured {b['best_measured']}); 1.0 needs the MACs beyond the fastest plan's at "
+            f"{b['needed_gmacs']:.0f} GMAC/s, the best conv ran {b['best_conv_gmacs']:.1f}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python scripts/measure_mac_ratio.py " + " ".join(sys.argv[1:])
     result = {
@@ -298,6 +375,7 @@ def main() -> int:
         "dense_gmacs": dense_gmacs,
         "layers": layers,
         "bands": bands,
+        "bounds": bounds,
         "plans": rows,
     }
     (args.out / "mac_ratio.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
