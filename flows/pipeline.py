@@ -9,9 +9,9 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from pruneops.benchmark import markdown_table
-from pruneops.config import read_params
 from pruneops.experiments import apply_overrides, project_lock
+from pruneops.params import read_params
+from pruneops.stages.benchmark import markdown_table
 from tasks.stages import STAGES, run_experiment_task, run_stage
 
 

@@ -15,12 +15,12 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from pruneops.config import read_params
 from pruneops.data import Split, load_split
 from pruneops.experiments import Experiment, LockHeld, project_lock, run_logged
 from pruneops.io import Layout, dump_json
-from pruneops.model_registry import ModelRegistry, git_revision
-from pruneops.promotion import decide_promotion, evaluate_onnx
+from pruneops.params import read_params
+from pruneops.registry.promotion import decide_promotion, evaluate_onnx
+from pruneops.registry.store import ModelRegistry, git_revision
 from pruneops.stages import load_section
 from tasks.stages import run_experiment_task
 

@@ -20,31 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from pruneops.errors import CheckpointError, ConfigError
 from pruneops.models import ModelSpec, create_model
-
-# Attributes that describe a module's shape; pruning edits them along with the weights.
-SHAPE_ATTRS = (
-    "in_features",
-    "out_features",
-    "in_channels",
-    "out_channels",
-    "groups",
-    "num_features",
-    "normalized_shape",
-    "num_heads",
-    "head_dim",
-    "num_attention_heads",
-    "n_heads",
-    "all_head_size",
-    "num_embeddings",
-    "embedding_dim",
-)
+from pruneops.models.structure import module_structure, resize_to_structure_
 
 
 @dataclass
@@ -54,16 +36,6 @@ class Checkpoint:
     model: nn.Module
     spec: ModelSpec
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def module_structure(model: nn.Module) -> dict[str, dict[str, Any]]:
-    """The shape attributes (`SHAPE_ATTRS`) of every module that has any, by module name."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, module in model.named_modules():
-        attrs = {a: getattr(module, a) for a in SHAPE_ATTRS if isinstance(getattr(module, a, None), (int, tuple))}
-        if attrs:
-            out[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.items()}
-    return out
 
 
 def file_sha256(path: Path) -> str:
@@ -131,42 +103,6 @@ def check_recorded_accuracy(checkpoint: Checkpoint, measured: float, samples: in
             f"{path}: validation accuracy {100 * measured:.2f}% is far below the {100 * recorded:.2f}% recorded "
             "when it was trained: the weights or the data changed; rerun `pruneops train`"
         )
-
-
-def resize_to_structure_(
-    model: nn.Module, structure: dict[str, dict[str, Any]], state: dict[str, torch.Tensor]
-) -> None:
-    """Gives every module the shape attributes of `structure` and parameters shaped like `state`.
-
-    Raises:
-        ValueError: `structure` names a module the model does not have.
-    """
-    modules = dict(model.named_modules())
-    for name, attrs in structure.items():
-        module = modules.get(name)
-        if module is None:
-            raise ValueError(f"module {name!r} of the checkpoint is not in the architecture")
-        for attr, value in attrs.items():
-            if hasattr(module, attr):
-                setattr(module, attr, tuple(value) if isinstance(value, list) else value)
-    for key, tensor in state.items():
-        mod_name, _, leaf = key.rpartition(".")
-        module = modules.get(mod_name)
-        if module is not None:
-            _shape_like_(module, leaf, tensor)
-
-
-def _shape_like_(module: nn.Module, leaf: str, tensor: torch.Tensor) -> None:
-    """Replaces `module.<leaf>` by an empty tensor shaped like `tensor` where its shape differs."""
-    current = getattr(module, leaf, None)
-    if leaf in module._buffers and current is None:
-        # An optional buffer (registered as None) that this checkpoint holds, e.g. a token map.
-        module._buffers[leaf] = torch.empty_like(tensor)
-    elif isinstance(current, torch.Tensor) and current.shape != tensor.shape:
-        if leaf in module._parameters:
-            module._parameters[leaf] = nn.Parameter(torch.empty_like(tensor))
-        elif leaf in module._buffers:
-            module._buffers[leaf] = torch.empty_like(tensor)
 
 
 def read_metadata(path: Path) -> dict[str, Any]:

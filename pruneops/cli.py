@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pruneops import __version__
 from pruneops.errors import DataValidationError, PruneOpsError
-from pruneops.stages import STAGES, get_stage, run_stage
+from pruneops.runner import run_stage
+from pruneops.stages import STAGES, get_stage
 
 
 def _print_error(command: str, exc: BaseException) -> int:
@@ -28,11 +29,13 @@ def _print_error(command: str, exc: BaseException) -> int:
 
 def _list_registries() -> str:
     from pruneops.data.loaders import LOADERS
-    from pruneops.export import ENGINE_BUILDERS
     from pruneops.models import MODELS
     from pruneops.models.registry import resolve_factory
-    from pruneops.pruning import IMPORTANCES, METHODS, SCHEDULES
-    from pruneops.quantize import QUANTIZERS
+    from pruneops.pruning.importance import IMPORTANCES
+    from pruneops.pruning.methods import METHODS
+    from pruneops.pruning.schedule import SCHEDULES
+    from pruneops.quantizers import QUANTIZERS
+    from pruneops.stages.export import ENGINE_BUILDERS
 
     resolve_factory("cnn")  # registers the built-in architectures
     lines = []
@@ -105,7 +108,7 @@ def _loadtest(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import json
 
-    from pruneops.model_registry import publish_pipeline_model
+    from pruneops.registry.store import publish_pipeline_model
 
     published = publish_pipeline_model(Path(args.root), args.params, args.registry, force_promote=args.promote)
     print(json.dumps(published))
@@ -113,7 +116,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from pruneops.model_registry import registry_from_params
+    from pruneops.registry.store import registry_from_params
 
     restored = registry_from_params(Path(args.root), args.params, args.registry).rollback()
     print(f"pruneops rollback: production is now {restored.version}")
@@ -123,7 +126,7 @@ def _rollback(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import shlex
 
-    from pruneops.bench import run_bench_file
+    from pruneops.bench.run import run_bench_file
 
     command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
     report = run_bench_file(

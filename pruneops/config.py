@@ -9,22 +9,27 @@ threads, a billion epochs) is refused here rather than crashing or exhausting th
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pruneops.errors import ConfigError
 
 Ratio = Annotated[float, Field(ge=0.0, lt=1.0)]
+
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
+
 Threads = Annotated[int, Field(ge=1, le=256)]
+
 Epochs = Annotated[int, Field(ge=1, le=10_000)]
+
 BatchSize = Annotated[int, Field(ge=1, le=65_536)]
+
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
+
 LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
+
 # Names and paths: non-empty, no NUL byte (the OS refuses it), not a novel's length.
 Text = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
 
@@ -163,6 +168,7 @@ class PreprocessConfig(StageConfig):
 
 
 SCRATCH_LR, PRETRAINED_LR = 3e-3, 1e-3  # fine-tuning pretrained weights at the from-scratch LR undoes them
+
 # Pretrained transformers forget at CNN fine-tuning rates: the usual BERT-family range is 2e-5..1e-4.
 TRANSFORMER_LR, TRANSFORMER_WARMUP = 5e-5, 0.1
 
@@ -281,10 +287,11 @@ class SensitivityConfig(StageConfig):
     @field_validator("estimator")
     @classmethod
     def _known_estimator(cls, v: str) -> str:
-        return registered("pruneops.sensitivity:ESTIMATORS", v)
+        return registered("pruneops.stages.sensitivity:ESTIMATORS", v)
 
 
 LATENCY_TARGETS = ("latency_ms", "latency_ratio")
+
 # `prune.latency_form: auto`: plan in every form the quantize stage may ship, keep the cheapest plan.
 AUTO_FORM = "auto"
 
@@ -306,6 +313,7 @@ class LatencyConfig(StageConfig):
 # A ratio of a reference model's latency may exceed 1 (slower than the reference, faster than dense),
 # but a plan is never slower than dense: past this the target is not a pruning target.
 MAX_REFERENCE_RATIO = 4.0
+
 DEFAULT_PLAN_TRIALS = 4  # plans trained briefly per latency allocation: the best uniform cut and three others
 
 
@@ -337,7 +345,7 @@ class PruneConfig(StageConfig):
     allocation (least summed isolated drop first, the best uniform cut among them) are each pruned
     into a copy, BatchNorm-recalibrated and trained one pass over `trial_samples` training samples;
     the best on validation replaces the allocation's own plan where it is better by more than two
-    paired standard errors (NetAdapt's short-term fine-tuning, `pruneops.prune.PlanTrials`); at deep
+    paired standard errors (NetAdapt's short-term fine-tuning, `pruneops.stages.prune.PlanTrials`); at deep
     cuts the sweep's isolated drops rank plans against what fine-tuning recovers. 1: no trials;
     null: 4 for latency targets.
     """
@@ -380,7 +388,7 @@ class PruneConfig(StageConfig):
         if v == AUTO_FORM:
             return v
         try:
-            return registered("pruneops.quantize:QUANTIZERS", v)
+            return registered("pruneops.stages.quantize:QUANTIZERS", v)
         except ValueError as exc:
             raise ValueError(f"{exc}; or {AUTO_FORM} (plan in every form the quantize stage may ship)") from None
 
@@ -512,7 +520,7 @@ class QuantizeConfig(StageConfig):
     @field_validator("method")
     @classmethod
     def _known_quantizer(cls, v: str) -> str:
-        return v if v == "auto" else registered("pruneops.quantize:QUANTIZERS", v)
+        return v if v == "auto" else registered("pruneops.stages.quantize:QUANTIZERS", v)
 
     @field_validator("exporter")
     @classmethod
@@ -576,105 +584,3 @@ class ServeConfig(StageConfig):
 
 # Sections that configure the orchestration around the stages rather than a stage.
 EXTRA_SECTIONS: dict[str, type[StageConfig]] = {"reprune": RepruneConfig, "serve": ServeConfig}
-
-C = TypeVar("C", bound=StageConfig)
-
-
-def environment_overrides(text: str) -> dict[str, Any]:
-    """`"reprune.drift_source=http://x serve.max_batch=64"` -> dotted keys and YAML-parsed values.
-
-    Only the orchestration sections (`EXTRA_SECTIONS`) may be set this way: stage params change
-    results, so they change through DVC experiments, where they are recorded.
-
-    Raises:
-        ConfigError: Not `section.key=value`, or a stage section.
-    """
-    overrides = {}
-    for item in text.split():
-        key, sep, value = item.partition("=")
-        section, _, leaf = key.partition(".")
-        if not sep or not leaf:
-            raise ConfigError(f"PRUNEOPS_SET: expected section.key=value, got {item!r}")
-        if section not in EXTRA_SECTIONS:
-            raise ConfigError(
-                f"PRUNEOPS_SET: {key}: only {', '.join(EXTRA_SECTIONS)} keys can be set here; "
-                "stage params change through a DVC experiment (the pipeline flow's overrides)"
-            )
-        try:
-            overrides[key] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise ConfigError(f"PRUNEOPS_SET: {key}: value {value!r} is not valid YAML") from None
-    return overrides
-
-
-def read_params(path: str | Path) -> dict[str, Any]:
-    """Reads a params file as a mapping of sections.
-
-    `PRUNEOPS_SET` in the environment (a container's deployment settings) overlays keys of the
-    orchestration sections in memory; the file is never written.
-
-    Raises:
-        ConfigError: The file is missing, not YAML, or not a mapping.
-    """
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: params file not found") from None
-    except OSError as exc:  # a directory, no permission...
-        raise ConfigError(f"{path}: cannot read the params file ({exc.strerror or exc})") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a mapping of stage sections")
-    for key, value in environment_overrides(os.environ.get("PRUNEOPS_SET", "")).items():
-        section, _, leaf = key.partition(".")
-        if not isinstance(data.setdefault(section, {}), dict):
-            raise ConfigError(f"{path}: section {section!r} must be a mapping")
-        data[section][leaf] = value
-    return data
-
-
-def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
-    """The keys allowed where an unknown key was found: the section's, or a nested config's."""
-    for part in loc:
-        field = cls.model_fields.get(str(part))
-        if field is None:
-            break
-        options = getattr(field.annotation, "__args__", (field.annotation,))  # X | None -> (X, None)
-        models = [a for a in options if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not models:
-            break
-        cls = models[0]
-    return list(cls.model_fields)
-
-
-def _describe(section: str, error: dict[str, Any], cls: type[StageConfig]) -> str:
-    loc = ".".join(str(p) for p in error["loc"])
-    key = f"{section}.{loc}" if loc else section
-    if error["type"] == "extra_forbidden":
-        return f"{key}: unknown key; allowed keys: {', '.join(_fields_at(cls, error['loc'][:-1]))}"
-    msg = error["msg"].replace("Input should be", "must be").replace("Value error, ", "")
-    if not loc:  # a check across keys: its message starts with the key it is about
-        return f"{section}.{msg}"
-    return f"{key}: {msg} (got {error.get('input')!r})"
-
-
-def parse_section(section: str, raw: Any, cls: type[C]) -> C:
-    """Validates one section of params into its config model.
-
-    Raises:
-        ConfigError: One line naming the first bad key and what is allowed.
-    """
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{section}: must be a mapping of keys, got {type(raw).__name__}")
-    try:
-        return cls.model_validate(raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(_describe(section, errors[0], cls) + more) from None

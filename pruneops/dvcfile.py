@@ -19,15 +19,16 @@ from typing import Any
 import yaml
 
 import pruneops
-from pruneops.config import StageConfig, read_params
+from pruneops.config import StageConfig
 from pruneops.errors import ConfigError
 from pruneops.io import Layout
+from pruneops.params import read_params
 from pruneops.stages import STAGES, Stage, load_configs, project_importable
 
 PACKAGE_DIR = Path(pruneops.__file__).resolve().parent
 RELATIVE = Layout(Path("."))  # dvc.yaml paths are relative to the project
 HEADER = (
-    "# Written by `pruneops dvc-yaml` from the stage table (pruneops/stages.py) and params.yaml: edit those\n"
+    "# Written by `pruneops dvc-yaml` from the stage table (pruneops/stages/__init__.py) and params.yaml: edit those\n"
     "# and run it again. Code deps are each stage's imports inside pruneops; a model given as\n"
     "# package.module:factory and the data file are deps of the stages that read them.\n"
 )
@@ -60,6 +61,12 @@ def _imported_modules(path: Path, module: str) -> set[str]:
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}"))
     return found
+
+
+def module_imports(module: str) -> set[str]:
+    """The `pruneops` modules that `module` imports anywhere in its file (lazy imports included)."""
+    path = _module_file(module)
+    return _imported_modules(path, module) - {module} if path else set()
 
 
 def import_closure(*modules: str) -> set[Path]:

@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
-from pruneops.config import read_params
 from pruneops.errors import ConfigError, PruneOpsError
 from pruneops.io import Layout, read_json
+from pruneops.params import read_params
 from pruneops.stages import STAGE_NAMES, load_configs, project_importable
 
 LOCK_FILE = "stages.lock"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pruneops.inputs import IMAGE_INPUT, InputSpec, as_feed, as_specs, count_rows, dynamic_axes, example_tensors, rows
-from pruneops.registry import Registry
+from pruneops.plugins import Registry
 
 if TYPE_CHECKING:
     from torch import nn

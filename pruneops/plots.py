@@ -274,7 +274,7 @@ def plot_latency_predictions(predictions: dict[str, list[dict]], path: Path) -> 
 def plot_latency_staircases(forms: list[dict], reason: str, path: Path) -> None:
     """Predicted model latency with one unit narrowed, per unit: where the fast widths are, one panel per form.
 
-    Each of `forms` is what `pruneops.latency` gives for a form: per unit its size, the predicted
+    Each of `forms` is what `pruneops.stages.latency` gives for a form: per unit its size, the predicted
     whole-model ms at each grid width, its efficient widths (filled) and the one-unit exports
     timed (crosses). No forms: one panel saying `reason`.
     """

@@ -311,7 +311,7 @@ def _untrained(path: Path) -> None:
 
 def sweep_registry(work: Path) -> None:
     from pruneops.errors import PruneOpsError
-    from pruneops.model_registry import ModelRegistry
+    from pruneops.registry.store import ModelRegistry
     from tests.conftest import tiny_onnx
 
     def nan_model(path: Path) -> None:
@@ -382,7 +382,7 @@ def sweep_registry(work: Path) -> None:
 def _serving(work: Path):
     from fastapi.testclient import TestClient
 
-    from pruneops.model_registry import ModelRegistry
+    from pruneops.registry.store import ModelRegistry
     from pruneops.serving.app import ServingConfig, create_app
     from tests.conftest import digits_onnx
 

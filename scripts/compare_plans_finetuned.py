@@ -28,9 +28,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pruneops.bench_report import paired_bootstrap_ci  # noqa: E402
+from pruneops.bench.report import paired_bootstrap_ci  # noqa: E402
 from pruneops.checkpoint import load_checkpoint  # noqa: E402
 from pruneops.data.splits import load_prepared  # noqa: E402
+from pruneops.forward import predict_logits  # noqa: E402
 from pruneops.pruning.importance import IMPORTANCES  # noqa: E402
 from pruneops.pruning.units import UnitPruner  # noqa: E402
 from pruneops.training import (  # noqa: E402
@@ -38,7 +39,6 @@ from pruneops.training import (  # noqa: E402
     calibration_subset,
     evaluate,
     fit_,
-    predict_logits,
     recalibrate_batchnorm_,
 )
 

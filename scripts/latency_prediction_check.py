@@ -35,11 +35,11 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-    from pruneops import latency as lat
     from pruneops.config import BenchmarkConfig
     from pruneops.models import ModelSpec, create_model
     from pruneops.pruning.importance import IMPORTANCES
     from pruneops.pruning.units import UnitPruner
+    from pruneops.stages import latency as lat
 
     torch.set_num_threads(1)
     shape = [1, 28, 28]

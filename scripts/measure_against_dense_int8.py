@@ -12,13 +12,15 @@ import json
 import tempfile
 from pathlib import Path
 
-from pruneops.bench_report import paired_bootstrap_ci
-from pruneops.benchmark import latency_summary, measure_latencies
-from pruneops.config import BenchmarkConfig, parse_section, read_params
+from pruneops.bench.report import paired_bootstrap_ci
+from pruneops.config import BenchmarkConfig
 from pruneops.data import load_prepared
 from pruneops.inputs import rows
 from pruneops.io import Layout
 from pruneops.onnx_utils import make_session, ort_logits
+from pruneops.params import parse_section, read_params
+from pruneops.stages.benchmark import latency_summary
+from pruneops.timing.sessions import measure_latencies
 
 
 def main() -> None:

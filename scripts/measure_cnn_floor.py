@@ -11,10 +11,10 @@ median ms and the speed-up over dense fp32: how far pruning *this graph* can go 
 import torch
 
 from pruneops.config import BenchmarkConfig
-from pruneops.latency import measured_latency
 from pruneops.models.registry import ModelSpec, create_model
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner
+from pruneops.timing.sessions import measured_latency
 
 SHAPE = [1, 28, 28]
 SPEC = ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128], "blocks": 1})

@@ -37,10 +37,10 @@ def main(paths: list[Path]) -> None:
     """Quantizes each model both ways and times every form interleaved."""
     import onnxruntime as ort
 
-    from pruneops.benchmark import measure_latencies
     from pruneops.config import BenchmarkConfig, QuantizeConfig
     from pruneops.onnx_utils import make_session
-    from pruneops.quantize import _preprocess, quantize_static_qdq
+    from pruneops.quantizers import _preprocess, quantize_static_qdq
+    from pruneops.timing.sessions import measure_latencies
 
     sessions = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,14 +40,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pruneops.benchmark import machine_info  # noqa: E402
 from pruneops.config import BenchmarkConfig  # noqa: E402
-from pruneops.latency import measured_latency  # noqa: E402
 from pruneops.models.registry import ModelSpec, create_model  # noqa: E402
 from pruneops.onnx_utils import export_onnx_file  # noqa: E402
 from pruneops.profiling import count_macs  # noqa: E402
 from pruneops.pruning.importance import IMPORTANCES  # noqa: E402
 from pruneops.pruning.units import UnitPruner  # noqa: E402
+from pruneops.timing.machine import machine_info  # noqa: E402
+from pruneops.timing.sessions import measured_latency  # noqa: E402
 
 SHAPE = [1, 28, 28]
 SPEC = ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128], "blocks": 1})

@@ -17,16 +17,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pruneops.bench_report import paired_bootstrap_ci
-from pruneops.benchmark import latency_summary, measure_latencies
+from pruneops.bench.report import paired_bootstrap_ci
 from pruneops.checkpoint import load_checkpoint
-from pruneops.config import BenchmarkConfig, parse_section, read_params
+from pruneops.config import BenchmarkConfig
 from pruneops.data import load_prepared
+from pruneops.forward import predict_logits
 from pruneops.inputs import timing_inputs
 from pruneops.io import Layout
 from pruneops.onnx_utils import export_onnx_file, make_session
-from pruneops.stages import run_stage
-from pruneops.training import predict_logits
+from pruneops.params import parse_section, read_params
+from pruneops.runner import run_stage
+from pruneops.stages.benchmark import latency_summary
+from pruneops.timing.sessions import measure_latencies
 
 
 def main() -> None:

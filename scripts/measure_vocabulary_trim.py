@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch
 
-from pruneops.bench_report import paired_bootstrap_ci
+from pruneops.bench.report import paired_bootstrap_ci
 from pruneops.checkpoint import load_checkpoint
 from pruneops.data import load_prepared
+from pruneops.forward import predict_logits
 from pruneops.io import Layout
-from pruneops.prune import trim_vocabulary
-from pruneops.training import predict_logits
+from pruneops.pruning.vocabulary import trim_vocabulary
 
 
 def main() -> None:

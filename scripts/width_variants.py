@@ -24,13 +24,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pruneops.benchmark import machine_info  # noqa: E402
 from pruneops.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from pruneops.config import BenchmarkConfig  # noqa: E402
 from pruneops.inputs import timing_inputs  # noqa: E402
-from pruneops.latency import measured_latency  # noqa: E402
 from pruneops.pruning.importance import IMPORTANCES  # noqa: E402
 from pruneops.pruning.units import UnitPruner  # noqa: E402
+from pruneops.timing.machine import machine_info  # noqa: E402
+from pruneops.timing.sessions import measured_latency  # noqa: E402
 
 
 def main() -> int:

@@ -72,7 +72,8 @@ def write_params(directory: Path, params: dict) -> Path:
 @pytest.fixture(scope="session")
 def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory where every stage ran once on digits with tiny settings."""
-    from pruneops.stages import STAGE_NAMES, run_stage
+    from pruneops.runner import run_stage
+    from pruneops.stages import STAGE_NAMES
 
     root = tmp_path_factory.mktemp("pipeline")
     params = write_params(root, tiny_params())
@@ -101,8 +102,8 @@ def digits_onnx(root: Path, trained: bool = True, name: str = "m.onnx"):
     from pruneops.io import Layout
     from pruneops.models import ModelSpec, create_model
     from pruneops.onnx_utils import export_onnx_file
+    from pruneops.stages.validate import ValidateConfig, validate_dataset
     from pruneops.training import FitSettings, fit_
-    from pruneops.validate import ValidateConfig, validate_dataset
 
     data_dir = validate_dataset(ValidateConfig(), Layout(root)).data_dir
     meta, train, val, test = load_prepared(data_dir)
@@ -195,7 +196,7 @@ def start_serving(project: Path, port: int, *extra: str):
 @pytest.fixture
 def served_project(tmp_path):
     """A registry with a trained digits model in production, and the reference statistics."""
-    from pruneops.model_registry import ModelRegistry
+    from pruneops.registry.store import ModelRegistry
 
     _, onnx_path, test = digits_onnx(tmp_path)
     registry = ModelRegistry(tmp_path / "models")

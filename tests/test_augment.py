@@ -9,11 +9,12 @@ import torch.nn.functional as F
 
 from pruneops.augment import augment_images, check_augmentable
 from pruneops.checkpoint import load_checkpoint
-from pruneops.config import AugmentConfig, ConfigError, TrainConfig, parse_section
+from pruneops.config import AugmentConfig, ConfigError, TrainConfig
 from pruneops.data import load_prepared
 from pruneops.io import Layout
-from pruneops.train import train_baseline
-from pruneops.validate import ValidateConfig, validate_dataset
+from pruneops.params import parse_section
+from pruneops.stages.train import train_baseline
+from pruneops.stages.validate import ValidateConfig, validate_dataset
 
 
 def _batch(n=64, c=2, h=7, w=9):

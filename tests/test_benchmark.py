@@ -1,4 +1,4 @@
-"""`pruneops.benchmark.measure_latencies`: interleaved turns, each timed run warm, optionally time-boxed."""
+"""`pruneops.stages.benchmark.measure_latencies`: interleaved turns, each timed run warm, optionally time-boxed."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from pruneops.benchmark import MIN_TURNS, SELF_WARMING_RUN_S, measure_latencies
 from pruneops.config import BenchmarkConfig
+from pruneops.timing.sessions import MIN_TURNS, SELF_WARMING_RUN_S, measure_latencies
 
 
 class _Recorder:

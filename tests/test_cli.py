@@ -152,9 +152,9 @@ def test_a_baseline_that_no_longer_reaches_its_recorded_accuracy_stops_the_next_
 def test_failure_mid_stage_keeps_previous_outputs(pipeline_dir, tmp_path, monkeypatch):
     import shutil
 
-    from pruneops import export as export_module
     from pruneops.errors import ParityError
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
+    from pruneops.stages import export as export_module
 
     for part in ("artifacts", "metrics"):
         shutil.copytree(pipeline_dir / part, tmp_path / part)
@@ -175,7 +175,7 @@ def test_publish_promotes_only_the_first_model_unless_forced(pipeline_dir, tmp_p
     import json
     import shutil
 
-    from pruneops.model_registry import REFERENCE_STATS, ModelRegistry
+    from pruneops.registry.store import REFERENCE_STATS, ModelRegistry
 
     root = tmp_path / "project"
     root.mkdir()

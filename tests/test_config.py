@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pruneops.config import ConfigError, PruneConfig, QuantizeConfig, TrainConfig, parse_section, read_params
+from pruneops.config import ConfigError, PruneConfig, QuantizeConfig, TrainConfig
+from pruneops.params import parse_section, read_params
 from pruneops.stages import SECTIONS, STAGES, check_sections, load_configs
 from tests.conftest import ROOT
 

@@ -5,7 +5,7 @@ from scipy import stats
 from pruneops.data import load_prepared
 from pruneops.drift import DriftMonitor, histograms, ks_against_quantiles, psi
 from pruneops.io import Layout, read_json
-from pruneops.validate import ValidateConfig, validate_dataset
+from pruneops.stages.validate import ValidateConfig, validate_dataset
 
 
 def test_psi_matches_hand_computation():

@@ -10,7 +10,8 @@ import yaml
 
 from pruneops.dvcfile import PACKAGE_DIR, check_dvc_yaml, import_closure, render, write_dvc_yaml
 from pruneops.errors import ConfigError
-from pruneops.stages import STAGE_NAMES, STAGES, run_stage
+from pruneops.runner import run_stage
+from pruneops.stages import STAGE_NAMES, STAGES
 from tests.conftest import ROOT, tiny_params, write_params
 
 USER_MODEL = """
@@ -35,13 +36,14 @@ def test_the_committed_dvc_yaml_is_complete_for_the_table_and_params():
 
 
 def test_closures_hold_what_each_stage_really_imports():
-    sensitivity = {_rel(p) for p in import_closure("pruneops.sensitivity")}
+    sensitivity = {_rel(p) for p in import_closure("pruneops.stages.sensitivity")}
     assert {"pruneops/training.py", "pruneops/profiling.py", "pruneops/checkpoint.py"} <= sensitivity
     assert {"pruneops/models/registry.py", "pruneops/models/architectures.py"} <= sensitivity  # lazy imports too
-    finetune = {_rel(p) for p in import_closure("pruneops.finetune")}
-    assert {"pruneops/pruning/masks.py", "pruneops/train.py", "pruneops/training.py"} <= finetune
-    assert "pruneops/profiling.py" in {_rel(p) for p in import_closure("pruneops.export")}
-    assert "pruneops/profiling.py" in {_rel(p) for p in import_closure("pruneops.train")}
+    finetune = {_rel(p) for p in import_closure("pruneops.stages.finetune")}
+    assert {"pruneops/pruning/masks.py", "pruneops/training.py"} <= finetune
+    assert "pruneops/stages/train.py" not in finetune  # no stage imports another
+    assert "pruneops/profiling.py" in {_rel(p) for p in import_closure("pruneops.stages.export")}
+    assert "pruneops/profiling.py" in {_rel(p) for p in import_closure("pruneops.stages.train")}
     # Serving code is no stage's dependency: editing it re-runs nothing.
     assert not any("serving" in _rel(p) for s in STAGES for p in import_closure(s.module, "pruneops.stages"))
 

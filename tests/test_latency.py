@@ -12,22 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from pruneops.latency import (
-    PREDICTORS,
-    LatencyModel,
-    LatencyTable,
-    LayerShape,
-    UnitLayers,
-    _candidates,
-    allocate_latency,
-    fit_calibration,
-    layer_shapes,
-    probe_unit_layers,
-)
 from pruneops.models import ModelSpec, create_model
-from pruneops.pruning import IMPORTANCES, UnitPruner
-from pruneops.pruning import targets as targets_module
-from pruneops.pruning.allocation import allocate_ratios, chance_drop
+from pruneops.planning import loop as loop_module
+from pruneops.planning import targets as targets_module
+from pruneops.planning.allocation import allocate_ratios, chance_drop
+from pruneops.planning.latency_allocation import _candidates, allocate_latency
+from pruneops.planning.latency_model import PREDICTORS, LatencyModel, UnitLayers, fit_calibration, probe_unit_layers
+from pruneops.pruning.importance import IMPORTANCES
+from pruneops.pruning.units import UnitPruner
+from pruneops.timing.layers import LatencyTable, LayerShape, layer_shapes
 
 SHAPE = [1, 12, 12]
 
@@ -219,7 +212,7 @@ def test_latency_allocation_is_no_worse_than_the_uniform_cut_of_the_same_latency
 def test_a_shortlist_holds_distinct_feasible_plans_least_drop_first_and_the_best_uniform_cut(synthetic, keep):
     """What plan trials choose from: the allocation first, then the next-least summed drops, and
     always the uniform cut with the least summed drop that meets the target."""
-    from pruneops.latency import SHORTLIST_FLOOR, _uniform_plans
+    from pruneops.planning.latency_allocation import SHORTLIST_FLOOR, _uniform_plans
 
     latency, sizes = synthetic
     ratios = [0.25, 0.5, 0.75, 0.875, 0.9375]
@@ -285,6 +278,14 @@ def _fake_times(factors, forms=None):
     return measured
 
 
+DECISIONS = {
+    "passed": targets_module.GateDecision.PASSED,
+    "passed: widths rounded up": targets_module.GateDecision.WIDENED,
+    "backed off: widths rounded up": targets_module.GateDecision.BACKED_OFF,
+    "refused": targets_module.GateDecision.REFUSED,
+}
+
+
 @pytest.mark.parametrize(
     ("factors", "decision", "timed", "widen"),
     [
@@ -312,12 +313,13 @@ def test_the_gate_passes_rounds_up_backs_off_or_refuses_on_measured_latency(
     ratios = {n: 0.3 for n in sizes}  # 32 -> 22 channels: not a multiple of 16, so a rounded-up plan exists
     timing = BenchmarkConfig(batch_sizes=[1, 64])
     result = targets_module.gate(model, example, SHAPE, ratios, sizes, 1.05, timing, widen_when_free=widen)
-    assert result.decision.startswith(decision) and ("(no slower)" in result.decision) == (
+    assert result.text.startswith(decision) and ("(no slower)" in result.text) == (
         decision == "passed: widths rounded up"
     )
+    assert result.decision is DECISIONS[decision]
     if decision.startswith(("backed off", "refused")):  # what the planned widths measured, and against what
         speedups = f"{1 / factors['plan0'][0]:.2f}x at batch 1 and {1 / factors['plan0'][1]:.2f}x at batch 64"
-        assert f"the planned widths measured {speedups}" in result.decision and "< 1.05x" in result.decision
+        assert f"the planned widths measured {speedups}" in result.text and "< 1.05x" in result.text
     assert (result.ratios is not None) == (decision != "refused")
     # Times and speed-ups are those of the widths kept (as planned when refused); the planned
     # widths' own times are kept for the table's prediction error.
@@ -339,7 +341,7 @@ def test_a_mac_target_is_not_widened_past_its_budget_by_rounded_widths_that_run_
     import shutil
 
     from pruneops.io import read_json
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
     from tests.conftest import tiny_params, write_params
 
     for stage in ("validate", "train", "sensitivity"):
@@ -364,21 +366,20 @@ def test_a_mac_target_is_not_widened_past_its_budget_by_rounded_widths_that_run_
     ],
 )
 def test_the_prune_stage_lets_the_gate_widen_for_latency_targets_only(monkeypatch, target, value, widen):
-    from pruneops import prune as prune_module
     from pruneops.config import BenchmarkConfig, PruneConfig
-    from pruneops.pruning.targets import Plan
+    from pruneops.planning.targets import Plan
 
     seen = []
 
     def gate(*args, **kwargs):
         seen.append(args[8])  # widen_when_free
-        return targets_module.GateResult("passed", args[3], {}, {}, {})
+        return targets_module.GateResult(targets_module.GateDecision.PASSED, args[3], {}, {}, {})
 
-    monkeypatch.setattr(prune_module, "gate", gate)
+    monkeypatch.setattr(targets_module, "gate", gate)
     model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [32, 64]})).eval()
     batch = {"target_batch": 1 if target.startswith("latency") else None}
     config = PruneConfig(target=target, target_value=value, **batch)
-    prune_module._gate(config, BenchmarkConfig(batch_sizes=[1]), model, torch.zeros(1, *SHAPE), SHAPE, Plan(0.3))
+    loop_module.gate_plan(config, BenchmarkConfig(batch_sizes=[1]), model, torch.zeros(1, *SHAPE), SHAPE, Plan(0.3))
     assert seen == [widen]
 
 
@@ -414,7 +415,7 @@ def test_measured_latency_times_each_export_in_the_form_asked(monkeypatch, form,
 
     from pruneops import onnx_utils
     from pruneops.config import BenchmarkConfig
-    from pruneops.latency import measured_latency
+    from pruneops.timing.sessions import measured_latency
 
     timed_ops = []
     make_session = onnx_utils.make_session
@@ -446,7 +447,7 @@ def test_the_one_operator_table_is_timed_in_the_form_asked(monkeypatch, form, in
     """Each form gets its own entries, timed on the layer graph quantized as the quantize stage would."""
     import onnx
 
-    from pruneops import latency as latency_module
+    from pruneops.timing import layers as latency_module
 
     timed_ops = []
 
@@ -492,7 +493,7 @@ def test_a_latency_model_reads_the_table_in_its_own_form(monkeypatch):
 def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_path):
     from pruneops.config import PruneConfig
     from pruneops.errors import ConfigError
-    from pruneops.pruning.targets import plan_latency
+    from pruneops.planning.targets import plan_latency
 
     latency, sizes = synthetic
     latency.calibration[1] = (0.0, 1.0)
@@ -510,7 +511,7 @@ def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_p
 
 def test_a_latency_plan_is_the_one_the_trials_choose_from_the_shortlist(synthetic, tmp_path):
     from pruneops.config import PruneConfig
-    from pruneops.pruning.targets import plan_latency
+    from pruneops.planning.targets import plan_latency
 
     latency, sizes = synthetic
     latency.calibration[1] = (0.0, 1.0)
@@ -549,7 +550,7 @@ def test_auto_plans_a_latency_ratio_of_dense_fp32_in_every_form_and_keeps_the_ch
     import copy
 
     from pruneops.config import PruneConfig
-    from pruneops.pruning.targets import choose_latency_form, plan_latency
+    from pruneops.planning.targets import choose_latency_form, plan_latency
 
     latency, sizes = synthetic
     latency.calibration[1] = (0.0, 1.0)
@@ -578,7 +579,7 @@ def test_auto_plans_a_latency_ratio_of_dense_fp32_in_every_form_and_keeps_the_ch
 
 
 def test_a_form_is_screened_out_only_where_it_is_slower_than_fp32_everywhere_by_the_margin():
-    from pruneops.latency import SCREEN_MARGIN, forms_slower_than_fp32
+    from pruneops.planning.forms import SCREEN_MARGIN, forms_slower_than_fp32
 
     fp32 = {"dense": {1: 1.0, 64: 20.0}, "quarter": {1: 0.3, 64: 5.0}}
 
@@ -645,11 +646,10 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     refitting through what it measured, the kept plan meets the target and the prediction made
     for it before it was measured is within 15% of what it then measured.
     """
-    from pruneops import prune as prune_module
     from pruneops.config import BenchmarkConfig, PruneConfig
     from pruneops.io import Layout
-    from pruneops.pruning import targets
-    from pruneops.pruning.targets import GateResult, plan_latency
+    from pruneops.planning import targets
+    from pruneops.planning.targets import GateDecision, GateResult, plan_latency
 
     latency, sizes = synthetic
     real = _skewed_machine(latency)
@@ -665,12 +665,12 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     measured_plans = []
 
     def measured_gate(config, benchmark, model, example, shape, target):
-        widths = prune_module._planned_widths(config, sizes, target)
+        widths = loop_module.planned_widths(config, sizes, target)
         measured_plans.append(target.ratios)
         ms = real(widths)
-        return GateResult("passed", target.ratios, {"1": real({}) / ms}, {"1": ms}, {"1": real({})})
+        return GateResult(GateDecision.PASSED, target.ratios, {"1": real({}) / ms}, {"1": ms}, {"1": real({})})
 
-    monkeypatch.setattr(prune_module, "_gate", measured_gate)
+    monkeypatch.setattr(loop_module, "gate_plan", measured_gate)
     # A runoff (plans read just over the target) times on the same machine.
     monkeypatch.setattr(
         targets,
@@ -687,24 +687,15 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
         first.predicted_ms
         / first.dense_predicted_ms
         * real({})
-        / real(prune_module._planned_widths(config, sizes, first))
+        / real(loop_module.planned_widths(config, sizes, first))
         - 1
     )
     assert first_error > 0.15  # the case the loop is for
 
-    target, gated, plans = prune_module._meet_measured(
-        config,
-        benchmark,
-        sweep,
-        layout,
-        model,
-        example,
-        SHAPE,
-        first,
-        measured_gate(config, benchmark, None, None, None, first),
-    )
+    loop = loop_module.LatencyLoop(config, config.target_value, benchmark, sweep, layout, model, example, SHAPE)
+    target, gated, plans = _unpacked(loop.run(first, measured_gate(config, benchmark, None, None, None, first)))
     measured = gated.measured_ms["1"]
-    low, high = prune_module.LATENCY_BAND
+    low, high = loop_module.LATENCY_BAND
     assert low * 0.5 * real({}) <= measured <= high * 0.5 * real({})
     # every retry measured a plan not measured before (the first is measured by the caller, above)
     assert len(measured_plans) >= 2
@@ -715,7 +706,7 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     assert len(plans) == len(measured_plans) and [p["kept"] for p in plans].count(True) == 1
     kept = next(p for p in plans if p["kept"])
     assert kept["measured_ms"] == measured and kept["predicted_ms"] == pytest.approx(predicted)
-    assert kept["widths"] == prune_module._planned_widths(config, sizes, target)
+    assert kept["widths"] == loop_module.planned_widths(config, sizes, target)
     for p in plans:
         assert p["fraction_of_target"] == pytest.approx(p["measured_ms"] / (0.5 * p["dense_ms"]))
 
@@ -724,7 +715,8 @@ def test_layer_costs_fitted_on_exports_predict_unseen_allocations(synthetic):
     """A machine whose layers cost a different amount per MAC each, plus a fixed per-call cost:
     fitted on dense, uniform cuts and each unit alone (what the sensitivity stage exports), the
     model predicts allocations it never saw, where one line over the table sum cannot."""
-    from pruneops.latency import _measurement_points, fit_layer_costs, held_out_errors, layer_mmacs, pick_predictor
+    from pruneops.planning.latency_model import _measurement_points, fit_layer_costs, held_out_errors, pick_predictor
+    from pruneops.timing.layers import layer_mmacs
 
     latency, sizes = synthetic
     per_mmac = {name: 0.01 * (1 + i % 3) for i, name in enumerate(latency.base)}
@@ -744,8 +736,8 @@ def test_layer_costs_fitted_on_exports_predict_unseen_allocations(synthetic):
 
 
 def test_a_table_from_another_cpu_generation_under_the_same_name_is_measured_again(tmp_path, monkeypatch):
-    from pruneops import benchmark
-    from pruneops.latency import machine_fingerprint
+    from pruneops.timing import machine as benchmark
+    from pruneops.timing.machine import machine_fingerprint
 
     path = tmp_path / "latency_table.json"
     LatencyTable(machine_fingerprint(1), {"k": 0.1}).save(path)
@@ -760,7 +752,7 @@ def test_a_table_from_another_cpu_generation_under_the_same_name_is_measured_aga
 
 
 def test_cpu_features_name_the_generation_and_the_extensions_kernels_use(tmp_path):
-    from pruneops.benchmark import cpu_features
+    from pruneops.timing.machine import cpu_features
 
     x86 = tmp_path / "x86"
     x86.write_text(
@@ -779,7 +771,7 @@ def test_the_predictor_is_chosen_on_its_mean_held_out_miss_not_its_median():
     small transformer's table here, whose one-operator timings are mostly call overhead: the line
     over the table sum had the least median miss and missed the deepest cut, where plans for a
     latency target go, by 11 %; MAC costs missed every cut by 6 % at most."""
-    from pruneops.latency import pick_predictor
+    from pruneops.planning.latency_model import pick_predictor
 
     errors = {
         "mmacs": [0.029, 0.020, 0.015, 0.057],
@@ -798,7 +790,7 @@ def test_predictors_that_differ_by_float_rounding_alone_tie_and_the_first_wins()
     """Held-out misses of two predictors that both fit a synthetic law exactly, as a Zen 3 computed
     them (the table's the smaller by 9e-16; a Zen 4 rounded the other way): a tie, broken by the
     order of the candidates, so the choice no longer depends on the CPU."""
-    from pruneops.latency import pick_predictor
+    from pruneops.planning.latency_model import pick_predictor
 
     mmacs, table = (
         [0.0, 0.0, 7.2285589376441806e-06, 1.5543122344752192e-15],
@@ -814,8 +806,8 @@ def test_predictors_that_differ_by_float_rounding_alone_tie_and_the_first_wins()
 def test_timing_copies_drop_the_vocabulary_but_compute_the_same():
     transformers = pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
     from pruneops.inputs import example_arrays, text_inputs
-    from pruneops.latency import VOCABULARY_ROWS, without_vocabulary
     from pruneops.models.hf import SequenceLogits
+    from pruneops.planning.latency_model import VOCABULARY_ROWS, without_vocabulary
 
     config = transformers.BertConfig(
         vocab_size=5000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48
@@ -834,7 +826,8 @@ def test_timing_copies_drop_the_vocabulary_but_compute_the_same():
 
     # The whole latency model on it, from an example of real ids beyond the rows kept (the bench
     # crashed there once: the timing copies were pruned on the example as it was).
-    from pruneops.latency import build_latency_model, machine_fingerprint
+    from pruneops.planning.latency_model import build_latency_model
+    from pruneops.timing.machine import machine_fingerprint
 
     model._pruneops_inputs = text_inputs()
     example = {"input_ids": torch.tensor([[4999, 1500, 7, 0]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
@@ -865,7 +858,7 @@ def _pruned_shapes(model, example, widths):
 def test_twin_units_leave_the_model_computing_the_same_shapes(spec, expected_groups):
     """A twin narrowed to a width gives the model the very layer shapes its representative does
     (so timing one stands for both), and units that differ are never paired."""
-    from pruneops.latency import twin_units
+    from pruneops.planning.latency_model import twin_units
 
     model, example, sizes, latency = _latency_model(spec)
     twins = twin_units(latency)
@@ -888,13 +881,14 @@ def test_the_latency_model_times_one_unit_per_twin_group_and_fits_on_every_point
     """Only representatives' one-unit copies are exported and timed; a twin's points carry the time
     of its representative's, which a machine whose cost depends on layer shapes alone would give
     the twin's own copy too; the fit still sees every unit's points."""
-    import pruneops.latency as latency_module
+    import pruneops.planning.latency_model as latency_module
+    from pruneops.timing.layers import layer_mmacs
 
     spec = ModelSpec("tests.models.families:vit_style", SHAPE, 10, {"dim": 16, "num_heads": 4, "depth": 3})
     model, example, sizes, _ = _latency_model(spec)
 
     def cost(m):  # a machine whose time depends on layer shapes only
-        return 0.02 + sum(latency_module.layer_mmacs(s) for s in layer_shapes(m, SHAPE).values())
+        return 0.02 + sum(layer_mmacs(s) for s in layer_shapes(m, SHAPE).values())
 
     timed: list[str] = []
 
@@ -926,7 +920,8 @@ def test_the_latency_model_times_one_unit_per_twin_group_and_fits_on_every_point
 def test_a_static_int8_latency_model_builds_at_batch_1_and_a_large_batch():
     """The whole sensitivity-stage path in static INT8, really timed (its one-operator graphs at
     batch 64 once failed to calibrate: the calibration batch is 32)."""
-    from pruneops.latency import build_latency_model, machine_fingerprint
+    from pruneops.planning.latency_model import build_latency_model
+    from pruneops.timing.machine import machine_fingerprint
 
     torch.manual_seed(0)
     model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [8, 16]})).eval()
@@ -942,37 +937,30 @@ def test_a_static_int8_latency_model_builds_at_batch_1_and_a_large_batch():
 
 
 def _one_unit_loop(monkeypatch, tmp_path, staircase, gate):
-    """`prune._meet_measured` on one 100-channel unit, a latency ratio of 0.5 at batch 1, with
+    """`LatencyLoop.run` on one 100-channel unit, a latency ratio of 0.5 at batch 1, with
     `staircase` in place of the table's planner and `gate` in place of the measured gate."""
-    from pruneops import prune as prune_module
     from pruneops.config import BenchmarkConfig, PruneConfig
     from pruneops.io import Layout
-    from pruneops.pruning import targets
+    from pruneops.planning import targets
 
     monkeypatch.setattr(targets, "plan_latency", staircase)
-    monkeypatch.setattr(prune_module, "_gate", gate)
-    monkeypatch.setattr(prune_module, "_unit_sizes", lambda model, example: {"u": 100})
+    monkeypatch.setattr(loop_module, "gate_plan", gate)
     config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
     first = staircase(config, None, None, 1)
-    return prune_module._meet_measured(
-        config,
-        BenchmarkConfig(batch_sizes=[1]),
-        None,
-        Layout(tmp_path),
-        None,
-        None,
-        [1],
-        first,
-        gate(config, None, None, None, None, first),
-    )
+    benchmark = BenchmarkConfig(batch_sizes=[1])
+    loop = loop_module.LatencyLoop(config, 0.5, benchmark, None, Layout(tmp_path), None, None, [1], sizes={"u": 100})
+    return _unpacked(loop.run(first, gate(config, None, None, None, None, first)))
+
+
+def _unpacked(result):
+    return result.plan, result.gated, result.records
 
 
 def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(tmp_path, monkeypatch):
     """A refit that alternates between two measured plans straddling the band (one 8% over, one
     10% under, as on the vision workload) must not re-measure them: the loop steps from the last
     plan towards the target, 3% at a time, and finds the plan between them that meets it."""
-    from pruneops import prune as prune_module
-    from pruneops.pruning.targets import GateResult, Plan
+    from pruneops.planning.targets import GateDecision, GateResult, Plan
 
     over, between, under = 0.46, 0.52, 0.55  # pruned ratios; measured 1.08, 0.97, 0.90 of the target
     measured_ms = {over: 0.54, between: 0.485, under: 0.45}
@@ -988,14 +976,14 @@ def test_the_measured_loop_steps_past_plans_it_measured_to_one_inside_the_band(t
     def gate(config, benchmark, model, example, shape, target):
         gated.append(target.ratios["u"])
         ms = measured_ms[target.ratios["u"]]
-        return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
+        return GateResult(GateDecision.PASSED, target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
 
     target, result, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
     assert gated == [over, under, between]
     assert target.ratios == {"u": between}
     assert [(p["widths"]["u"], p["kept"]) for p in plans] == [(54, False), (45, False), (48, True)]
     assert [round(p["fraction_of_target"], 2) for p in plans] == [1.08, 0.9, 0.97]
-    low, high = prune_module.LATENCY_BAND
+    low, high = loop_module.LATENCY_BAND
     assert low <= result.measured_ms["1"] / 0.5 <= high
 
 
@@ -1004,7 +992,7 @@ def test_the_refit_is_fitted_on_the_widths_as_planned_not_as_the_gate_rounded_th
     table predicted the planned widths, so those and their own reading are what the next plan is
     refitted on. Refitted on the rounded widths (which the table put far slower than they ran),
     the savings scale grew and wide plans looked fast (docs/vision-2026-11-29)."""
-    from pruneops.pruning.targets import GateResult, Plan
+    from pruneops.planning.targets import GateDecision, GateResult, Plan
 
     refits = []
 
@@ -1015,9 +1003,9 @@ def test_the_refit_is_fitted_on_the_widths_as_planned_not_as_the_gate_rounded_th
 
     def gate(config, benchmark, model, example, shape, target):
         if target.ratios["u"] == 0.5:  # 50 channels read 0.58 ms; rounded up to 64, 0.54: taken
-            return GateResult("passed: widths rounded up to multiples of 16 (no slower)", {"u": 0.36},
-                              {"1": 1 / 0.54}, {"1": 0.54}, {"1": 1.0}, {"1": 0.58})  # fmt: skip
-        return GateResult("passed", target.ratios, {"1": 1 / 0.495}, {"1": 0.495}, {"1": 1.0}, {"1": 0.495})
+            return GateResult(GateDecision.WIDENED, {"u": 0.36}, {"1": 1 / 0.54}, {"1": 0.54}, {"1": 1.0}, {"1": 0.58},
+                              reason="widths rounded up to multiples of 16 (no slower)")  # fmt: skip
+        return GateResult(GateDecision.PASSED, target.ratios, {"1": 1 / 0.495}, {"1": 0.495}, {"1": 1.0}, {"1": 0.495})
 
     target, result, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
     assert refits[1] == [({"u": 50}, pytest.approx(0.58))]
@@ -1032,14 +1020,14 @@ def test_a_target_not_reached_says_whether_the_table_misjudged_or_nothing_reache
     """Every plan measures 1.2x the target. Where the table predicted them within it, the
     warning names the table's error (1.2x the predictions), not the sweep's reach; where the
     table predicted them over it too, the allocation had nothing faster to offer."""
-    from pruneops.pruning.targets import GateResult, Plan
+    from pruneops.planning.targets import GateDecision, GateResult, Plan
 
     def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
         ratio = round(0.3 + 0.01 * len(measured or ()), 2)  # a new plan every time, none faster
         return Plan(ratio, None, {"u": ratio}, predicted, 1.0, 0.5, [], aim_ms or 0.5)
 
     def gate(config, benchmark, model, example, shape, target):
-        return GateResult("passed", target.ratios, {"1": 1 / 0.6}, {"1": 0.6}, {"1": 1.0})
+        return GateResult(GateDecision.PASSED, target.ratios, {"1": 1 / 0.6}, {"1": 0.6}, {"1": 1.0})
 
     target, _, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
     (warning,) = [w for w in target.warnings if "not reached" in w]
@@ -1068,12 +1056,11 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
     steps up) and stops. A wider plan its gate read over the band's top, but within `RUNOFF_TOP`,
     is timed again with the kept plan in one runoff: the wider plan's fraction is then the kept
     plan's gate reading times the two plans' runoff time ratio, and decides."""
-    from pruneops import prune as prune_module
-    from pruneops.pruning import targets
-    from pruneops.pruning.targets import GateResult, Plan
+    from pruneops.planning import targets
+    from pruneops.planning.targets import GateDecision, GateResult, Plan
 
     ratios = {"under": 0.52, "wider": 0.48}
-    assert prune_module.LATENCY_BAND[0] <= gate_reads["under"] < prune_module.LATENCY_REACH
+    assert loop_module.LATENCY_BAND[0] <= gate_reads["under"] < loop_module.LATENCY_REACH
 
     def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
         name = "wider" if aim_ms is not None and aim_ms > 0.5 else "under"
@@ -1088,7 +1075,7 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
         name = name_of(target.ratios["u"])
         gated.append(name)
         ms = 0.5 * gate_reads[name]
-        return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
+        return GateResult(GateDecision.PASSED, target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
 
     def retime(model, example, shape, plans, batch, benchmark, form="fp32", reference=None):
         names = {p: name_of(round(1 - w["u"] / 100, 2)) for p, w in plans.items()}
@@ -1119,8 +1106,8 @@ def test_a_plan_well_under_the_target_is_followed_by_one_wider_plan(
 def test_a_runoff_without_a_plan_under_the_target_reads_against_its_own_dense(tmp_path, monkeypatch):
     """With no plan under the band's top to anchor on, the runoff's readings (against its dense)
     are the candidates' readings: the plan it reads under the top is kept."""
-    from pruneops.pruning import targets
-    from pruneops.pruning.targets import GateResult, Plan
+    from pruneops.planning import targets
+    from pruneops.planning.targets import GateDecision, GateResult, Plan
 
     reads = {0.5: 1.04, 0.52: 1.03}  # ratio -> gate fraction, both just over
 
@@ -1130,7 +1117,7 @@ def test_a_runoff_without_a_plan_under_the_target_reads_against_its_own_dense(tm
 
     def gate(config, benchmark, model, example, shape, target):
         ms = 0.5 * reads[target.ratios["u"]]
-        return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
+        return GateResult(GateDecision.PASSED, target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
 
     def retime(model, example, shape, plans, batch, benchmark, form="fp32", reference=None):
         return {"dense": 2.0, **{p: 2.0 * 0.5 * (0.99 if w["u"] == 48 else 1.02) for p, w in plans.items()}}
@@ -1145,14 +1132,14 @@ def test_a_runoff_without_a_plan_under_the_target_reads_against_its_own_dense(tm
 def test_a_plan_kept_under_the_band_says_it_is_pruned_further_than_asked(tmp_path, monkeypatch):
     """When the only plan measured within the target is well under it (no plan lands in the band),
     the loop keeps it and the report says the model is pruned further than asked."""
-    from pruneops.pruning.targets import GateResult, Plan
+    from pruneops.planning.targets import GateDecision, GateResult, Plan
 
     def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
         return Plan(0.6, None, {"u": 0.6}, 0.5, 1.0, 0.5, [], aim_ms or 0.5)  # the table has no other plan
 
     def gate(config, benchmark, model, example, shape, target):
         ms = 0.5 * 0.8
-        return GateResult("passed", target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
+        return GateResult(GateDecision.PASSED, target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0})
 
     target, _, plans = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
     assert [p["kept"] for p in plans] == [True]
@@ -1178,15 +1165,17 @@ def test_plan_trials_rank_plans_by_brief_training_and_train_each_plan_once(pipel
     from pruneops.config import PruneConfig
     from pruneops.data import load_prepared
     from pruneops.inputs import head_tensors
-    from pruneops.latency import PlanOption
-    from pruneops.prune import PlanTrials, _trial_records, _unit_sizes, make_context
-    from pruneops.pruning import METHODS
+    from pruneops.planning.latency_allocation import PlanOption
+    from pruneops.planning.trials import PlanTrials, trial_records
+    from pruneops.pruning.methods import METHODS
+    from pruneops.pruning.units import unit_sizes
+    from pruneops.stages.prune import make_context
 
     _, train, val, _ = load_prepared(pipeline_dir / "artifacts/validate")
     model = load_checkpoint(pipeline_dir / "artifacts/train/model.safetensors").model
     example = head_tensors(val.x)
     config = PruneConfig(trial_samples=len(train))
-    sizes = _unit_sizes(model, example)
+    sizes = unit_sizes(model, example)
 
     def make_method(ratio, ratios):
         return METHODS.get(config.method)(make_context(config, train, example, ratio, ratios))
@@ -1195,7 +1184,7 @@ def test_plan_trials_rank_plans_by_brief_training_and_train_each_plan_once(pipel
     gutted = PlanOption(dict.fromkeys(sizes, 1), {n: 1 - 1 / s for n, s in sizes.items()}, 0.1, 0.0, True)
     trials = PlanTrials(config, model, make_method, example, train, val)
     assert trials((gutted, whole)) == 1 and trials((whole, gutted)) == 0
-    assert len(trials.records) == 2 and _unit_sizes(model, example) == sizes
+    assert len(trials.records) == 2 and unit_sizes(model, example) == sizes
     by_widths = {tuple(r["widths"].values()): r for r in trials.records}
     kept, cut = by_widths[tuple(sizes.values())], by_widths[(1,) * len(sizes)]
     # Two accuracies on the same validation images: 3 standard errors of a difference of proportions.
@@ -1204,7 +1193,7 @@ def test_plan_trials_rank_plans_by_brief_training_and_train_each_plan_once(pipel
     assert cut["uniform"] and not kept["uniform"] and all(r["seconds"] > 0 for r in trials.records)
     # The report marks which trialled plans the loop measured and which it kept.
     plans = ({"widths": dict(sizes), "kept": True}, {"widths": {**sizes, next(iter(sizes)): 2}, "kept": False})
-    marked = {tuple(r["widths"].values()): (r["measured"], r["kept"]) for r in _trial_records(trials, plans)}
+    marked = {tuple(r["widths"].values()): (r["measured"], r["kept"]) for r in trial_records(trials, plans)}
     assert marked == {tuple(sizes.values()): (True, True), (1,) * len(sizes): (False, False)}
 
 
@@ -1213,8 +1202,8 @@ def test_a_trial_replaces_the_allocations_plan_only_on_evidence(monkeypatch, fir
     """Right on `first` and `other` of 216 validation samples (the second's right ones include the
     first's): one image more is noise and keeps the allocation's plan; 14 more (a paired standard
     error of 1.7 points, a gain of 6.5) replace it."""
-    from pruneops.latency import PlanOption
-    from pruneops.prune import TRIAL_EVIDENCE, PlanTrials, paired_gain
+    from pruneops.planning.latency_allocation import PlanOption
+    from pruneops.planning.trials import TRIAL_EVIDENCE, PlanTrials, paired_gain
 
     answers = {"a": np.arange(216) < first, "b": np.arange(216) < other}
     monkeypatch.setattr(PlanTrials, "correct", lambda self, option: answers[next(iter(option.widths))])
@@ -1243,7 +1232,7 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
     from PIL import Image
 
     from pruneops.io import read_json
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
 
     prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "static"}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
@@ -1282,7 +1271,7 @@ def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one
     from PIL import Image
 
     from pruneops.io import read_json
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
 
     prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "auto"}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune, quantize={"method": "static"})
@@ -1307,8 +1296,8 @@ def test_auto_with_quantize_auto_leaves_untimed_only_the_forms_it_measured_slowe
     import re
 
     from pruneops.io import read_json
-    from pruneops.latency import SCREEN_MARGIN
-    from pruneops.stages import run_stage
+    from pruneops.planning.forms import SCREEN_MARGIN
+    from pruneops.runner import run_stage
 
     prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "auto"}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune, quantize={"method": "auto"})
@@ -1337,7 +1326,7 @@ def test_a_latency_target_relative_to_a_reference_model_holds_each_plan_to_the_r
     """`prune.target_reference`: the reference is timed at the start (the plan's ratio of dense) and
     again in every gate reading beside dense and the plan, and each plan is held to that reading."""
     from pruneops.io import read_json
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
 
     reference = pipeline_dir / "artifacts/export/pruned_fp32.onnx"  # the session pipeline's half-ratio cut
     prune = {"target": "latency_ratio", "target_value": 1.0, "target_batch": 1, "target_reference": str(reference)}
@@ -1364,26 +1353,34 @@ def test_a_plan_is_held_to_the_reference_as_read_beside_it_and_never_to_slower_t
     """On the ConvNeXt-style workload a small model's time over dense's moved 0.46-0.56 within seconds:
     a reading taken when the reference read 0.6 of dense is judged against 0.6, not a ratio read earlier."""
     from pruneops.config import PruneConfig
-    from pruneops.prune import _goal_ms
-    from pruneops.pruning.targets import GateResult
+    from pruneops.planning.targets import GateDecision, GateResult
 
     asked = PruneConfig(target_value=1.0, target_reference="tp.onnx")
     planning = asked.model_copy(update={"target_value": 0.5})  # the reference read 0.5 of dense at the start
-    reading = GateResult("passed", {}, {}, {"1": 0.58}, {"1": 1.0}, reference_ms={"1": 0.6})
-    assert _goal_ms(planning, asked, reading, "1") == pytest.approx(0.6)
+    reading = GateResult(GateDecision.PASSED, {}, {}, {"1": 0.58}, {"1": 1.0}, reference_ms={"1": 0.6})
+    assert _bare_loop(planning, asked).goal_ms(reading) == pytest.approx(0.6)
     beaten = asked.model_copy(update={"target_value": 0.9})  # 10% faster than the reference
-    assert _goal_ms(planning, beaten, reading, "1") == pytest.approx(0.54)
+    assert _bare_loop(planning, beaten).goal_ms(reading) == pytest.approx(0.54)
     # A reference slower than dense/min_speedup: held to what the gate lets a pruned model be.
-    slow = GateResult("passed", {}, {}, {"1": 0.9}, {"1": 1.0}, reference_ms={"1": 1.2})
-    assert _goal_ms(planning, asked, slow, "1") == pytest.approx(1.0 / asked.min_speedup)
+    slow = GateResult(GateDecision.PASSED, {}, {}, {"1": 0.9}, {"1": 1.0}, reference_ms={"1": 1.2})
+    assert _bare_loop(planning, asked).goal_ms(slow) == pytest.approx(1.0 / asked.min_speedup)
     # Without a reference: a ratio of dense as the planning config holds it.
-    plain = GateResult("passed", {}, {}, {"1": 0.58}, {"1": 2.0})
-    assert _goal_ms(planning, asked, plain, "1") == pytest.approx(1.0)
+    plain = GateResult(GateDecision.PASSED, {}, {}, {"1": 0.58}, {"1": 2.0})
+    assert _bare_loop(planning, asked).goal_ms(plain) == pytest.approx(1.0)
+
+
+def _bare_loop(planning, asked):
+    """A `LatencyLoop` at batch 1 over no model: for the parts that only read gate results."""
+    from pruneops.config import BenchmarkConfig
+    from pruneops.io import Layout
+
+    bench = BenchmarkConfig(batch_sizes=[1])
+    return loop_module.LatencyLoop(planning, asked.target_value, bench, {}, Layout(), None, None, [1], sizes={})
 
 
 def _staircase_ask(plans: dict[str, float], fallback_aim: float):
     """A table that plans the widest of `plans` (name -> predicted table ms) within the aim, else the narrowest."""
-    from pruneops.pruning.targets import Plan
+    from pruneops.planning.targets import Plan
 
     asked = []
 
@@ -1402,34 +1399,37 @@ def test_a_retry_aims_at_the_reference_as_the_gate_last_read_it():
     gate; the table's narrowest plan (0.205 of dense, measured) was below the reference, and the
     steps up from the start's aim (at most 1.03^8 = 1.27x of it) never reached a wider plan."""
     from pruneops.config import PruneConfig
-    from pruneops.prune import _aim_now, _next_unmeasured
-    from pruneops.pruning.targets import GateResult, Plan
+    from pruneops.planning.targets import GateDecision, GateResult, Plan
 
     asked = PruneConfig(target_value=1.0, target_reference="tp.onnx")
     planning = asked.model_copy(update={"target_value": 0.155})
     # Table ms, dense predicted at 2.0: the narrowest plan "all16" and two wider ones.
     ask, aims = _staircase_ask({"all16": 0.41, "some24": 0.42, "tp_like": 0.50}, fallback_aim=0.155 * 2.0)
     first = Plan(0.5, ratios={"all16": 0.5}, predicted_ms=0.41, dense_predicted_ms=2.0, aim_ms=0.31)
-    gated = GateResult("passed", {}, {}, {"1": 0.1223}, {"1": 0.5957}, reference_ms={"1": 0.1267})
-    aim = _aim_now(planning, asked, first, gated, "1")
+    gated = GateResult(GateDecision.PASSED, {}, {}, {"1": 0.1223}, {"1": 0.5957}, reference_ms={"1": 0.1267})
+    loop = _bare_loop(planning, asked)
+    aim = loop._aim_now(first, gated)
     assert aim == pytest.approx(0.1267 / 0.5957 * 2.0)  # 0.425: the reference as the gate read it
     points = [({"u": 16}, 0.1223 / 0.5957)]
-    retry = _next_unmeasured(ask, first, points, [first.ratios], up=True, aim=aim)
+    loop._ask = ask
+    retry = loop._next_unmeasured(first, points, [first.ratios], up=True, aim=aim)
     assert retry.ratios == {"some24": 0.5} and aims == [pytest.approx(aim)]
     # Without a reference there is nothing to re-aim at.
-    assert _aim_now(planning, asked, first, GateResult("passed", {}, {}, {"1": 0.1}, {"1": 0.5}), "1") is None
+    assert loop._aim_now(first, GateResult(GateDecision.PASSED, {}, {}, {"1": 0.1}, {"1": 0.5})) is None
 
 
 def test_steps_up_start_where_the_last_plan_measured_when_the_aim_is_below_it():
     """Stepping up 3% at a time from an aim under the measured plan's own time finds it again; the
     steps start from where it measured instead, so a wider plan 3% above it is found."""
-    from pruneops.prune import _next_unmeasured
-    from pruneops.pruning.targets import Plan
+    from pruneops.config import PruneConfig
+    from pruneops.planning.targets import Plan
 
     ask, aims = _staircase_ask({"all16": 0.41, "some24": 0.42}, fallback_aim=0.31)
+    loop = _bare_loop(PruneConfig(target_value=0.155), PruneConfig(target_value=0.155))
+    loop._ask = ask
     first = Plan(0.5, ratios={"all16": 0.5}, predicted_ms=0.41, dense_predicted_ms=2.0, aim_ms=0.31)
     points = [({"u": 16}, 0.205)]  # measured at 0.205 of dense: 0.41 table ms
-    retry = _next_unmeasured(ask, first, points, [first.ratios], up=True)
+    retry = loop._next_unmeasured(first, points, [first.ratios], up=True, aim=None)
     assert retry.ratios == {"some24": 0.5}
     # The first step starts at the measured plan: from the aim (0.31) it would have taken eleven
     # 3 % steps to pass 0.42, more than the eight allowed.
@@ -1442,30 +1442,30 @@ def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
 ):
     """A reference timed at 1.2x dense asks for a pruned model slower than dense: the plan is
     held to what the gate lets pass, and the record says so (with and without a min_speedup)."""
-    from pruneops import latency as latency_module
     from pruneops.config import BenchmarkConfig, PruneConfig
     from pruneops.io import Layout
-    from pruneops.prune import _aim_at_reference
 
     monkeypatch.setattr(
-        latency_module,
+        loop_module,
         "measured_latency",
         lambda models, shape, timing, budget_s=None, form="fp32": {"dense": {1: 1.0}, "reference": {1: 1.2}},
     )
     (tmp_path / "served.onnx").write_bytes(b"stand-in")
     asked = PruneConfig(target_value=1.0, target_reference="served.onnx", min_speedup=min_speedup)
-    planning, record = _aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
+    aim = loop_module.aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
+    planning, record = aim.planning_config(asked), aim.record
     mildest = 1.0 / min_speedup if min_speedup else 1.0
     assert planning.target_value == pytest.approx(mildest) == pytest.approx(record["planned_ratio_of_dense"])
     assert planning.target_reference == str((tmp_path / "served.onnx").resolve())
     assert record["note"].startswith("the reference measured 1.200 of dense") and held in record["note"]
     # A faster reference is planned at its own ratio, with no note.
     monkeypatch.setattr(
-        latency_module,
+        loop_module,
         "measured_latency",
         lambda models, shape, timing, budget_s=None, form="fp32": {"dense": {1: 1.0}, "reference": {1: 0.4}},
     )
-    planning, record = _aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
+    aim = loop_module.aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
+    planning, record = aim.planning_config(asked), aim.record
     assert planning.target_value == pytest.approx(0.4) and "note" not in record
 
 
@@ -1488,7 +1488,7 @@ def _renamed_or_fixed(source, target, rename: str | None = None, batch: int | No
 def test_a_reference_model_that_cannot_be_timed_on_the_models_inputs_is_refused_with_why(pipeline_dir, tmp_path):
     from pruneops.config import BenchmarkConfig
     from pruneops.errors import ConfigError
-    from pruneops.latency import measured_latency
+    from pruneops.timing.sessions import measured_latency
 
     source = pipeline_dir / "artifacts/export/pruned_fp32.onnx"
     model = create_model(ModelSpec("cnn", [1, 8, 8], 10, {"widths": [16, 32]})).eval()
@@ -1513,7 +1513,7 @@ def test_the_latency_stage_refuses_a_sweep_of_another_model(pipeline_dir, tmp_pa
     import json
 
     from pruneops.errors import DataError
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
 
     prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
@@ -1529,7 +1529,7 @@ def test_a_runoff_times_dense_and_each_plan_in_one_run():
     a plan a sixteenth as wide runs a fraction of dense's ms (a 64-to-4-channel cut of a
     12x12 CNN is far beyond the few percent of timing noise)."""
     from pruneops.config import BenchmarkConfig
-    from pruneops.pruning.targets import retime
+    from pruneops.planning.targets import retime
 
     model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [64, 128]})).eval()
     example = torch.zeros(1, *SHAPE)

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from pruneops.model_registry import ModelRegistry, RegistryError
+from pruneops.registry.store import ModelRegistry, RegistryError
 from tests.conftest import tiny_onnx
 
 

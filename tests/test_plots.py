@@ -100,7 +100,7 @@ def test_labels_of_points_at_one_latency_do_not_overlap() -> None:
 
 def test_latency_predictions_say_the_form_and_batch_each_was_timed_at(tmp_path) -> None:
     """A batch-64 INT8 prediction is not a batch-1 fp32 one: the report line and the legend say which."""
-    from pruneops.bench_report import _prediction_lines
+    from pruneops.bench.report import _prediction_lines
     from pruneops.plots import plot_latency_predictions
 
     points = [

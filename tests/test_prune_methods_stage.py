@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from pruneops.io import read_json
-from pruneops.stages import run_stage
+from pruneops.runner import run_stage
 from tests.conftest import prune_section, tiny_params, write_params
 
 

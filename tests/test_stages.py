@@ -10,7 +10,7 @@ from PIL import Image
 
 from pruneops.checkpoint import load_checkpoint
 from pruneops.io import read_json
-from pruneops.quantize import SAME_SPEED
+from pruneops.stages.quantize import SAME_SPEED
 
 
 def _metrics(root, stage):
@@ -120,7 +120,7 @@ def test_the_benchmark_says_a_gpu_here_was_not_timed(pipeline_dir, tmp_path, mon
 
     import torch
 
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
 
     for stage in ("validate", "export"):
         shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
@@ -143,7 +143,7 @@ def test_prune_stage_recalibrates_batchnorm_after_each_step(pipeline_dir, tmp_pa
 
     from pruneops.data import load_prepared
     from pruneops.io import Layout
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
     from pruneops.training import calibration_subset, recalibrate_batchnorm_
     from tests.conftest import tiny_params, write_params
 
@@ -183,8 +183,8 @@ def test_run_logged_keeps_the_last_non_blank_lines_for_the_error_message(tmp_pat
 def test_prune_steps_distil_from_the_unpruned_model_when_asked(pipeline_dir, tmp_path, monkeypatch, weight):
     import shutil
 
-    import pruneops.prune as prune_module
-    from pruneops.stages import run_stage
+    import pruneops.stages.prune as prune_module
+    from pruneops.runner import run_stage
     from tests.conftest import tiny_params, write_params
 
     seen = []
@@ -218,7 +218,7 @@ def test_finetune_distils_while_the_student_is_below_the_teacher_by_default(pipe
     import shutil
 
     from pruneops.data import load_prepared
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
     from pruneops.training import evaluate
     from tests.conftest import tiny_params, write_params
 
@@ -254,7 +254,7 @@ def test_finetune_distils_while_the_student_is_below_the_teacher_by_default(pipe
 def test_finetune_runs_the_teacher_of_augmented_batches_on_onnx_runtime_when_asked(pipeline_dir, tmp_path):
     import shutil
 
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
     from tests.conftest import tiny_params, write_params
 
     for stage in ("validate", "train", "prune"):

@@ -10,11 +10,11 @@ import torch
 from pruneops.checkpoint import load_checkpoint
 from pruneops.config import TrainConfig, ValidateConfig
 from pruneops.data import load_prepared
+from pruneops.forward import predict_logits
 from pruneops.inputs import as_tensors, trim_padding
 from pruneops.io import Layout
-from pruneops.train import train_baseline
-from pruneops.training import predict_logits
-from pruneops.validate import validate_dataset
+from pruneops.stages.train import train_baseline
+from pruneops.stages.validate import validate_dataset
 from tests.text_helpers import make_reviews, tiny_pretrained
 
 pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
@@ -51,7 +51,7 @@ def test_pretrained_folder_fine_tuned_to_the_labels_and_reloaded_identically(tmp
     # attention-mask arithmetic too gave NaN zero points and a model at chance (50%) here.
     from pruneops.config import QuantizeConfig
     from pruneops.onnx_utils import export_onnx_file, make_session, ort_accuracy
-    from pruneops.quantize import quantize_static_qdq
+    from pruneops.quantizers import quantize_static_qdq
 
     export_onnx_file(ckpt.model, meta.input_shape, tmp_path / "fp32.onnx", 18)
     train = load_prepared(layout.stage_dir("validate"))[1]

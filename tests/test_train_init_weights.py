@@ -16,9 +16,9 @@ from pruneops.errors import CheckpointError, ConfigError
 from pruneops.init_weights import load_init_weights_, read_state_dict
 from pruneops.io import Layout
 from pruneops.models import ModelSpec, create_model
-from pruneops.train import train_baseline
+from pruneops.stages.train import train_baseline
+from pruneops.stages.validate import ValidateConfig, validate_dataset
 from pruneops.training import FitSettings, evaluate, fit_
-from pruneops.validate import ValidateConfig, validate_dataset
 
 SPEC = {"model": "cnn", "model_kwargs": {"widths": [8, 16]}}
 

@@ -3,10 +3,11 @@ import copy
 import torch
 
 from pruneops.data import load_prepared
+from pruneops.distillation import Distillation
 from pruneops.io import Layout
 from pruneops.models import ModelSpec, create_model
-from pruneops.training import Distillation, FitSettings, evaluate, fit_
-from pruneops.validate import ValidateConfig, validate_dataset
+from pruneops.stages.validate import ValidateConfig, validate_dataset
+from pruneops.training import FitSettings, evaluate, fit_
 
 
 def _digits(tmp_path):
@@ -147,10 +148,11 @@ def test_recalibrate_batchnorm_sets_running_stats_to_the_data_statistics():
 def test_hidden_distillation_pulls_each_pruned_layer_towards_its_original(tmp_path):
     import pytest
 
+    from pruneops.distillation import BlockTaps, repeated_blocks
     from pruneops.errors import PruneOpsError
     from pruneops.inputs import head_tensors
-    from pruneops.pruning import IMPORTANCES, UnitPruner
-    from pruneops.training import BlockTaps, repeated_blocks
+    from pruneops.pruning.importance import IMPORTANCES
+    from pruneops.pruning.units import UnitPruner
 
     meta, train, val, _ = _digits(tmp_path)
     torch.manual_seed(0)
@@ -189,7 +191,7 @@ def test_hidden_distillation_pulls_each_pruned_layer_towards_its_original(tmp_pa
 def test_convolutions_train_channels_last_and_come_back_contiguous(tmp_path):
     from safetensors.torch import save_file
 
-    from pruneops.training import channels_last_
+    from pruneops.forward import channels_last_
 
     meta, train, val, _ = _digits(tmp_path)
     torch.manual_seed(0)
@@ -220,7 +222,7 @@ def test_convolutions_train_channels_last_and_come_back_contiguous(tmp_path):
 
 def test_a_strided_pointwise_conv_over_few_channels_trains_in_nchw_and_seeded_fits_agree(tmp_path):
     """torch 2.13's channels-last backward of a 1x1 stride-2 conv over 2-6 channels corrupts memory."""
-    from pruneops.training import channels_last_
+    from pruneops.forward import channels_last_
 
     meta, train, val, _ = _digits(tmp_path)
     narrow = create_model(ModelSpec("cnn", meta.input_shape, 10, {"widths": [4, 8]}))  # 4 -> 8 shortcut
@@ -271,7 +273,7 @@ def _tiny_encoder(family: str):
 
 def _layer_distillation_run(family: str, monkeypatch, budget: int | None):
     """Two epochs of layer-wise distillation into a perturbed copy; the teacher's forward calls counted."""
-    import pruneops.training as training
+    import pruneops.distillation as training
 
     if budget is not None:
         monkeypatch.setattr(training, "TEACHER_CACHE_BYTES", budget)
@@ -310,7 +312,7 @@ def test_layer_distillation_runs_the_teacher_once_per_fit_to_the_same_effect(fam
 def test_the_block_cache_finds_the_text_dim_and_keeps_to_its_budget(caplog):
     import logging
 
-    from pruneops.training import cache_blocks, repeated_blocks
+    from pruneops.distillation import cache_blocks, repeated_blocks
 
     teacher = _tiny_encoder("bert")
     split = _text_split(10, 12, 40, 0)

@@ -14,7 +14,7 @@ import pandas as pd
 from pruneops.config import ValidateConfig
 from pruneops.data.text import TextTable, read_text_table
 from pruneops.errors import ConfigError, DataError
-from pruneops.registry import Registry
+from pruneops.plugins import Registry
 
 
 @dataclass(frozen=True)

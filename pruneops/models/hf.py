@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from pruneops.checkpoint import module_structure, resize_to_structure_
 from pruneops.errors import CheckpointError, ConfigError
 from pruneops.inputs import InputSpec, text_inputs
 from pruneops.models.registry import MODELS
+from pruneops.models.structure import module_structure, resize_to_structure_
 
 STRUCTURE_KEY = "pruneops_structure"
 

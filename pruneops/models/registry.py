@@ -12,7 +12,7 @@ from torch import nn
 
 from pruneops.errors import ConfigError
 from pruneops.inputs import example_input, run_model
-from pruneops.registry import Registry
+from pruneops.plugins import Registry
 
 MODELS: Registry = Registry("model")
 
@@ -52,12 +52,7 @@ def resolve_factory(name: str):
     Raises:
         ConfigError: Unknown name, or the import path does not import.
     """
-    if ":" not in name:
-        import pruneops.models.architectures  # noqa: F401 - registers the built-in models
-        import pruneops.models.efficientnet  # noqa: F401
-        import pruneops.models.hf  # noqa: F401
-        import pruneops.models.mobilenet  # noqa: F401
-
+    if ":" not in name:  # the built-in models register when `pruneops.models` is imported
         return MODELS.get(name)
     module_name, _, attr = name.partition(":")
     try:

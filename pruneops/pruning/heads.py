@@ -22,7 +22,7 @@ from torch import nn
 
 from pruneops.errors import PruneOpsError
 from pruneops.inputs import run_model
-from pruneops.registry import Registry
+from pruneops.plugins import Registry
 
 
 @dataclass

@@ -9,7 +9,7 @@ import torch
 import torch_pruning as tp
 
 from pruneops.errors import PruneOpsError
-from pruneops.registry import Registry
+from pruneops.plugins import Registry
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from torch import nn
 from pruneops.data.splits import Split
 from pruneops.inputs import as_tensors, rows, run_model, trim_padding
 from pruneops.models import classifier_of
+from pruneops.plugins import Registry
 from pruneops.pruning.fisher import FISHER_SCORES_FILE, fisher_scores, load_fisher_scores
 from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.units import UnitPruner, keep_count
-from pruneops.registry import Registry
 
 
 @dataclass

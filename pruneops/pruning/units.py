@@ -28,7 +28,7 @@ from pruneops.pruning.heads import (
     remove_heads_,
     remove_tied_heads_,
 )
-from pruneops.pruning.importance import Criterion
+from pruneops.pruning.importance import IMPORTANCES, Criterion
 
 ROOT_TYPES = (nn.Conv1d, nn.Conv2d, nn.Linear)
 
@@ -256,3 +256,8 @@ class UnitPruner:
     def _warn(self, warning: str) -> None:
         if warning not in self.warnings:
             self.warnings.append(warning)
+
+
+def unit_sizes(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
+    """Each prunable unit's full width (channels, or heads for an attention unit)."""
+    return {n: u.size for n, u in UnitPruner(model, example, IMPORTANCES.get("l2")).units().items()}

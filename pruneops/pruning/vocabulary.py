@@ -11,13 +11,21 @@ and the validation accuracy before and after.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
+from pruneops.data import Split
+from pruneops.data.text import load_tokenizer, unknown_id
 from pruneops.errors import ConfigError
+from pruneops.inputs import pad_id
+from pruneops.io import Layout
+from pruneops.training import evaluate
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,3 +110,67 @@ def trim_vocabulary_(model: nn.Module, kept_ids: np.ndarray, unknown_id: int) ->
     inner.config.vocab_size = len(kept)
     model.token_map = new_map
     return VocabularyTrim(kept.numpy(), unknown_id, vocab)
+
+
+def trim_vocabulary(
+    model, layout: Layout, train: Split, val: Split, test: Split, val_accuracy: float | None = None
+) -> dict:
+    """Trims a text model's token embedding to the ids the training texts use; what it cost.
+
+    Kept: every id of a real training token, the tokenizer's special tokens, the padding id and
+    the unknown token, which every other id now reads as. The cost on unseen text is measured where the
+    model has not trained: the unknown-token rate of validation and test texts, and validation
+    accuracy, before and after.
+
+    Args:
+        model: The text model, trimmed in place.
+        layout: Where the validate stage left the tokenizer.
+        train: The split whose tokens are kept.
+        val: Measured before and after.
+        test: Its unknown-token rate is reported (its accuracy is the benchmark's to report).
+        val_accuracy: The untrimmed model's val accuracy when the caller has just measured it.
+
+    Raises:
+        ConfigError: Not text data, or a tokenizer without an unknown token.
+    """
+    if not train.named or "input_ids" not in train.x:
+        raise ConfigError("prune.trim_vocabulary: applies to text data (validate.dataset: text) only")
+    tokenizer = load_tokenizer(layout.stage_dir("validate") / "tokenizer.json")
+    unknown = unknown_id(tokenizer)
+    if unknown is None:
+        raise ConfigError("prune.trim_vocabulary: the tokenizer has no unknown token to map dropped ids to")
+    # Padding fills every batch (as `encode_texts` pads, and as the model's config names it).
+    pads = [pad_id(tokenizer), getattr(model.model.config, "pad_token_id", None)]
+    always = [unknown, *tokenizer.get_added_tokens_decoder(), *(p for p in pads if p is not None)]
+    kept = used_token_ids(train.x["input_ids"], train.x["attention_mask"], always)
+
+    def unknown_rates(ids: np.ndarray | None) -> dict[str, float]:
+        everything = np.arange(tokenizer.get_vocab_size(), dtype=np.int64) if ids is None else ids
+        return {
+            name: unknown_fraction(split.x["input_ids"], split.x["attention_mask"], everything, unknown)
+            for name, split in (("val", val), ("test", test))
+        }
+
+    before_acc = evaluate(model, val)[0] if val_accuracy is None else val_accuracy
+    before = unknown_rates(None)
+    trim = trim_vocabulary_(model, kept, unknown)
+    after_acc, after = evaluate(model, val)[0], unknown_rates(trim.kept_ids)
+    logger.info(
+        "vocabulary trimmed to the training texts' %d of %d token ids: unknown tokens on val %.2f%% -> %.2f%%, "
+        "val accuracy %.2f%% -> %.2f%%",
+        trim.rows_after,
+        trim.rows_before,
+        100 * before["val"],
+        100 * after["val"],
+        100 * before_acc,
+        100 * after_acc,
+    )
+    return {
+        "rows_before": trim.rows_before,
+        "rows_after": trim.rows_after,
+        "params_removed": (trim.rows_before - trim.rows_after) * model.model.get_input_embeddings().embedding_dim,
+        **{f"unknown_fraction_{k}_before": v for k, v in before.items()},
+        **{f"unknown_fraction_{k}_after": v for k, v in after.items()},
+        "val_accuracy_before": before_acc,
+        "val_accuracy_after": after_acc,
+    }

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pruneops.drift import DriftMonitor
 from pruneops.errors import ConfigError
 from pruneops.io import Layout, read_json
-from pruneops.model_registry import pipeline_reference_stats
+from pruneops.registry.store import pipeline_reference_stats
 from pruneops.serving.limits import BodyLimit
 from pruneops.serving.model import LoadedModel, ModelHolder
 
@@ -488,7 +488,7 @@ def app_from_params(
     Raises:
         ConfigError: Invalid params.
     """
-    from pruneops.config import read_params
+    from pruneops.params import read_params
     from pruneops.stages import load_configs
 
     configs = load_configs(read_params(Path(root) / params_file), ("serve", "reprune"))

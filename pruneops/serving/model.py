@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.model_registry import TOKENIZER, ModelRegistry, RegistryError, check_servable
 from pruneops.onnx_utils import INPUT_NAME
+from pruneops.registry.store import TOKENIZER, ModelRegistry, RegistryError, check_servable
 
 log = logging.getLogger("pruneops.serving")
 

@@ -17,7 +17,7 @@ from pruneops.data import load_prepared
 from pruneops.data.text import choose_max_length, normalise, read_text_table
 from pruneops.errors import ConfigError, DataError, DataValidationError
 from pruneops.io import Layout, read_json
-from pruneops.validate import validate_dataset
+from pruneops.stages.validate import validate_dataset
 from tests.text_helpers import build_tokenizer, make_reviews
 
 pytest.importorskip("tokenizers", reason="tokenizers (the `hf` extra) is not installed")

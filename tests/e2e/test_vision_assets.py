@@ -19,8 +19,8 @@ from pruneops.data import load_prepared
 from pruneops.io import Layout
 from pruneops.models import ModelSpec, create_model
 from pruneops.stages import STAGE_NAMES as STAGES
-from pruneops.train import train_baseline
-from pruneops.validate import ValidateConfig, validate_dataset
+from pruneops.stages.train import train_baseline
+from pruneops.stages.validate import ValidateConfig, validate_dataset
 from tests.conftest import ROOT, tiny_params
 from tests.test_pipeline_dvc import repro_new_project
 

@@ -6,9 +6,9 @@ import pytest
 
 import flows.bootstrap as bootstrap_module
 from flows.bootstrap import bootstrap
-from pruneops.config import environment_overrides
 from pruneops.errors import ConfigError
-from pruneops.model_registry import REFERENCE_STATS, ModelRegistry
+from pruneops.params import environment_overrides
+from pruneops.registry.store import REFERENCE_STATS, ModelRegistry
 from pruneops.stages import load_section
 from tests.conftest import ROOT
 

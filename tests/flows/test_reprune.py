@@ -16,7 +16,7 @@ from flows.drift import drift_check
 from flows.reprune import reprune
 from pruneops.cli import main as cli_main
 from pruneops.io import Layout
-from pruneops.model_registry import ModelRegistry
+from pruneops.registry.store import ModelRegistry
 from tests.conftest import digits_onnx
 from tests.flows.conftest import make_project
 

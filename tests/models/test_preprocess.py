@@ -88,8 +88,9 @@ def test_the_pipeline_prunes_and_deploys_a_model_with_preprocessing_on_raw_input
     import onnx
 
     from pruneops.io import Layout, read_json
-    from pruneops.model_registry import pipeline_input_description
-    from pruneops.stages import STAGE_NAMES, run_stage
+    from pruneops.registry.store import pipeline_input_description
+    from pruneops.runner import run_stage
+    from pruneops.stages import STAGE_NAMES
     from tests.conftest import tiny_params, write_params
 
     params = tiny_params(train={"preprocess": IMAGENET})

@@ -13,9 +13,10 @@ import copy
 import pytest
 import torch
 
-from pruneops.pruning import IMPORTANCES, UnitPruner
 from pruneops.pruning.fisher import fisher_scores, reconstruct_linears_
 from pruneops.pruning.heads import head_sites
+from pruneops.pruning.importance import IMPORTANCES
+from pruneops.pruning.units import UnitPruner
 from tests.pruning.test_hf_families import FAMILIES, _batch, _model
 
 pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")

@@ -13,8 +13,9 @@ import torch
 from pruneops.errors import PruneOpsError
 from pruneops.inputs import text_inputs
 from pruneops.onnx_utils import export_onnx_file, make_session
-from pruneops.pruning import IMPORTANCES, UnitPruner
 from pruneops.pruning.heads import gate_importance, head_sites
+from pruneops.pruning.importance import IMPORTANCES
+from pruneops.pruning.units import UnitPruner
 
 transformers = pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
 

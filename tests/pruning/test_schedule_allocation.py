@@ -1,11 +1,11 @@
 import pytest
 
 from pruneops.config import PruneConfig
-from pruneops.prune import _planned_widths
-from pruneops.pruning import SCHEDULES, allocate_ratios, round_keep
-from pruneops.pruning.allocation import interpolated_drop
-from pruneops.pruning.targets import Plan
-from pruneops.pruning.units import is_head_unit
+from pruneops.planning.allocation import allocate_ratios, interpolated_drop
+from pruneops.planning.loop import planned_widths
+from pruneops.planning.targets import Plan
+from pruneops.pruning.schedule import SCHEDULES
+from pruneops.pruning.units import is_head_unit, round_keep
 
 
 def test_cubic_schedule_follows_zhu_gupta():
@@ -34,7 +34,7 @@ def test_head_units_are_never_rounded_to_channel_multiples():
     assert not is_head_unit("blocks.0.heads_proj") and not is_head_unit("multiheads")
     sizes = {"heads": 12, "encoder.heads": 12, "stages.0.conv1": 64}
     config = PruneConfig(target="ratio", target_batch=None, round_to=8)
-    widths = _planned_widths(config, sizes, Plan(0.5, ratios=dict.fromkeys(sizes, 0.5)))
+    widths = planned_widths(config, sizes, Plan(0.5, ratios=dict.fromkeys(sizes, 0.5)))
     # 12 heads at half keep 6 (rounded to 8 they would keep 8, a third more than planned).
     assert widths == {"heads": 6, "encoder.heads": 6, "stages.0.conv1": 32}
 
@@ -95,7 +95,7 @@ def test_prune_stage_refuses_a_target_out_of_the_sweeps_reach(pipeline_dir, tmp_
     import shutil
 
     from pruneops.errors import ConfigError
-    from pruneops.stages import run_stage
+    from pruneops.runner import run_stage
     from tests.conftest import tiny_params, write_params
 
     for part in ("artifacts/validate", "artifacts/train"):

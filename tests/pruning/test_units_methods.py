@@ -6,9 +6,11 @@ from pruneops.data import Split
 from pruneops.models import ModelSpec, create_model
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
 from pruneops.profiling import count_macs, count_params
-from pruneops.pruning import IMPORTANCES, METHODS, PruneContext, UnitPruner, round_keep, sparsity_report
 from pruneops.pruning.heads import head_sites
-from pruneops.pruning.report import layer_shapes
+from pruneops.pruning.importance import IMPORTANCES
+from pruneops.pruning.methods import METHODS, PruneContext
+from pruneops.pruning.report import layer_shapes, sparsity_report
+from pruneops.pruning.units import UnitPruner, round_keep
 from pruneops.training import FitSettings, fit_
 
 SHAPE = [1, 8, 8]

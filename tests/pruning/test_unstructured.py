@@ -7,9 +7,15 @@ from torch import nn
 
 from pruneops.data import Split
 from pruneops.models import ModelSpec, create_model
-from pruneops.pruning import IMPORTANCES, METHODS, PruneContext
+from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_, save_masks
-from pruneops.pruning.methods import prunable_weights, semi_structured_available, semi_structured_mask
+from pruneops.pruning.methods import (
+    METHODS,
+    PruneContext,
+    prunable_weights,
+    semi_structured_available,
+    semi_structured_mask,
+)
 from pruneops.training import FitSettings, fit_
 
 SHAPE = [1, 8, 8]

@@ -117,7 +117,7 @@ def test_the_prune_stage_step_reports_what_trimming_cost_on_unseen_text(tmp_path
     from pruneops.data.text import load_tokenizer, tokenize
     from pruneops.io import Layout
     from pruneops.models.hf import hf_classifier
-    from pruneops.prune import trim_vocabulary
+    from pruneops.pruning.vocabulary import trim_vocabulary
     from tests.text_helpers import SPECIALS, WORDS, build_tokenizer
 
     layout = Layout(tmp_path)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pruneops.model_registry import ModelRegistry
+from pruneops.registry.store import ModelRegistry
 from pruneops.serving.loadtest import run_load, tracking_overhead_us
 from tests.conftest import ROOT, free_port, start_serving, wait_http
 

@@ -9,7 +9,7 @@ import torch
 
 from pruneops.augment import check_augmentable
 from pruneops.checkpoint import save_checkpoint
-from pruneops.config import FitParams, TrainConfig
+from pruneops.config import TrainConfig
 from pruneops.data import load_prepared
 from pruneops.init_weights import AdoptedWeights, load_init_weights_
 from pruneops.io import Layout, dump_json, staged_output_paths
@@ -17,7 +17,7 @@ from pruneops.models import ModelSpec, classifier_of, create_model
 from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
 from pruneops.stages import StageReport
-from pruneops.training import FitResult, FitSettings, evaluate, fit_, seed_everything
+from pruneops.training import FitResult, evaluate, fit_, fit_settings, seed_everything
 
 
 @dataclass(frozen=True)
@@ -42,22 +42,6 @@ class TrainReport(StageReport):
             f"{self.model}: test accuracy {100 * self.test_accuracy:.2f}%, {self.params:,} params, "
             f"{self.macs:,} MACs -> {self.checkpoint}"
         )
-
-
-def fit_settings(config: FitParams) -> FitSettings:
-    """The training-loop settings of a `FitParams` section (with the section's resolved defaults)."""
-    return FitSettings(
-        config.epochs,
-        config.batch_size,
-        config.resolved_lr,
-        config.weight_decay,
-        config.patience,
-        config.seed,
-        config.resolved_warmup_epochs,
-        config.frozen_epochs,
-        config.augment.crop_padding if config.augment else 0,
-        config.augment.hflip if config.augment else False,
-    )
 
 
 def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainReport:

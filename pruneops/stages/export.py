@@ -17,8 +17,8 @@ from pruneops.errors import ParityError
 from pruneops.inputs import as_tensors, rows, run_model
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
+from pruneops.plugins import Registry
 from pruneops.profiling import count_macs, count_nonzero_params, count_params
-from pruneops.registry import Registry
 from pruneops.stages import StageReport
 
 EngineBuilder = Callable[[Path, Path, list[int]], dict]

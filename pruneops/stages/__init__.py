@@ -2,7 +2,7 @@
 
 The CLI, the Prefect tasks, `bench`, params loading, `dvc.yaml` (written by `pruneops dvc-yaml`)
 and the tests all read `STAGES`. Adding a stage or a params section means adding one `Stage`
-here (and its config class in `pruneops.config`).
+here (and its config class in `pruneops.config`); its module goes in this package.
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from pruneops.config import (
     StageConfig,
     TrainConfig,
     ValidateConfig,
-    parse_section,
-    read_params,
 )
 from pruneops.errors import ConfigError
 from pruneops.io import Layout
+from pruneops.params import parse_section, read_params
 
 
 class StageReport:
@@ -126,13 +125,13 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "validate",
         ValidateConfig,
-        "pruneops.validate:validate_dataset",
+        "pruneops.stages.validate:validate_dataset",
         "load, split and check the data (Great Expectations)",
     ),
     Stage(
         "train",
         TrainConfig,
-        "pruneops.train:train_baseline",
+        "pruneops.stages.train:train_baseline",
         "train the baseline model",
         upstream=("validate",),
         plots=_HISTORY,
@@ -141,7 +140,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "sensitivity",
         SensitivityConfig,
-        "pruneops.sensitivity:analyze_sensitivity",
+        "pruneops.stages.sensitivity:analyze_sensitivity",
         "per-unit sensitivity sweep (each unit pruned alone)",
         reads=("prune.method", "prune.use_sensitivity"),
         upstream=("validate", "train"),
@@ -151,7 +150,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "latency",
         LatencyConfig,
-        "pruneops.latency:measure_latency_table",
+        "pruneops.stages.latency:measure_latency_table",
         "for latency targets: time the units' widths on this machine (the latency table)",
         reads=("prune.target", "prune.latency_form", "benchmark.threads", "benchmark.batch_sizes", "quantize.method"),
         upstream=("validate", "train", "sensitivity"),
@@ -161,7 +160,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "prune",
         PruneConfig,
-        "pruneops.prune:prune_iteratively",
+        "pruneops.stages.prune:prune_iteratively",
         "plan per-unit widths for the target, gate them on measured latency, prune iteratively",
         reads=("benchmark.threads", "benchmark.batch_sizes"),
         upstream=("validate", "train", "sensitivity", "latency"),
@@ -171,7 +170,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "finetune",
         FinetuneConfig,
-        "pruneops.finetune:finetune",
+        "pruneops.stages.finetune:finetune",
         "recovery fine-tuning with distillation",
         upstream=("validate", "train", "prune"),
         plots=_HISTORY,
@@ -180,7 +179,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "quantize",
         QuantizeConfig,
-        "pruneops.quantize:quantize_model",
+        "pruneops.stages.quantize:quantize_model",
         "ONNX Runtime INT8 quantization (fp32 kept unless INT8 is faster at batch 1 and no slower elsewhere)",
         reads=("benchmark.batch_sizes", "prune.target", "prune.latency_form"),
         upstream=("validate", "prune", "finetune"),
@@ -189,7 +188,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "export",
         ExportConfig,
-        "pruneops.export:export_onnx",
+        "pruneops.stages.export:export_onnx",
         "ONNX export with parity checks (and TensorRT where present)",
         upstream=("validate", "train", "finetune", "quantize"),
         builds_model=True,
@@ -197,7 +196,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "benchmark",
         BenchmarkConfig,
-        "pruneops.benchmark:benchmark_model",
+        "pruneops.stages.benchmark:benchmark_model",
         "latency/throughput/size/accuracy benchmark",
         upstream=("validate", "export"),
         plots=(Plot("frontier.json", "latency_b1_ms", "test_accuracy"), Plot("frontier.png")),
@@ -307,17 +306,3 @@ def project_importable(*roots: str | Path) -> Iterator[None]:
         for entry in entries:
             if entry in sys.path:
                 sys.path.remove(entry)
-
-
-def run_stage(stage: str, params_path: str | Path, root: str | Path = ".") -> StageReport:
-    """Validates the params, then runs one stage (raises `PruneOpsError` on failure).
-
-    Under `dvc repro` it first checks that `dvc.yaml` declares every file the stage uses.
-    """
-    from pruneops.dvcfile import require_declared_deps
-
-    with project_importable(root):
-        configs = load_stage_configs(params_path, stage)
-        declared = get_stage(stage)
-        require_declared_deps(declared, configs, Path(root))
-        return declared.run(configs, Layout(Path(root)))

@@ -2,7 +2,7 @@
 
 - `plan`: a ratio target allocates from the sweep; a MAC or parameter budget bisects the ratio on
   copies of the baseline; a latency target (`latency_ms`, `latency_ratio`) descends the latency
-  table of the sensitivity stage (`pruneops.latency.allocate_latency`).
+  table of the sensitivity stage (`pruneops.stages.latency.allocate_latency`).
 - `gate`: the planned widths are pruned into a copy, exported and timed against the dense model
   here (interleaved, batch 1 and the benchmark's largest batch), with the same widths rounded up
   to the channel block (16) where any is not a multiple. The rounded widths are taken when they
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +28,12 @@ from torch import nn
 
 from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig
 from pruneops.errors import ConfigError
-from pruneops.latency import keep_counts, measured_latency
+from pruneops.planning.allocation import Allocation, allocate_for_target, ratio_for_budget
+from pruneops.planning.latency_model import keep_counts
 from pruneops.profiling import count_macs, count_params
-from pruneops.pruning.allocation import Allocation, allocate_for_target, ratio_for_budget
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, is_head_unit
+from pruneops.timing.sessions import measured_latency
 
 CHANNEL_BLOCK = 16  # ONNX Runtime's NCHWc block on AVX-512 (8 on AVX2): whole blocks cost no more
 
@@ -102,7 +104,7 @@ def plan_latency(
     Raises:
         ConfigError: No latency table, or one timed in another form (rerun the latency stage).
     """
-    from pruneops.latency import allocate_latency
+    from pruneops.planning.latency_allocation import allocate_latency
 
     latency, warnings = loaded or load_latency_model(latency_dir, config.latency_form, config.target, threads)
     batch = config.target_batch
@@ -142,7 +144,10 @@ def load_latency_model(latency_dir: Path, form: str, target: str | None, threads
         ConfigError: No latency table, or none timed in `form` (rerun the latency stage).
     """
     from pruneops.io import read_json
-    from pruneops.latency import FORMS_FILE, LatencyModel, LatencyTable, machine_fingerprint
+    from pruneops.planning.forms import FORMS_FILE
+    from pruneops.planning.latency_model import LatencyModel
+    from pruneops.timing.layers import LatencyTable
+    from pruneops.timing.machine import machine_fingerprint
 
     if not (latency_dir / FORMS_FILE).is_file():
         raise ConfigError(f"prune.target: {target} needs the latency table; run `pruneops latency`")
@@ -173,7 +178,7 @@ def choose_latency_form(
     latency stage screened out (slower than fp32) are listed last, with why, never kept.
     """
     from pruneops.io import read_json
-    from pruneops.latency import FORMS_FILE
+    from pruneops.planning.forms import FORMS_FILE
 
     forms = read_json(latency_dir / FORMS_FILE)
     batch = config.target_batch
@@ -252,11 +257,21 @@ def plan(
     return plan_ratio_or_budget(config, sweep, size_at)
 
 
+class GateDecision(enum.Enum):
+    """What the measured gate did with a plan's widths."""
+
+    PASSED = "passed"  # the planned widths, faster than dense by `min_speedup`
+    WIDENED = "widened"  # rounded up to whole channel blocks, measured no slower: taken
+    BACKED_OFF = "backed off"  # the planned widths too slow; rounded up ones pass
+    REFUSED = "refused"  # nothing passes: the dense model goes on unpruned
+    NOT_GATED = "not gated"  # `prune.min_speedup: null`: measured and kept whatever they read
+
+
 @dataclass(frozen=True)
 class GateResult:
-    """What the measured gate decided."""
+    """What the measured gate decided, and why (`reason`)."""
 
-    decision: str  # "passed" | "backed off: ..." | "refused: ..."
+    decision: GateDecision
     ratios: dict[str, float] | None  # the ratios to prune to (None: prune nothing)
     speedups: dict[str, float]  # measured speed-up of the widths in `ratios` (as planned if refused) per batch size
     measured_ms: dict[str, float]  # the widths in `ratios` (as planned if refused), per batch size
@@ -266,6 +281,18 @@ class GateResult:
     planned_ms: dict[str, float] = field(default_factory=dict)
     # `prune.target_reference`, measured in the same run, per batch size (empty without one).
     reference_ms: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+    @property
+    def text(self) -> str:
+        """The decision as the report and its warnings say it (e.g. `backed off: widths rounded up ...`)."""
+        label = "passed" if self.decision is GateDecision.WIDENED else self.decision.value
+        return f"{label}: {self.reason}" if self.reason else label
+
+    @property
+    def warns(self) -> bool:
+        """Whether the stage warns about it: the planned widths were not what passed."""
+        return self.decision in (GateDecision.BACKED_OFF, GateDecision.REFUSED)
 
 
 def _pruned_copy(model: nn.Module, example: torch.Tensor, widths: dict[str, int]) -> nn.Module:
@@ -344,11 +371,9 @@ def gate(
     )
     big = max(timing.batch_sizes)
     widths = keep_counts(ratios, sizes)
-    ladder = [("passed", widths)]
     rounded = _rounded(widths, sizes)
-    if rounded != widths:
-        ladder.append((f"backed off: widths rounded up to multiples of {CHANNEL_BLOCK}", rounded))
-    candidates = {"dense": model, **{f"plan{i}": _pruned_copy(model, example, w) for i, (_, w) in enumerate(ladder)}}
+    ladder = [widths] + ([rounded] if rounded != widths else [])
+    candidates = {"dense": model, **{f"plan{i}": _pruned_copy(model, example, w) for i, w in enumerate(ladder)}}
     if reference is not None:
         candidates["reference"] = reference
     # Exported and timed interleaved, about GATE_BUDGET_S per batch size (a transformer's large batch
@@ -356,7 +381,7 @@ def gate(
     times = measured_latency(candidates, input_shape, timing, budget_s=GATE_BUDGET_S, form=form)
     dense = times["dense"]
 
-    def result(decision: str, kept: dict[str, float] | None, timed: str) -> GateResult:
+    def result(decision: GateDecision, reason: str, kept: dict[str, float] | None, timed: str) -> GateResult:
         t = times[timed]
         return GateResult(
             decision,
@@ -366,27 +391,24 @@ def gate(
             {str(b): dense[b] for b in timing.batch_sizes},
             {str(b): times["plan0"][b] for b in timing.batch_sizes},
             {str(b): times["reference"][b] for b in timing.batch_sizes} if reference is not None else {},
+            reason,
         )
 
     if min_speedup is None:
-        return result("off (prune.min_speedup: null): measured, not gated", ratios, "plan0")
-    order = list(range(len(ladder)))
+        return result(GateDecision.NOT_GATED, "prune.min_speedup is null: measured, not gated", ratios, "plan0")
     # A back-off says what the planned widths measured, so the user sees why they were not kept.
     planned = f"the planned widths measured {_speedups_text(dense, times['plan0'], big)}"
+    block = f"widths rounded up to multiples of {CHANNEL_BLOCK}"
+    steps = [(GateDecision.PASSED, "", 0)]
     if len(ladder) > 1:
-        ladder[1] = (f"{ladder[1][0]} ({planned}: < {min_speedup:g}x, or slower)", rounded)
-    if widen_when_free and len(ladder) > 1 and _no_slower(times["plan1"], times["plan0"]):
-        # A width off the channel block can cost more than a whole block: the MobileNetV2-style
-        # model ran 0.355 of dense with a 26-channel stream and 0.327 with 32 (benchmarks/latency.yaml,
-        # 2026-11-27). Wider at no cost in milliseconds is taken.
-        order, ladder[1] = [1, 0], (f"passed: widths rounded up to multiples of {CHANNEL_BLOCK} (no slower)", rounded)
-    for i in order:
-        decision, w = ladder[i]
+        steps.append((GateDecision.BACKED_OFF, f"{block} ({planned}: < {min_speedup:g}x, or slower)", 1))
+        if widen_when_free and _no_slower(times["plan1"], times["plan0"]):
+            # A width off the channel block can cost more than a whole block: wider at no cost in
+            # milliseconds is taken.
+            steps = [(GateDecision.WIDENED, f"{block} (no slower)", 1), steps[0]]
+    for decision, reason, i in steps:
         t = times[f"plan{i}"]
         if dense[1] / t[1] >= min_speedup and t[big] <= dense[big]:
-            return result(decision, {n: 1.0 - w[n] / sizes[n] for n in w}, f"plan{i}")
-    return result(
-        f"refused: {planned} (< {min_speedup:g}x, or slower): nothing is pruned and the dense model passes on",
-        None,
-        "plan0",
-    )
+            return result(decision, reason, {n: 1.0 - ladder[i][n] / sizes[n] for n in ladder[i]}, f"plan{i}")
+    reason = f"{planned} (< {min_speedup:g}x, or slower): nothing is pruned and the dense model passes on"
+    return result(GateDecision.REFUSED, reason, None, "plan0")

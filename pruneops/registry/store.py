@@ -265,7 +265,7 @@ def registry_from_params(
     """The project's registry: `override` or `reprune.registry_dir`, relative to `root`."""
     if override is not None:
         return ModelRegistry(Path(root) / override)
-    from pruneops.config import read_params
+    from pruneops.params import read_params
     from pruneops.stages import load_configs
 
     reprune = load_configs(read_params(Path(root) / params_file), ("reprune",))["reprune"]
@@ -303,7 +303,7 @@ def publish_pipeline_model(
     Raises:
         PruneOpsError: No pipeline output yet, or the params are invalid.
     """
-    from pruneops.config import read_params
+    from pruneops.params import read_params
 
     root = Path(root)
     registry = registry_from_params(root, params_file, registry_dir)

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import platform
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from pruneops.config import BenchmarkConfig
 from pruneops.data import load_prepared
 from pruneops.errors import DataError
-from pruneops.inputs import as_feed
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import file_size, make_session, ort_accuracy
 from pruneops.plots import plot_frontier
 from pruneops.stages import StageReport
+from pruneops.timing.machine import cuda_device, gpu_not_timed, machine_info
+from pruneops.timing.sessions import measure_latencies
 
 
 @dataclass(frozen=True)
@@ -42,142 +39,6 @@ class BenchmarkReport(StageReport):
             f"pruned fp32 {self.speedup_b1_pruned_fp32_vs_dense:.2f}x; {self.mac_reduction:.2f}x fewer MACs "
             f"-> {self.table}"
         )
-
-
-def cpu_name() -> str:
-    """The CPU model, from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-# Instruction-set extensions that change which kernels ONNX Runtime and torch run (and so what a
-# width costs): a virtual machine named a Zen 3 and a Zen 4 alike ("AMD EPYC"); the default
-# pipeline's static INT8 model ran 2.4-2.7x dense fp32 at batch 1 on the Zen 3 (no VNNI: 7-bit
-# weights) and 3.5-4.1x in four runs on the Zen 4 (AVX-512 VNNI: 8-bit).
-KERNEL_FLAGS = (
-    "avx2",
-    "fma",
-    "avx512f",
-    "avx512bw",
-    "avx512_vnni",
-    "avx_vnni",
-    "avx512_bf16",
-    "amx_int8",
-    "amx_bf16",
-    "asimd",
-    "asimddp",
-    "i8mm",
-    "sve",
-)
-
-
-def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's family/model numbers and kernel-relevant extensions from `cpuinfo` ("" without one).
-
-    E.g. `family 25 model 17: avx2 fma avx512f avx512bw avx512_vnni avx512_bf16`; on Arm the
-    first core's `Features` (`asimd asimddp i8mm`).
-    """
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:
-        return ""
-    fields: dict[str, str] = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    ident = " ".join(f"{k.removeprefix('cpu ')} {fields[k]}" for k in ("cpu family", "model") if k in fields)
-    present = " ".join(f for f in KERNEL_FLAGS if f in flags)
-    return f"{ident}: {present}" if ident else present
-
-
-def cuda_device() -> str | None:
-    """The name of the CUDA device torch sees here, or None (nothing in the pipeline times one)."""
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
-def gpu_not_timed(gpu: str) -> str:
-    """The warning where the machine has a GPU: every latency of the pipeline is ONNX Runtime on its CPU."""
-    return (
-        f"a CUDA device is here ({gpu}), but nothing in this pipeline ran on it: the latency table, the prune gate, "
-        "quantize's choice and these figures are ONNX Runtime on the CPU, and the served model runs there too; "
-        "widths fast on this CPU can run slower than dense on a GPU (on an H100 a 14-channel block did: docs/gpu), "
-        "so time the model on the GPU before serving it there"
-    )
-
-
-def _repeat(x: np.ndarray, size: int) -> np.ndarray:
-    reps = -(-size // len(x))
-    return np.ascontiguousarray(np.concatenate([x] * reps)[:size])
-
-
-def _batch(x: np.ndarray | dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
-    """A feed of `size` samples: `x` repeated as needed (plain or named inputs)."""
-    if isinstance(x, dict):
-        return {k: _repeat(v, size) for k, v in x.items()}
-    return as_feed(_repeat(x, size))
-
-
-MIN_TURNS = 10  # fewest timed runs per model under a time budget: a median still means something
-SELF_WARMING_RUN_S = 0.02  # a run at least this long is timed without an untimed run before it
-
-
-def measure_latencies(
-    sessions: dict, x: np.ndarray, config: BenchmarkConfig, budget_s: float | None = None
-) -> dict[str, dict[int, np.ndarray]]:
-    """Latency samples (ms) per model and batch size, `rounds * repeats` each, interleaved run by run.
-
-    Each turn times every model once, the order rotating from turn to turn, so that machine drift
-    (clock frequency, other load) falls on every model alike: identical models measured this way
-    agree to about 0.5% here, where blocks of runs per model disagreed by up to 20% at 50 µs.
-
-    Args:
-        sessions: ONNX Runtime sessions by name.
-        x: One sample (plain or named inputs), repeated to each batch size.
-        config: Batch sizes, warm-up, repeats and rounds.
-        budget_s: At most about this many seconds of timed turns per batch size (at least
-            `MIN_TURNS` turns), judged from the warm-up runs: for gates inside a stage, where a
-            transformer's large batch (MiniLM: ~0.4 s a run) would otherwise take minutes.
-            None: `rounds * repeats` turns (the benchmark).
-    """
-    names = list(sessions)
-    samples: dict[str, dict[int, np.ndarray]] = {n: {} for n in names}
-    for b in config.batch_sizes:
-        feed = _batch(x, b)
-        run_s = {}
-        for name in names:
-            for _ in range(max(1, config.warmup)):
-                started = time.perf_counter()
-                sessions[name].run(None, feed)
-            run_s[name] = time.perf_counter() - started
-        # One untimed run before each timed one: the timed one then finds this model's weights in
-        # cache, as a server running it request after request does, whatever ran in between here
-        # (timed cold, small models measured up to 20% slower among 30 others than among 3). A run
-        # of tens of milliseconds streams its weights many times over and warms itself: no pair.
-        paired = {n: run_s[n] < SELF_WARMING_RUN_S for n in names}
-        turn_s = sum((2 if paired[n] else 1) * run_s[n] for n in names)
-        turns = config.rounds * config.repeats
-        if budget_s is not None:
-            turns = min(turns, max(MIN_TURNS, int(budget_s / turn_s)))
-        times = {n: np.empty(turns) for n in names}
-        for turn in range(turns):
-            k = turn % len(names)
-            for name in names[k:] + names[:k]:
-                if paired[name]:
-                    sessions[name].run(None, feed)
-                started = time.perf_counter()
-                sessions[name].run(None, feed)
-                times[name][turn] = time.perf_counter() - started
-        for name in names:
-            samples[name][b] = times[name] * 1e3
-    return samples
 
 
 def latency_summary(samples_ms: np.ndarray, batch: int) -> dict[str, float]:
@@ -231,21 +92,6 @@ def markdown_table(models: dict, batch_sizes: list[int]) -> str:
         ),
     ]
     return render_table([{"name": n, **m} for n, m in models.items()], columns)
-
-
-def machine_info(threads: int) -> dict[str, Any]:
-    """What the figures were measured on."""
-    import onnxruntime
-
-    return {
-        "cpu": cpu_name(),
-        "cpu_features": cpu_features(),
-        "cores": os.cpu_count(),
-        "threads": threads,
-        "python": platform.python_version(),
-        "onnxruntime": onnxruntime.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-    }
 
 
 def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> BenchmarkReport:

@@ -19,16 +19,16 @@ from pruneops.data import Split, load_prepared
 from pruneops.errors import ConfigError
 from pruneops.inputs import head_tensors, rows
 from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.planning.allocation import chance_drop, cost_of, informative
 from pruneops.plots import plot_sensitivity
+from pruneops.plugins import Registry
 from pruneops.profiling import count_macs
-from pruneops.pruning import IMPORTANCES, METHODS, UnitPruner, round_keep
-from pruneops.pruning.allocation import chance_drop, cost_of, informative
 from pruneops.pruning.fisher import FISHER_SCORES_FILE, fisher_scores
 from pruneops.pruning.heads import head_sites
-from pruneops.pruning.importance import Criterion
+from pruneops.pruning.importance import IMPORTANCES, Criterion
 from pruneops.pruning.masks import apply_masks_
-from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks, training_batches
-from pruneops.registry import Registry
+from pruneops.pruning.methods import METHODS, accumulate_grads_, prunable_weights, topk_masks, training_batches
+from pruneops.pruning.units import UnitPruner, round_keep
 from pruneops.stages import StageReport
 from pruneops.training import calibration_subset, clone_with_grads, evaluate, recalibrate_batchnorm_
 

@@ -1,6 +1,6 @@
 """`pruneops bench`'s measurements and report: interleaved timing, selection on validation, targets.
 
-The latency samples, their summary and the markdown tables come from `pruneops.benchmark`, so
+The latency samples, their summary and the markdown tables come from `pruneops.stages.benchmark`, so
 the pipeline's benchmark stage and the bench report measure and print alike.
 """
 
@@ -11,19 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pruneops.benchmark import (
-    Column,
-    latency_columns,
-    latency_summary,
-    machine_info,
-    measure_latencies,
-    render_table,
-)
 from pruneops.config import BenchmarkConfig
 from pruneops.io import Layout, dump_json, read_json
+from pruneops.stages.benchmark import Column, latency_columns, latency_summary, render_table
+from pruneops.timing.machine import machine_info
+from pruneops.timing.sessions import measure_latencies
 
 if TYPE_CHECKING:
-    from pruneops.bench import BenchConfig, WorkloadConfig
+    from pruneops.bench.workloads import BenchConfig, WorkloadConfig
 
 
 def _model_rows(variant, directory: Path) -> list[dict]:
@@ -281,7 +276,7 @@ def same_budget_verdict(what: str, mine: dict, other: dict) -> str:
     2026-11-26). It aimed at the other row's gate reading until the bench timed the two exports
     itself (on the ResNet family that reading was 20% above the interleaved one, 2026-11-25), and
     at that ratio, read once, until each gate reading timed the other row's export beside the
-    plan (`pruneops.bench.reference_to_match`, 2026-11-28).
+    plan (`pruneops.bench.run.reference_to_match`, 2026-11-28).
     """
     better = mine["test_accuracy"] >= other["test_accuracy"]
     verdict = "equal or better" if better else "**worse**"

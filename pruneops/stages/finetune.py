@@ -11,15 +11,15 @@ from pruneops.augment import check_augmentable
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.config import FinetuneConfig
 from pruneops.data import load_prepared
+from pruneops.distillation import Distillation
 from pruneops.inputs import head_tensors
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
-from pruneops.pruning import sparsity_report
 from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_
+from pruneops.pruning.report import sparsity_report
 from pruneops.stages import StageReport
-from pruneops.train import fit_settings
-from pruneops.training import Distillation, FitResult, evaluate, fit_, onnx_forward, torchrun_group
+from pruneops.training import FitResult, evaluate, fit_, fit_settings, onnx_forward, torchrun_group
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,78 @@
+"""A bench file's schema: workloads, each a dataset and model with variants run as DVC experiments."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# What every variant adds: its own `benchmark` stage only has to work (bench times all together).
+QUICK_BENCHMARK = {"benchmark.warmup": 2, "benchmark.repeats": 10, "benchmark.rounds": 1}
+
+# A dense variant runs the same stages with nothing pruned, nothing swept and nothing trained.
+DENSE = {
+    "prune.target": "ratio",
+    "prune.target_value": 0.0,
+    "prune.target_batch": None,
+    "prune.min_speedup": None,
+    "prune.use_sensitivity": False,
+    # One step: with nothing pruned and nothing trained, every further step is one more
+    # evaluation of the same model on val (~10 s each at 64x64).
+    "prune.schedule": "oneshot",
+    "prune.steps": 1,
+    "prune.epochs_per_step": 0,
+    "finetune.epochs": 0,
+}
+
+
+class VariantConfig(BaseModel):
+    """One recipe: dotted params overrides on top of the workload's params.
+
+    `match_macs_of` names an earlier variant: this one prunes to that variant's MACs
+    (`prune.target: macs`), for a comparison at the same compute budget. `match_latency_of`
+    likewise prunes to that variant's batch-1 latency: a comparison at the same milliseconds, in
+    this variant's `prune.latency_form` if it sets one, else in the form the other variant's prune
+    stage timed. Where the other variant's export in that form exists (its fp32 export, or its
+    deployed one if deployed in that INT8 form), it is the prune stage's `target_reference` at a
+    ratio of 1.0: every gate reading times it beside dense and the plan (`reference_to_match`).
+    Otherwise the target is the ratio to dense the other variant's prune stage measured, which
+    must then be in the same form.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    kind: Literal["dense", "pruned"] = "pruned"
+    family: Literal["dense", "naive", "torch_pruning", "ours"] = "ours"
+    label: str = ""
+    set: dict[str, Any] = Field(default_factory=dict)
+    match_macs_of: str | None = None
+    match_latency_of: str | None = None
+
+
+class WorkloadConfig(BaseModel):
+    """A model on a dataset, its params (nested sections) and the variants to compare."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    max_accuracy_drop_points: Annotated[float, Field(ge=0)] = 0.3
+    # What the selected point must reach: speedup_b1, throughput_gain (largest batch), size_reduction,
+    # speedup_b1_vs_dense_deployed (against the dense model quantised as the pipeline deploys it).
+    targets: dict[Literal["speedup_b1", "throughput_gain", "size_reduction", "speedup_b1_vs_dense_deployed"], float] = (
+        Field(default_factory=dict)
+    )
+    variants: list[VariantConfig]
+
+
+class BenchConfig(BaseModel):
+    """The whole benchmark: where to work, how to time, which workloads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    work_dir: str = "state/bench"
+    out_dir: str = "docs"
+    timing: dict[str, Any] = Field(default_factory=dict)
+    recipes: dict[str, dict[str, Any]] = Field(default_factory=dict)  # YAML anchors shared by variants
+    workloads: list[WorkloadConfig]

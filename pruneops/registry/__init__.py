@@ -1,0 +1,1 @@
+"""The model registry: published candidates, the production pointer, promotion and rollback."""

@@ -1,0 +1,112 @@
+"""What a latency measurement depends on besides the model: the CPU, its kernel extensions, ONNX Runtime and threads."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+def cpu_name() -> str:
+    """The CPU model, from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# Instruction-set extensions that change which kernels ONNX Runtime and torch run (and so what a
+# width costs): a virtual machine named a Zen 3 and a Zen 4 alike ("AMD EPYC"); the default
+# pipeline's static INT8 model ran 2.4-2.7x dense fp32 at batch 1 on the Zen 3 (no VNNI: 7-bit
+# weights) and 3.5-4.1x in four runs on the Zen 4 (AVX-512 VNNI: 8-bit).
+KERNEL_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "i8mm",
+    "sve",
+)
+
+
+def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's family/model numbers and kernel-relevant extensions from `cpuinfo` ("" without one).
+
+    E.g. `family 25 model 17: avx2 fma avx512f avx512bw avx512_vnni avx512_bf16`; on Arm the
+    first core's `Features` (`asimd asimddp i8mm`).
+    """
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return ""
+    fields: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    ident = " ".join(f"{k.removeprefix('cpu ')} {fields[k]}" for k in ("cpu family", "model") if k in fields)
+    present = " ".join(f for f in KERNEL_FLAGS if f in flags)
+    return f"{ident}: {present}" if ident else present
+
+
+def cuda_device() -> str | None:
+    """The name of the CUDA device torch sees here, or None (nothing in the pipeline times one)."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def gpu_not_timed(gpu: str) -> str:
+    """The warning where the machine has a GPU: every latency of the pipeline is ONNX Runtime on its CPU."""
+    return (
+        f"a CUDA device is here ({gpu}), but nothing in this pipeline ran on it: the latency table, the prune gate, "
+        "quantize's choice and these figures are ONNX Runtime on the CPU, and the served model runs there too; "
+        "widths fast on this CPU can run slower than dense on a GPU (on an H100 a 14-channel block did: docs/gpu), "
+        "so time the model on the GPU before serving it there"
+    )
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """What the figures were measured on."""
+    import onnxruntime
+
+    return {
+        "cpu": cpu_name(),
+        "cpu_features": cpu_features(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def machine_fingerprint(threads: int) -> dict[str, Any]:
+    """What a latency measurement depends on besides the model: `machine_info` less the date and Python."""
+    from pruneops.timing.machine import machine_info
+
+    info = machine_info(threads)  # its cpu_features: a VM may give two CPU generations one name
+    kept = ("cpu", "cpu_features", "cores", "onnxruntime", "threads")
+    return {**{k: info[k] for k in kept}, "machine": platform.machine()}
