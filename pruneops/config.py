@@ -483,8 +483,7 @@ class FinetuneConfig(FitParams):
     # `while_below_teacher` (default): an epoch distils only while the student's validation
     # accuracy is below the teacher's; from an under-trained teacher (a baseline trained for few
     # epochs) the student then learns from the labels instead of being held to the teacher's
-    # errors. Measured (README, "One recipe, one run"): ViT +2.54 points over `every_epoch`,
-    # ResNet -0.04 (noise), the pretrained MobileNetV2 identical (its student stays below).
+    # errors (docs/explanation/training.md#while-below-teacher).
     distill_schedule: Literal["every_epoch", "while_below_teacher"] = "while_below_teacher"
     world_size: Annotated[int, Field(ge=1, le=16)] = 1
     # Where the frozen teacher runs when its outputs cannot be cached (augmented inputs):

@@ -44,8 +44,7 @@ class Distillation:
     run_teacher: Callable[[object], torch.Tensor] | None = None
     # Distil only in epochs that begin with the student's validation accuracy below this (the
     # teacher's): a teacher the student already matches pulls it back towards the teacher's
-    # errors (a pruned ViT-style model with an under-trained 85.7 % teacher: 88.9 % test
-    # distilled, 91.4 % on labels alone; docs/families-taught). None: every epoch.
+    # errors (docs/explanation/training.md#while-below-teacher). None: every epoch.
     until_accuracy: float | None = None
 
     @property

@@ -37,11 +37,9 @@ def channels_last_(*models: nn.Module | None) -> Iterator[bool]:
 def _channels_last_unsafe(model: nn.Module) -> bool:
     """Whether `model` has a strided 1x1 Conv2d over fewer than 8 input channels.
 
-    Its channels-last backward pass in torch 2.13's CPU build corrupts the heap on a 2-core AMD
-    EPYC (Zen 3, AVX2): glibc aborts ("corrupted size vs. prev_size") with 1 thread, and with 2 the
-    weight gradients differ run to run (two seeded fits of a ResNet with a 4 -> 8 projection
-    shortcut ended 0.07 apart). Measured for 2-6 input channels; 7, 8, 16 and 64 and a 3x3 stride-2
-    conv over 4 were exact. Pruning makes such widths, so those models train in NCHW.
+    Its channels-last backward pass in torch 2.13's CPU build corrupts the heap on AVX2 CPUs
+    (docs/explanation/training.md#channels-last). Pruning makes such widths, so those models
+    train in NCHW.
     """
     return any(
         isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1) and max(m.stride) > 1 and m.in_channels < 8

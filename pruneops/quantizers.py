@@ -35,9 +35,8 @@ class _Calibration:
 
 
 # x86 kernels that multiply u8 activations by s8 weights without VNNI (SSSE3/AVX2 `pmaddubsw`)
-# add pairs of products in 16 bits and saturate. Measured on a Zen 3 EPYC (AVX2, no VNNI): the
-# digits CNN's static QDQ graph read 93.1 % on validation with the integer kernels and 95.8 % run
-# unfused (logits up to 2.08 apart, on a scale of 5); with 7-bit weights both read 95.4 %, 0.04 apart.
+# add pairs of products in 16 bits and saturate; 7-bit weights avoid it
+# (docs/explanation/int8.md#reduce-range).
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 
 X86 = frozenset({"x86_64", "amd64", "i386", "i686"})

@@ -55,11 +55,8 @@ class FitSettings:
         """The epoch before which early stopping waits: where the cosine LR is down to half its peak.
 
         While the LR is high, validation accuracy swings from epoch to epoch and most of what the
-        run will gain comes as the LR falls, so `patience` stale epochs there say little. Counted
-        from the start, they stopped the default run's dense CNN at epoch 8 of 30 with the LR at
-        0.83 of its peak (96.4 % test, below its own pruned student), and a 15-epoch fine-tuning of
-        the wide MNIST CNN at epoch 5 (97.97 % validation, where a thinner plan reached 98.98 %
-        after all 15; docs/wide-latency-val12k).
+        run will gain comes as the LR falls, so `patience` stale epochs there say little
+        (docs/explanation/training.md#earliest-stop).
         """
         return self.warmup_epochs + (self.epochs - self.warmup_epochs) / 2
 

@@ -272,11 +272,8 @@ def same_budget_verdict(what: str, mine: dict, other: dict) -> str:
 
     A latency match is a match only where `mine` is no slower at batch 1 than `other` beyond
     timing noise (`SLOWER_TOLERANCE`), in this run's interleaved timing: the prune stage meets
-    its latency target within `prune.LATENCY_BAND` of its own gate's reading (-15%/+5% before
-    2026-11-26). It aimed at the other row's gate reading until the bench timed the two exports
-    itself (on the ResNet family that reading was 20% above the interleaved one, 2026-11-25), and
-    at that ratio, read once, until each gate reading timed the other row's export beside the
-    plan (`pruneops.bench.run.reference_to_match`, 2026-11-28).
+    its latency target within `LATENCY_BAND` of its own gate's reading, which can differ from the
+    bench's (docs/explanation/latency-targets.md#bench-match).
     """
     better = mine["test_accuracy"] >= other["test_accuracy"]
     verdict = "equal or better" if better else "**worse**"

@@ -81,8 +81,8 @@ def prepare_repo(repo: Path, params: dict[str, Any], root: Path) -> None:
     with project_importable(root):
         write_dvc_yaml(repo)
     # Only what this function writes: the outputs of a variant restored into the workspace (`dvc exp
-    # apply`, to look at one) are DVC's to track, and committed they failed every later experiment
-    # ("output 'artifacts/validate' is already tracked by SCM", 2026-11-27).
+    # apply`, to look at one) are DVC's to track, and committed they fail every later experiment
+    # ("output 'artifacts/validate' is already tracked by SCM").
     written = [".gitignore", ".dvcignore", "params.yaml", "dvc.yaml", ".dvc"]
     subprocess.run(["git", "add", "--", *written], cwd=repo, env=env, check=True)
     if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=repo, env=env).returncode:
@@ -140,10 +140,9 @@ def variant_overrides(variant: VariantConfig, done: dict[str, dict], reference: 
                     f"(the bench timed no {form} exports of both rows)"
                 )
         # Aimed at the other row's time itself: the prune stage accepts a reading up to
-        # `prune.LATENCY_BAND[1]` of it (1% over: one reading's noise, half the bench's
+        # `LATENCY_BAND[1]` of it (1% over: one reading's noise, half the bench's
         # `SLOWER_TOLERANCE`). Aimed under it by that much, the other row's own widths would
-        # measure over the aim and be refused, as they were at 1.001 of it while the band
-        # stopped at 1.0 (2026-11-27).
+        # measure over the aim and be refused (docs/explanation/latency-targets.md#band).
         overrides.update({"prune.target": "latency_ratio", "prune.target_value": ratio, "prune.target_batch": 1})
         if reference is not None:
             overrides["prune.target_reference"] = str(reference)
@@ -176,11 +175,8 @@ def reference_to_match(
 ) -> Path | None:
     """The matched variant's export that a latency match is timed against, in `match_form`; None if it has none.
 
-    The prune stage times it beside dense and each plan (`prune.target_reference`). Until
-    2026-11-28 the bench timed the two exports once and the prune stage aimed at their ratio to
-    dense minutes later: on the ConvNeXt-style workload that ratio moved between 0.46 and 0.56
-    from one second to the next (`scripts/measure_timing_drift.py`), the smaller model slowing
-    more in slow spells, and the match landed 17% under the other row's time.
+    The prune stage times it beside dense and each plan (`prune.target_reference`): a ratio of
+    the two read once moves with the machine (docs/explanation/latency-targets.md#bench-match).
     """
     other = variant.match_latency_of
     if other is None or other not in done:

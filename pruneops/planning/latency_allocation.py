@@ -174,8 +174,7 @@ def allocate_latency(
     Searches over the table's efficient widths, the best kept: the greedy descent step by step
     and leaping (`_descend`), Lagrangian coordinate descent (`_lagrangian`) with its weight
     bisected to the target, and every unit cut alike (`_uniform_plans`); no one of them is best
-    on every model (on a residual CNN the descent alone cost a third more summed drop than the
-    uniform cut of the same latency, and 2.3 points after fine-tuning). Where no allocation the
+    on every model (docs/explanation/latency-targets.md#allocators). Where no allocation the
     sweep's informative ratios and `max_ratio` allow reaches the target, the fastest plan found
     is kept (`reached` False).
 

@@ -196,10 +196,7 @@ class LatencyModel:
         The margin, of the time of the layers the unit moves, keeps timing noise from making a
         slower-looking width an extra "step". Every head count of an attention unit is kept: a
         head is a whole block of channels, and the table times only the projections, not the
-        per-head attention between them; on the ViT-style workload it timed 1 head as 2 (its
-        projections are all overhead there), which kept the allocation from a 1-head block, where
-        the whole-model fit charges 0.006 ms per head and the MAC-target plan with a 1-head block
-        measured the same ms as the allocation's (3, 2, 2) heads (docs/families-same-run).
+        per-head attention between them (docs/explanation/latency-targets.md#heads).
         """
         curve = self.unit_curve(name, batch)
         if is_head_unit(name):

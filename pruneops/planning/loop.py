@@ -28,16 +28,15 @@ from pruneops.timing.sessions import measured_latency
 logger = logging.getLogger(__name__)
 
 # A latency target is a ceiling: a plan is kept when it measures at most 1% over the target (the
-# noise of one reading) and at most 5% under it (pruned further than asked costs accuracy). The
-# band is wider than a gate reading's noise (about 2%); docs/explanation/latency-targets.md
-# gives the measurements behind it.
+# noise of one reading) and at most 5% under it, since pruning further than asked costs accuracy
+# (docs/explanation/latency-targets.md#band).
 LATENCY_BAND = (0.95, 1.01)
 LATENCY_RETRIES = 6  # plans re-asked of the refitted table at most; each costs one gate measurement
 # A plan in the band but more than about one timing noise under the target leaves budget unspent:
-# the loop then measures the next wider plan once, kept if it lands in the band.
+# the loop then measures the next wider plan once, kept if it lands in the band (#reach there).
 LATENCY_REACH = 0.98
 # Plans whose own gate read at most this far over the target are timed again, interleaved with
-# the plan the loop would keep (a runoff): one gate reading is noisy at the band's edge.
+# the plan the loop would keep (a runoff): one gate reading is noisy at the band's edge (#runoff).
 RUNOFF_TOP = 1.05
 
 

@@ -1,16 +1,16 @@
 """From a prune target to per-unit widths, and the measured gate that keeps a slower model from shipping.
 
 - `plan`: a ratio target allocates from the sweep; a MAC or parameter budget bisects the ratio on
-  copies of the baseline; a latency target (`latency_ms`, `latency_ratio`) descends the latency
-  table of the sensitivity stage (`pruneops.stages.latency.allocate_latency`).
+  copies of the baseline; a latency target (`latency_ms`, `latency_ratio`) allocates on the
+  latency model the latency stage measured (`pruneops.planning.latency_allocation`).
 - `gate`: the planned widths are pruned into a copy, exported and timed against the dense model
   here (interleaved, batch 1 and the benchmark's largest batch), with the same widths rounded up
   to the channel block (16) where any is not a multiple. The rounded widths are taken when they
   measure no slower at every batch size: wider at no cost in milliseconds (latency targets only:
   wider widths would break a MAC, parameter or ratio budget). If the widths are not
   faster than dense by `min_speedup` at batch 1 (or are slower at the large batch), the stage
-  backs off: to the rounded widths, then to no pruning at all; the report says which. A slower
-  model never leaves the stage.
+  backs off: to the rounded widths, then to no pruning at all; the report says which
+  (`GateDecision`). A slower model never leaves the stage.
 """
 
 from __future__ import annotations
@@ -404,7 +404,7 @@ def gate(
         steps.append((GateDecision.BACKED_OFF, f"{block} ({planned}: < {min_speedup:g}x, or slower)", 1))
         if widen_when_free and _no_slower(times["plan1"], times["plan0"]):
             # A width off the channel block can cost more than a whole block: wider at no cost in
-            # milliseconds is taken.
+            # milliseconds is taken (docs/explanation/latency-targets.md#channel-block).
             steps = [(GateDecision.WIDENED, f"{block} (no slower)", 1), steps[0]]
     for decision, reason, i in steps:
         t = times[f"plan{i}"]

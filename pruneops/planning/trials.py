@@ -34,14 +34,12 @@ class PlanTrials:
     Each plan is pruned into a copy of the trained model by the configured method, BatchNorm is
     recalibrated, one pass over the first `prune.trial_samples` training samples trains it (the
     prune stage's lr and batch size, one seed for every plan, so that the plans differ only in their
-    widths), and its validation accuracy ranks it: NetAdapt's short-term fine-tuning. On the MNIST
-    workloads 3,200 samples ranked TP's uniform widths above the allocator's first choices, in the
-    order four epochs of fine-tuning did, where the summed isolated drop ranked them the other way.
+    widths), and its validation accuracy ranks it: NetAdapt's short-term fine-tuning.
 
     The allocation's own plan (the least summed drop, first) is given up only for a plan that
     validates better by more than `TRIAL_EVIDENCE` standard errors of the paired difference on the
-    same validation samples: on a few hundred samples one image decides a ranking, and a plan
-    picked on that is a plan picked at random (the digits default, 2026-11-27).
+    same validation samples: on a few hundred samples one image decides a ranking
+    (docs/explanation/latency-targets.md#plan-trials).
     """
 
     config: PruneConfig

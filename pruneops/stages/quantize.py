@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 # Two median latencies within this fraction of each other are a tie: identical models timed
-# interleaved (`benchmark.measure_latencies`) agree to about 0.5 % here, so 1 % is noise.
+# interleaved agree to about 0.5 % (docs/explanation/int8.md#ties).
 SAME_SPEED = 0.01
 
 
@@ -60,12 +60,11 @@ def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, bat
 
     Every batch size the benchmark serves is measured, not only batch 1: dynamic INT8 can win at
     batch 1 and lose at batch 16 (a ViT here did), and that model would then ship slower than
-    fp32 where it is used. Larger batches get fewer repeats (each run is longer and steadier).
-    With `fp32` among the candidates, a candidate measured slower than it (beyond a tie,
-    `SAME_SPEED`) at some batch size is not evaluated on validation (`val_accuracy` None,
-    `not_evaluated` says why): `_choose` never ships it, fp32 being within tolerance and not slower
-    (dynamic INT8 of MobileNetV2 at 64x64 measured 8.2 ms at batch 1 against fp32's 0.78 here:
-    evaluating it cost more than the fp32 model's). Where some candidate reads slower than fp32,
+    fp32 where it is used (docs/explanation/int8.md#every-batch). Larger batches get fewer repeats
+    (each run is longer and steadier). With `fp32` among the candidates, a candidate measured
+    slower than it (beyond a tie, `SAME_SPEED`) at some batch size is not evaluated on validation
+    (`val_accuracy` None, `not_evaluated` says why): `_choose` never ships it, fp32 being within
+    tolerance and not slower. Where some candidate reads slower than fp32,
     that batch size is timed once more and each candidate keeps its faster reading
     (`timed_twice_at` lists those batch sizes).
     """
@@ -86,11 +85,9 @@ def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, bat
 
         at_b = medians()
         if "fp32" in paths and any(_slower(ms, at_b["fp32"]) for ms in at_b.values()):
-            # A candidate read slower than fp32 is never shipped, on a reading of a few hundred
-            # milliseconds: static INT8 of a pruned CNN read 2.15x its fp32 at batch 64 once and
-            # 0.88x timed again (benchmarks/latency.yaml, 2026-11-28), and fp32 shipped 15 % slower
-            # than the INT8 target it was planned for. So it is timed again, and each candidate keeps
-            # its faster reading (the machine only ever adds time).
+            # A candidate read slower than fp32 is never shipped, so one noisy reading would rule it
+            # out: it is timed again, and each candidate keeps its faster reading (the machine only
+            # ever adds time; docs/explanation/int8.md#timed-twice).
             again = medians()
             at_b = {n: min(ms, again[n]) for n, ms in at_b.items()}
             retimed.append(f"b{b}")
@@ -230,8 +227,7 @@ def quantize_model(
         for name in names:
             paths[name] = work / f"candidate-{name}.onnx"
             # INT8 is made from the pre-processed graph; fp32 ships (and is compared) as exported,
-            # like dense: a pre-processed fp32 graph measured 7% slower than the raw export at batch
-            # 1 on a small ViT (a deployed "fp32" slower than dense).
+            # like dense (docs/explanation/int8.md#fp32-as-exported).
             QUANTIZERS.get(name)(fp32 if name == "fp32" else prepared, paths[name], calib, config)
         batch_sizes = sorted({1, *benchmark.batch_sizes})
         measured = _measure_candidates(paths, val, config, batch_sizes)

@@ -176,8 +176,7 @@ class LatencyTable:
         cost (timed on an element-wise graph with the same input) is taken off, so that the
         table sums what the layers compute rather than how many graphs were run. A `form` other
         than fp32 (`prune.latency_form`) times the graph quantized as the quantize stage would:
-        INT8 kernels have their own fast channel counts (a static-INT8 3x3 conv at 28x28 here ran
-        16 channels in 0.025 ms and 12 in 0.041, where fp32 took 0.038 and 0.035).
+        INT8 kernels have their own fast channel counts (docs/explanation/int8.md#int8-table).
         """
         key = shape.key(batch) if form == "fp32" else f"{form}:{shape.key(batch)}"
         if key not in self.entries:

@@ -21,9 +21,7 @@ def cpu_name() -> str:
 
 
 # Instruction-set extensions that change which kernels ONNX Runtime and torch run (and so what a
-# width costs): a virtual machine named a Zen 3 and a Zen 4 alike ("AMD EPYC"); the default
-# pipeline's static INT8 model ran 2.4-2.7x dense fp32 at batch 1 on the Zen 3 (no VNNI: 7-bit
-# weights) and 3.5-4.1x in four runs on the Zen 4 (AVX-512 VNNI: 8-bit).
+# width costs); one CPU name can cover two generations (docs/explanation/int8.md#machine).
 KERNEL_FLAGS = (
     "avx2",
     "fma",
