@@ -388,7 +388,7 @@ class PruneConfig(StageConfig):
         if v == AUTO_FORM:
             return v
         try:
-            return registered("pruneops.stages.quantize:QUANTIZERS", v)
+            return registered("pruneops.quantizers:QUANTIZERS", v)
         except ValueError as exc:
             raise ValueError(f"{exc}; or {AUTO_FORM} (plan in every form the quantize stage may ship)") from None
 
@@ -519,7 +519,7 @@ class QuantizeConfig(StageConfig):
     @field_validator("method")
     @classmethod
     def _known_quantizer(cls, v: str) -> str:
-        return v if v == "auto" else registered("pruneops.stages.quantize:QUANTIZERS", v)
+        return v if v == "auto" else registered("pruneops.quantizers:QUANTIZERS", v)
 
     @field_validator("exporter")
     @classmethod

@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pruneops.errors import PruneOpsError
 from pruneops.io import Layout, dump_json, read_json
+from pruneops.onnx_utils import INPUT_NAME
 
 REFERENCE_STATS = "reference_stats.json"
 TOKENIZER = "tokenizer.json"  # a text model's tokenizer, kept beside it: serving tokenises with it
@@ -40,7 +43,11 @@ class RegistryError(PruneOpsError):
 
 @dataclass(frozen=True)
 class ServableModel:
-    """A version checked to serve: its session, input shape, class count, metadata, drift reference."""
+    """A version checked to serve: its session, input shape, class count, metadata, drift reference.
+
+    What promotion checks and what the server holds; requests keep a reference, so a swap never
+    breaks one in flight.
+    """
 
     path: Path
     session: object
@@ -48,6 +55,19 @@ class ServableModel:
     num_classes: int
     metadata: dict[str, Any]
     reference_stats: dict | None
+    encoder: object | None = None  # a text model's `TextEncoder` (its tokenizer.json); None for arrays
+
+    @property
+    def version(self) -> str:
+        """The registry version (the directory's name)."""
+        return self.path.name
+
+    def predict_proba(self, x: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+        """Class probabilities for a batch (an array, or a text model's named feed)."""
+        logits = self.session.run(None, x if isinstance(x, dict) else {INPUT_NAME: x})[0]
+        z = logits - logits.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        return e / e.sum(axis=1, keepdims=True)
 
 
 def check_servable(path: Path, threads: int = 1) -> ServableModel:
@@ -57,10 +77,8 @@ def check_servable(path: Path, threads: int = 1) -> ServableModel:
         RegistryError: Metadata, model or statistics unreadable; the model does not run on its
             declared input shape or gives other than finite (batch, classes) logits.
     """
-    import numpy as np
-
     from pruneops.drift import parse_reference
-    from pruneops.onnx_utils import INPUT_NAME, make_session
+    from pruneops.onnx_utils import make_session
 
     path = Path(path)
     try:

@@ -24,12 +24,13 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from pruneops.config import ServeConfig
 from pruneops.drift import DriftMonitor
 from pruneops.errors import ConfigError
 from pruneops.io import Layout, read_json
-from pruneops.registry.store import pipeline_reference_stats
+from pruneops.registry.store import ServableModel, pipeline_reference_stats
 from pruneops.serving.limits import BodyLimit
-from pruneops.serving.model import LoadedModel, ModelHolder
+from pruneops.serving.model import ModelHolder
 
 log = logging.getLogger("pruneops.serving")
 
@@ -38,25 +39,21 @@ LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5
 KNOWN_ENDPOINTS = ("predict", "feedback", "healthz", "readyz", "metrics")
 
 
-class ServingConfig(BaseModel):
-    """How the app serves: where the model and reference statistics are, window sizes."""
+class ServingConfig(ServeConfig):
+    """How the app serves: the `serve` params section, and where the model and its statistics are.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    The tunables (windows, thresholds, limits) and their bounds are `ServeConfig`'s, one schema
+    for the params section and the app.
+    """
+
+    # Built by code (the CLI, tests), not read from YAML: plain pydantic coercion (a str path).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     production: Path = Path("models/production")
     # Used until a model that carries its own reference statistics is loaded.
     reference_stats: Path | None = pipeline_reference_stats(Layout())
-    drift_window: Annotated[int, Field(ge=10)] = 1000
-    drift_min_samples: Annotated[int, Field(ge=1)] = 50
-    psi_threshold: Annotated[float, Field(gt=0)] = 0.2
-    ks_threshold: Annotated[float, Field(gt=0)] = 0.3
     feedback_path: Path | None = None
-    feedback_flush_every: Annotated[int, Field(ge=1)] = 100
-    accuracy_window: Annotated[int, Field(ge=1)] = 500
-    max_batch: Annotated[int, Field(ge=1)] = 256
-    max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
-    reload_interval_s: Annotated[float, Field(gt=0)] = 2.0
-    threads: Annotated[int, Field(ge=1)] = 1
+    threads: Annotated[int, Field(ge=1, le=256)] = 1
 
 
 class PredictRequest(BaseModel):
@@ -178,7 +175,7 @@ class ServingState:
             self.metrics.reload_errors.inc(self.holder.reload_errors - errors)
         self.metrics.fallback.set(1 if self.holder.fallback_from else 0)
 
-    def publish_model(self, model: LoadedModel) -> None:
+    def publish_model(self, model: ServableModel) -> None:
         """Exports what is served, and measures drift against the data this model was trained on."""
         if model.reference_stats is not None and model.reference_stats != self.monitor.reference:
             self.monitor.set_reference(model.reference_stats)
@@ -194,7 +191,7 @@ class ServingState:
             if promotions:
                 self.metrics.last_promotion.set(promotions[-1])
 
-    def predict(self, model: LoadedModel, x: np.ndarray | dict, texts: list[str] | None = None) -> PredictResponse:
+    def predict(self, model: ServableModel, x: np.ndarray | dict, texts: list[str] | None = None) -> PredictResponse:
         """Runs the model, tracks latency and drift, and remembers each input for feedback.
 
         Args:
@@ -299,7 +296,7 @@ class ServingState:
         self.metrics.prediction_drift.set(scores.prediction_psi)
 
 
-def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np.ndarray | dict[str, np.ndarray]:
+def parse_inputs(body: PredictRequest, model: ServableModel, max_batch: int) -> np.ndarray | dict[str, np.ndarray]:
     """The request as a batch: float32 of the model's input shape, or a text model's named feed.
 
     Raises:
@@ -317,7 +314,7 @@ def parse_inputs(body: PredictRequest, model: LoadedModel, max_batch: int) -> np
     return _parse_numbers(body.inputs, model, max_batch)
 
 
-def _parse_numbers(inputs: list, model: LoadedModel, max_batch: int) -> np.ndarray:
+def _parse_numbers(inputs: list, model: ServableModel, max_batch: int) -> np.ndarray:
     if len(inputs) > max_batch:
         raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(inputs)}")
     try:
@@ -339,7 +336,7 @@ def _parse_numbers(inputs: list, model: LoadedModel, max_batch: int) -> np.ndarr
     return x
 
 
-def _parse_texts(texts: list[str], model: LoadedModel, max_batch: int) -> dict[str, np.ndarray]:
+def _parse_texts(texts: list[str], model: ServableModel, max_batch: int) -> dict[str, np.ndarray]:
     from pruneops.serving.text import TextInputError
 
     if not 1 <= len(texts) <= max_batch:
@@ -350,7 +347,7 @@ def _parse_texts(texts: list[str], model: LoadedModel, max_batch: int) -> dict[s
         raise HTTPException(422, str(exc)) from None
 
 
-def _parse_images(images: list[str], model: LoadedModel, max_batch: int) -> np.ndarray:
+def _parse_images(images: list[str], model: ServableModel, max_batch: int) -> np.ndarray:
     from pruneops.serving.images import ImageInputError, decode_images
 
     if not 1 <= len(images) <= max_batch:
@@ -361,7 +358,7 @@ def _parse_images(images: list[str], model: LoadedModel, max_batch: int) -> np.n
         raise HTTPException(422, str(exc)) from None
 
 
-def feedback_label(label: int | str, model: LoadedModel | None) -> int:
+def feedback_label(label: int | str, model: ServableModel | None) -> int:
     """The class index of a feedback label given as an index or as a class name.
 
     Raises:

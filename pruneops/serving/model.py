@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from pruneops.onnx_utils import INPUT_NAME
-from pruneops.registry.store import TOKENIZER, ModelRegistry, RegistryError, check_servable
+from pruneops.registry.store import TOKENIZER, ModelRegistry, RegistryError, ServableModel, check_servable
 
 log = logging.getLogger("pruneops.serving")
 
 
-@dataclass(frozen=True)
-class LoadedModel:
-    """One loaded version; requests keep a reference, so a swap never breaks one in flight."""
-
-    version: str
-    session: object
-    input_shape: tuple[int, ...]
-    metadata: dict
-    reference_stats: dict | None = None
-    num_classes: int | None = None
-    encoder: object | None = None  # a text model's `TextEncoder` (its tokenizer.json); None for arrays
-
-    def predict_proba(self, x: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
-        """Class probabilities for a batch (an array, or a text model's named feed)."""
-        logits = self.session.run(None, x if isinstance(x, dict) else {INPUT_NAME: x})[0]
-        z = logits - logits.max(axis=1, keepdims=True)
-        e = np.exp(z)
-        return e / e.sum(axis=1, keepdims=True)
-
-
-def load_version(path: Path, threads: int = 1) -> LoadedModel:
+def load_version(path: Path, threads: int = 1) -> ServableModel:
     """Loads a registry version directory (model.onnx, metadata.json, reference statistics) and checks it runs.
 
     Raises:
@@ -47,15 +24,7 @@ def load_version(path: Path, threads: int = 1) -> LoadedModel:
         checked = check_servable(path, threads)
     except RegistryError as exc:
         raise ValueError(str(exc)) from None
-    return LoadedModel(
-        path.name,
-        checked.session,
-        checked.input_shape,
-        checked.metadata,
-        checked.reference_stats,
-        checked.num_classes,
-        _text_encoder(path, checked),
-    )
+    return dataclasses.replace(checked, encoder=_text_encoder(path, checked))
 
 
 def _text_encoder(path: Path, checked) -> object | None:
@@ -90,7 +59,7 @@ class ModelHolder:
     def __init__(self, production: Path, threads: int = 1):
         self.production = Path(production)
         self.threads = threads
-        self.current: LoadedModel | None = None
+        self.current: ServableModel | None = None
         self.reload_errors = 0
         # The production version that could not be served while an earlier one is (None otherwise).
         self.fallback_from: str | None = None

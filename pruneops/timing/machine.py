@@ -1,4 +1,4 @@
-"""What a latency measurement depends on besides the model: the CPU, its kernel extensions, ONNX Runtime and threads."""
+"""Machine identity: the CPU, its kernel extensions, ONNX Runtime and threads (one reader of /proc/cpuinfo)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,31 @@ import time
 from pathlib import Path
 from typing import Any
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpuinfo_fields(cpuinfo: Path = CPUINFO) -> dict[str, str]:
+    """The first core's `key: value` fields of `/proc/cpuinfo` (empty where there is none, e.g. macOS)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
 
 def cpu_name() -> str:
     """The CPU model, from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpuinfo_fields().get("model name") or platform.processor() or "unknown"
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """This CPU's feature flags (x86 `flags`, Arm `Features`; empty where there is no cpuinfo)."""
+    fields = cpuinfo_fields(cpuinfo)
+    return frozenset((fields.get("flags") or fields.get("Features") or "").split())
 
 
 # Instruction-set extensions that change which kernels ONNX Runtime and torch run (and so what a
@@ -39,21 +54,14 @@ KERNEL_FLAGS = (
 )
 
 
-def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+def cpu_features(cpuinfo: Path = CPUINFO) -> str:
     """The CPU's family/model numbers and kernel-relevant extensions from `cpuinfo` ("" without one).
 
     E.g. `family 25 model 17: avx2 fma avx512f avx512bw avx512_vnni avx512_bf16`; on Arm the
     first core's `Features` (`asimd asimddp i8mm`).
     """
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:
-        return ""
-    fields: dict[str, str] = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    fields = cpuinfo_fields(cpuinfo)
+    flags = cpu_flags(cpuinfo)
     ident = " ".join(f"{k.removeprefix('cpu ')} {fields[k]}" for k in ("cpu family", "model") if k in fields)
     present = " ".join(f for f in KERNEL_FLAGS if f in flags)
     return f"{ident}: {present}" if ident else present
@@ -91,20 +99,8 @@ def machine_info(threads: int) -> dict[str, Any]:
     }
 
 
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
-
-
 def machine_fingerprint(threads: int) -> dict[str, Any]:
     """What a latency measurement depends on besides the model: `machine_info` less the date and Python."""
-    from pruneops.timing.machine import machine_info
-
     info = machine_info(threads)  # its cpu_features: a VM may give two CPU generations one name
     kept = ("cpu", "cpu_features", "cores", "onnxruntime", "threads")
     return {**{k: info[k] for k in kept}, "machine": platform.machine()}
