@@ -16,13 +16,8 @@ Where Kwon et al. search the mask globally under a FLOPs budget, PruneOps keeps 
 latency table's per-unit widths, measured in milliseconds); the Fisher scores decide which heads
 and neurons fill those widths.
 
-Measured on the fine-tuned MiniLM of `benchmarks/text.yaml` (40% of every layer's heads and FFN
-neurons removed by Fisher rank, 1,024 calibration reviews, validation 1,020 reviews): 81.6%
-without a refit, 80.7% after the per-column scale refit below, 80.9% after refitting whole
-matrices (dense 82.8%). The refit lowers each layer's own output error (to 0.75-0.95 of it) yet
-not the accuracy, so the `fisher` method does not apply it. Kwon et al. reconstruct the residual
-stream (sublayer output plus its skip input), which corrects drift from earlier layers too;
-that needs each family's residual input and is not built.
+The refit lowers each layer's own output error but not the accuracy, so the `fisher` method does
+not apply it (docs/explanation/structured-pruning.md#fisher-refit).
 """
 
 from __future__ import annotations

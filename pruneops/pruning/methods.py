@@ -380,12 +380,12 @@ class SemiStructuredPruning(UnstructuredPruning):
         reason = semi_structured_available()
         if reason:
             return f"not available on CPU ({reason}): masked dense weights"
-        # Measured on an H100 (torch 2.11, cuSPARSELt 0.8; docs/gpu): each 2:4 matmul pays about
-        # 0.4 ms of fixed cost, so encoder-sized Linears ran 7-30x slower than dense fp16; only an
-        # 8192^3 product gained (1.35x). The pipeline serves dense ONNX weights either way.
+        # 2:4 matmuls pay a fixed cost per call that encoder-sized Linears do not recover
+        # (docs/explanation/structured-pruning.md#two-four); the served ONNX weights are dense anyway.
         return (
             "none claimed: cuSPARSELt 2:4 kernels exist on this device, but the exported model keeps dense "
-            "weights, and torch.sparse 2:4 ran slower than dense fp16 at encoder sizes (docs/gpu)"
+            "weights, and torch.sparse 2:4 ran slower than dense fp16 at encoder sizes "
+            "(docs/explanation/structured-pruning.md)"
         )
 
     def eligible(self, model: nn.Module) -> dict[str, nn.Parameter]:
