@@ -90,12 +90,11 @@ def project_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def digits_onnx(root: Path, trained: bool = True, name: str = "m.onnx"):
-    """Prepares digits under `root` and exports a small MLP (trained 4 epochs, or untrained).
+_DIGITS_BUILT: dict[bool, Path] = {}  # trained or not -> a directory holding the prepared data and model.onnx
 
-    Returns:
-        (data directory, ONNX path, test split).
-    """
+
+def _build_digits_onnx(root: Path, trained: bool) -> Path:
+    """Prepares digits under `root` and exports a small MLP (trained 4 epochs, or untrained) to `root/model.onnx`."""
     import torch
 
     from pruneops.data import load_prepared
@@ -106,13 +105,39 @@ def digits_onnx(root: Path, trained: bool = True, name: str = "m.onnx"):
     from pruneops.training import FitSettings, fit_
 
     data_dir = validate_dataset(ValidateConfig(), Layout(root)).data_dir
-    meta, train, val, test = load_prepared(data_dir)
+    meta, train, val, _ = load_prepared(data_dir)
     torch.manual_seed(0)
     model = create_model(ModelSpec("mlp", meta.input_shape, 10, {"hidden": [64]}))
     if trained:
         fit_(model, train, val, FitSettings(epochs=4, lr=3e-3))
-    export_onnx_file(model, meta.input_shape, root / name, 18)
-    return data_dir, root / name, test
+    export_onnx_file(model, meta.input_shape, root / "model.onnx", 18)
+    return root
+
+
+def digits_onnx(root: Path, trained: bool = True, name: str = "m.onnx"):
+    """Digits prepared under `root` and a small MLP (trained 4 epochs, or untrained) as `root/name`.
+
+    Built once per session and copied: the model is seeded, so every copy is the same model.
+
+    Returns:
+        (data directory, ONNX path, test split).
+    """
+    import atexit
+    import tempfile
+
+    from pruneops.data import load_prepared
+    from pruneops.io import Layout
+
+    if trained not in _DIGITS_BUILT:
+        built = Path(tempfile.mkdtemp(prefix="pruneops-digits-"))
+        atexit.register(shutil.rmtree, built, True)
+        _DIGITS_BUILT[trained] = _build_digits_onnx(built, trained)
+    built = _DIGITS_BUILT[trained]
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(built, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.onnx"))
+    shutil.copyfile(built / "model.onnx", root / name)
+    data_dir = Layout(root).stage_dir("validate")
+    return data_dir, root / name, load_prepared(data_dir)[3]
 
 
 def tiny_onnx(path: Path, seed: int = 0, features: int = 4, classes: int = 3) -> Path:
