@@ -22,12 +22,13 @@ export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test install install-dev repo lint format clean help prefect-server deploy \
+.PHONY: run test test-slow test-all install install-dev repo lint format clean help prefect-server deploy \
 	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
-	@echo "make test   - install dev extras, then pytest"
+	@echo "make test   - install dev extras, then pytest without the slow group"
+	@echo "make test-slow - the slow group: full pipelines through DVC, bench, family runs, real assets"
 	@echo "make lint   - ruff check + format check"
 	@echo "make prefect-server - local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite under state/)"
 	@echo "make deploy - serve the pipeline, drift-check (cron) and re-prune (drift event) deployments"
@@ -59,7 +60,16 @@ run: repo
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 	@cat artifacts/benchmark/benchmark.md
 
+# `make test`: every test but the `slow` group (full pipelines through DVC, the bench, the family
+# runs, real assets); `make test-slow` runs that group, and CI runs both.
 test: install-dev
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	@echo "make test: the slow group (full pipelines, bench, families, real assets) is left to make test-slow; CI runs both"
+
+test-slow: install-dev
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+test-all: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install-dev

@@ -228,3 +228,28 @@ def served_project(tmp_path):
     registry.promote(registry.register(onnx_path, {"sparsity": 0.0}, version="v1").version)
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     return tmp_path, test
+
+
+LONG_TEST_S = 60.0  # a test longer than this says why in its marker: `@pytest.mark.slow(reason="...")`
+_LONG: list[tuple[str, float, bool]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration > LONG_TEST_S:
+        _LONG.append((report.nodeid, report.duration, bool(getattr(report, "slow_reason", ""))))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    marker = item.get_closest_marker("slow")
+    outcome.get_result().slow_reason = marker.kwargs.get("reason", "") if marker else ""
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _LONG:
+        return
+    terminalreporter.section(f"tests over {LONG_TEST_S:.0f} s")
+    for nodeid, seconds, has_reason in sorted(_LONG, key=lambda t: -t[1]):
+        why = "" if has_reason else "  <- no reason in its slow marker"
+        terminalreporter.write_line(f"{seconds:7.1f} s  {nodeid}{why}")

@@ -321,7 +321,7 @@ def test_the_block_cache_finds_the_text_dim_and_keeps_to_its_budget(caplog):
     assert list(blocks.outputs) == names and len(names) == 3
     assert blocks.seq_dims == dict.fromkeys(names, 1)  # (batch, tokens, hidden)
     assert blocks.outputs[names[0]].shape == (10, 12, 16) and logits.shape == (10, 2)
-    with caplog.at_level(logging.INFO, logger="pruneops.training"):
+    with caplog.at_level(logging.INFO, logger="pruneops.distillation"):
         assert cache_blocks(teacher, split.x, budget=10 * 12 * 16 * 3 * 4 - 1) is None
     assert "the teacher runs on every batch" in caplog.text
     # No repeated blocks: nothing to cache, and no pass over the data (`BlockTaps` then refuses).
