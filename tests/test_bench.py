@@ -12,7 +12,7 @@ from pruneops.bench.workloads import BenchConfig
 from pruneops.cli import main
 from tests.conftest import ROOT, tiny_params
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="five variants, each a DVC experiment of six stage processes, timed together")
 
 BENCH = {
     "work_dir": "work",

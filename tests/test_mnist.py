@@ -5,7 +5,7 @@ import pytest
 from tests.conftest import MNIST, tiny_params, write_params
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.slow(reason="every stage on 60,000 real MNIST images with the cnn model"),
     pytest.mark.skipif(not MNIST.exists(), reason=f"real MNIST not present at {MNIST}"),
 ]
 

@@ -43,7 +43,7 @@ def repro_new_project(root: Path, params: dict, timeout: int = 1200) -> str:
 
 
 @pytest.mark.e2e
-@pytest.mark.slow
+@pytest.mark.slow(reason="two dvc repro runs and a dvc exp run: fifteen stage processes")
 def test_dvc_repro_then_noop_then_experiment(tmp_path):
     write_params(tmp_path, tiny_params())
     write_dvc_yaml(tmp_path)  # code deps point at this checkout's pruneops (outside the project)

@@ -22,7 +22,7 @@ pytest.importorskip("tokenizers", reason="tokenizers (the `hf` extra) is not ins
 
 
 @pytest.mark.e2e
-@pytest.mark.slow
+@pytest.mark.slow(reason="dvc repro of every stage on the real MiniLM and reviews")
 def test_dvc_repro_runs_every_stage_from_a_text_csv_and_a_pretrained_folder(tmp_path):
     make_reviews(400).to_csv(tmp_path / "reviews.csv", index=False)
     tiny_pretrained(tmp_path / "pretrained")

@@ -59,7 +59,7 @@ def test_epochs_0_adopts_the_imagenet_weights_bit_for_bit(tmp_path):
 
 @needs_assets
 @pytest.mark.e2e
-@pytest.mark.slow
+@pytest.mark.slow(reason="dvc repro of every stage on ImageNet MobileNetV2 and Fashion-MNIST")
 def test_dvc_repro_runs_every_stage_from_weights_idx_files_and_preprocessing(tmp_path):
     params = tiny_params(
         # 1,000 training and 1,200 validation images (2% of the 60,000): every stage evaluates on

@@ -12,7 +12,7 @@ def project(tmp_path_factory):
 
 
 @pytest.mark.e2e
-@pytest.mark.slow
+@pytest.mark.slow(reason="the Prefect flow runs every stage as a DVC experiment")
 def test_pipeline_flow_runs_overrides_as_a_dvc_experiment_and_leaves_params_alone(project):
     from prefect.client.orchestration import get_client
 

@@ -145,7 +145,7 @@ def test_drift_check_reads_report_and_triggers_above_threshold(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.slow
+@pytest.mark.slow(reason="a real re-prune: every stage as a DVC experiment on new data")
 def test_a_real_reprune_runs_a_dvc_experiment_and_leaves_the_workspace_params_alone(project):
     project, new = project
     before = (project / "params.yaml").read_text()
