@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from torch import nn
 
 from pruneops.config import BenchmarkConfig
 from pruneops.errors import ConfigError
 from pruneops.inputs import as_feed, timing_inputs
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def _repeat(x: np.ndarray, size: int) -> np.ndarray:
