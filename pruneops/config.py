@@ -287,7 +287,7 @@ class SensitivityConfig(StageConfig):
     @field_validator("estimator")
     @classmethod
     def _known_estimator(cls, v: str) -> str:
-        return registered("pruneops.stages.sensitivity:ESTIMATORS", v)
+        return registered("pruneops.planning.sensitivity:ESTIMATORS", v)
 
 
 LATENCY_TARGETS = ("latency_ms", "latency_ratio")

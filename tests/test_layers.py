@@ -92,3 +92,8 @@ def test_editing_a_pruning_method_does_not_retrain_the_baseline():
     deps = {s.name: stage_deps(s, configs, project) for s in STAGES}
     assert "pruneops/pruning/methods.py" not in deps["train"]
     assert any(d in ("pruneops/pruning", "pruneops/pruning/methods.py") for d in deps["prune"]), deps["prune"]
+
+
+def test_config_validation_looks_registries_up_below_the_stages():
+    """Params validation names registries by `module:NAME`; none may make loading params import a stage."""
+    assert '"pruneops.stages.' not in (ROOT / "config.py").read_text()

@@ -25,6 +25,7 @@ from pruneops.data import load_prepared
 from pruneops.io import read_json
 from pruneops.params import parse_section, read_params
 from pruneops.planning.allocation import allocate_ratios
+from pruneops.planning.sensitivity import fisher_sweep
 from pruneops.pruning import methods
 from pruneops.pruning.fisher import load_fisher_scores
 from pruneops.pruning.heads import head_sites
@@ -33,7 +34,6 @@ from pruneops.pruning.methods import FisherPruning
 from pruneops.pruning.units import UnitPruner
 from pruneops.runner import run_stage
 from pruneops.stages.prune import make_context
-from pruneops.stages.sensitivity import fisher_sweep
 from pruneops.training import evaluate
 from tests.conftest import prune_section, tiny_params, write_params
 
@@ -206,7 +206,7 @@ def test_unknown_estimator_is_refused_at_load():
 
 def test_the_scoring_subset_keeps_every_class_in_its_share_and_follows_the_seed():
     from pruneops.data import Split
-    from pruneops.stages.sensitivity import stratified_subset
+    from pruneops.planning.sensitivity import stratified_subset
 
     y = np.repeat(np.arange(4), [500, 300, 150, 50])
     split = Split(np.arange(len(y), dtype=np.float32)[:, None], y)
@@ -223,7 +223,7 @@ def test_the_scoring_subset_keeps_every_class_in_its_share_and_follows_the_seed(
 
 
 def test_the_sweep_scores_on_val_samples_when_asked(pipeline_dir, tmp_path):
-    from pruneops.stages.sensitivity import stratified_subset
+    from pruneops.planning.sensitivity import stratified_subset
 
     for stage in ("validate", "train"):
         shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)

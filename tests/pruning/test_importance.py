@@ -7,10 +7,10 @@ import torch
 from pruneops.data import Split
 from pruneops.errors import PruneOpsError
 from pruneops.models import ModelSpec, create_model
+from pruneops.planning.sensitivity import sweep_units
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.methods import accumulate_grads_
 from pruneops.pruning.units import UnitPruner
-from pruneops.stages.sensitivity import sweep_units
 from pruneops.training import clone_with_grads, evaluate
 
 SHAPE = [1, 8, 8]
