@@ -114,7 +114,7 @@ def quantize_dynamic_int8(src: Path, dst: Path, calib: np.ndarray, config: Quant
     quantize_dynamic(str(src), str(dst), per_channel=config.per_channel, weight_type=QuantType.QInt8)
 
 
-def _preprocess(src: Path, dst: Path) -> None:
+def preprocess_for_quantization(src: Path, dst: Path) -> None:
     """ONNX Runtime's recommended pre-processing (shape inference, fusions) before quantizing."""
     import onnx
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -138,5 +138,5 @@ def quantized_copy(src: Path, dst: Path, method: str, calib: np.ndarray | dict[s
         shutil.copyfile(src, dst)
         return
     prepared = dst.with_suffix(".prepared.onnx")
-    _preprocess(src, prepared)
+    preprocess_for_quantization(src, prepared)
     QUANTIZERS.get(method)(prepared, dst, calib, QuantizeConfig())

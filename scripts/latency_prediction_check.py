@@ -58,7 +58,7 @@ def main() -> int:
         widths[f"a{i}"] = {
             n: rng.choice([w for w in latency.efficient_widths(n, 1) if w >= 0.15 * s]) for n, s in units
         }
-    models = {k: lat._pruned_or_none(model, example, w) for k, w in widths.items()}
+    models = {k: lat.pruned_or_none(model, example, w) for k, w in widths.items()}
     models = {k: m for k, m in models.items() if m is not None}
     timing = BenchmarkConfig(threads=1, batch_sizes=[1, 64], warmup=5, repeats=20, rounds=3)
     measured = lat.measured_latency(models, shape, timing)

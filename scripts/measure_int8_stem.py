@@ -39,7 +39,7 @@ def main(paths: list[Path]) -> None:
 
     from pruneops.config import BenchmarkConfig, QuantizeConfig
     from pruneops.onnx_utils import make_session
-    from pruneops.quantizers import _preprocess, quantize_static_qdq
+    from pruneops.quantizers import preprocess_for_quantization, quantize_static_qdq
     from pruneops.timing.sessions import measure_latencies
 
     sessions = {}
@@ -48,7 +48,7 @@ def main(paths: list[Path]) -> None:
             shape = [d if isinstance(d, int) else 64 for d in ort.InferenceSession(str(path)).get_inputs()[0].shape]
             x = np.random.default_rng(0).random(shape, dtype=np.float32)
             prepared = Path(tmp) / f"{path.stem}.prepared.onnx"
-            _preprocess(path, prepared)
+            preprocess_for_quantization(path, prepared)
             for form, exclude in (("static", []), ("static_fp32_stem", stem_convs(prepared))):
                 out = Path(tmp) / f"{path.stem}.{form}.onnx"
                 quantize_static_qdq(prepared, out, x, QuantizeConfig(), exclude)

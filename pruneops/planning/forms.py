@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig, QuantizeConfig
-from pruneops.planning.latency_model import _pruned_or_none, within_vocabulary, without_vocabulary
+from pruneops.planning.latency_model import pruned_or_none, within_vocabulary, without_vocabulary
 from pruneops.pruning.units import round_keep
 from pruneops.timing.sessions import measured_latency
 
@@ -77,7 +77,7 @@ def screen_forms(
         The forms left out, each with why, and how many exports the screen timed.
     """
     lean, lean_example = without_vocabulary(model), within_vocabulary(example)
-    quarter = _pruned_or_none(lean, lean_example, {n: round_keep(s, 0.75, 8) for n, s in units})
+    quarter = pruned_or_none(lean, lean_example, {n: round_keep(s, 0.75, 8) for n, s in units})
     points = {"dense": lean, **({"quarter": quarter} if quarter is not None else {})}
     everyone = ["fp32", *forms]
     models = {f"{form}:{p}": m for form in everyone for p, m in points.items()}

@@ -281,7 +281,7 @@ def build_latency_model(
     # A twin's one-unit points are timed once, on its representative's export (see `twin_units`).
     shared = shared_points(wanted, twin_units(latency))
     for key, widths in wanted.items():
-        twin = None if key in shared else _pruned_or_none(lean, lean_example, widths)
+        twin = None if key in shared else pruned_or_none(lean, lean_example, widths)
         if twin is not None:
             points[key], models[key] = widths, twin
     # Short runs per model: the fit averages over every export, and there are tens of them. A
@@ -417,7 +417,7 @@ def within_vocabulary(example):
     return {k: v.remainder(VOCABULARY_ROWS) if not v.is_floating_point() else v for k, v in example.items()}
 
 
-def _pruned_or_none(model: nn.Module, example: torch.Tensor, widths: dict[str, int]) -> nn.Module | None:
+def pruned_or_none(model: nn.Module, example: torch.Tensor, widths: dict[str, int]) -> nn.Module | None:
     """A copy pruned to `widths` that still runs; None where a width empties a layer.
 
     (One side of a concat at a few channels, say: such widths lie beyond what the allocator cuts.)

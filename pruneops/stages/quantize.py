@@ -18,7 +18,7 @@ from pruneops.errors import QualityGateError
 from pruneops.inputs import rows
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import export_onnx_file, file_size, make_session, ort_accuracy
-from pruneops.quantizers import QUANTIZERS, _preprocess, weight_range
+from pruneops.quantizers import QUANTIZERS, preprocess_for_quantization, weight_range
 from pruneops.stages import StageReport
 
 logger = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ def quantize_model(
     try:
         fp32, prepared = work / "reference.onnx", work / "prepared.onnx"
         export_onnx_file(model, meta.input_shape, fp32, config.opset, config.exporter)
-        _preprocess(fp32, prepared)
+        preprocess_for_quantization(fp32, prepared)
         # The fp32 candidate is the export itself: it is the reference when it competes.
         paths = {} if "fp32" in names else {"reference": fp32}
         for name in names:
