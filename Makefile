@@ -42,9 +42,12 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e .
 	touch $@
 
-$(BIN)/.installed-dev: $(BIN)/.installed
+# One resolution for the whole dev environment (not the core install, then the extras again).
+$(BIN)/.installed-dev: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q "torch==2.13.0" $(TORCH_INDEX)
 	$(PIP) install -q -c constraints.txt -e ".[dev,hf,orchestration,serve,vision]"
-	touch $@
+	touch $(BIN)/.installed $@
 
 install: $(BIN)/.installed
 install-dev: $(BIN)/.installed-dev
