@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pruneops.dvcfile import require_declared_deps
 from pruneops.io import Layout
 from pruneops.stages import StageReport, get_stage, load_stage_configs, project_importable
 
@@ -13,8 +14,6 @@ def run_stage(stage: str, params_path: str | Path, root: str | Path = ".") -> St
 
     Under `dvc repro` it first checks that `dvc.yaml` declares every file the stage uses.
     """
-    from pruneops.dvcfile import require_declared_deps
-
     with project_importable(root):
         configs = load_stage_configs(params_path, stage)
         declared = get_stage(stage)

@@ -250,7 +250,7 @@ class LatencyLoop:
         tried, first_readings = self._runoff(tried)
         # A plan the gate refused ships nothing pruned, whatever its own widths measured.
         within = [m for m in tried if self.fraction(m.gated) <= high and m.gated.decision is not GateDecision.REFUSED]
-        kept = max(within, key=lambda m: self.fraction(m.gated)) if within else min(tried, key=self._fraction_of)
+        kept = max(within, key=self._fraction_of) if within else min(tried, key=self._fraction_of)
         records = tuple(self._record(n, m, m is kept, first_readings.get(n)) for n, m in enumerate(tried, 1))
         warning = self._not_reached(kept, tried) if not within else self._under_band(kept, len(tried))
         if warning:
