@@ -22,7 +22,7 @@ export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow test-all install install-dev repo lint format clean help prefect-server deploy \
+.PHONY: run test test-slow test-all install install-dev repo lint format reference clean help prefect-server deploy \
 	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets
 
 help:
@@ -30,6 +30,7 @@ help:
 	@echo "make test   - install dev extras, then pytest without the slow group"
 	@echo "make test-slow - the slow group: full pipelines through DVC, bench, family runs, real assets"
 	@echo "make lint   - ruff check + format check"
+	@echo "make reference - regenerate docs/reference (params keys, CLI, metrics, stages) from the code"
 	@echo "make prefect-server - local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite under state/)"
 	@echo "make deploy - serve the pipeline, drift-check (cron) and re-prune (drift event) deployments"
 	@echo "make container-smoke - build both images (podman or docker), smoke-test serving and dvc repro in them"
@@ -74,6 +75,10 @@ test-slow: install-dev
 
 test-all: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The reference pages are generated from the code; tests/test_reference.py fails when one is stale.
+reference: install
+	$(BIN)/pruneops reference
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -155,6 +155,21 @@ def _dvc_yaml(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reference(args: argparse.Namespace) -> int:
+    from pruneops.reference import reference_pages, stale_pages, write_pages
+
+    out_dir = Path(args.root) / args.out
+    pages = reference_pages(build_parser())
+    if args.check:
+        stale = stale_pages(pages, out_dir)
+        for name in stale:
+            print(f"pruneops reference: {out_dir / name} is stale (run pruneops reference)", file=sys.stderr)
+        return 1 if stale else 0
+    for path in write_pages(pages, out_dir):
+        print(f"pruneops reference: wrote {path}")
+    return 0
+
+
 def _methods(_: argparse.Namespace) -> int:
     print(_list_registries())
     return 0
@@ -169,6 +184,7 @@ TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
     "publish": _publish,
     "rollback": _rollback,
     "dvc-yaml": _dvc_yaml,
+    "reference": _reference,
 }
 
 
@@ -210,6 +226,11 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--out-dir", default=None, help="write the report here instead of the config's out_dir")
     dvc = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage table (deps = what each stage imports)")
     dvc.add_argument("--check", action="store_true", help="only check dvc.yaml; exit 1 naming what is stale")
+    ref = sub.add_parser(
+        "reference", help="write the reference pages (params keys, CLI, metrics, stages) from the code"
+    )
+    ref.add_argument("--out", default="docs/reference", help="folder under --root (default: docs/reference)")
+    ref.add_argument("--check", action="store_true", help="only check the pages; exit 1 naming what is stale")
 
 
 def build_parser() -> argparse.ArgumentParser:
