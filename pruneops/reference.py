@@ -148,7 +148,8 @@ def _help(parser: argparse.ArgumentParser) -> str:
 def cli_page(parser: argparse.ArgumentParser) -> Page:
     """`pruneops --help` and each command's help, from the argument parser."""
     lines = [GENERATED, "", "# Command line", "", "```text", _help(parser), "```", ""]
-    for action in parser._subparsers._group_actions if parser._subparsers else ():  # noqa: SLF001
+    # argparse has no public way to list sub-commands: they are the choices of its subparsers action.
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
         for name, sub in action.choices.items():
             lines += [f"## `pruneops {name}`", "", "```text", _help(sub), "```", ""]
     return Page("cli.md", "\n".join(lines).rstrip() + "\n")
@@ -168,12 +169,14 @@ def metrics_page() -> Page:
         "| metric | type | labels | what it measures |",
         "|---|---|---|---|",
     ]
-    for collector in Metrics().registry._collector_to_names:  # noqa: SLF001
-        name = collector._name  # noqa: SLF001
-        kind = collector._type  # noqa: SLF001
+    # prometheus_client keeps a collector's name, type and labels as attributes of the collector
+    # (a registry's `collect()` gives no label names for a metric that has no sample yet).
+    for collector in Metrics().registry._collector_to_names:
+        name = collector._name
+        kind = collector._type
         suffix = "_total" if kind == "counter" else ""
-        labels = ", ".join(f"`{label}`" for label in collector._labelnames) or "-"  # noqa: SLF001
-        lines.append(f"| `{name}{suffix}` | {kind} | {labels} | {collector._documentation} |")  # noqa: SLF001
+        labels = ", ".join(f"`{label}`" for label in collector._labelnames) or "-"
+        lines.append(f"| `{name}{suffix}` | {kind} | {labels} | {collector._documentation} |")
     return Page("metrics.md", "\n".join(lines) + "\n")
 
 
