@@ -58,7 +58,7 @@ def _type_name(annotation: Any) -> str:
     if origin is typing.Literal:
         return " | ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in typing.get_args(annotation))
     if origin in (list, tuple, dict):
-        inner = ", ".join(_type_name(a) for a in typing.get_args(annotation) if a is not Ellipsis)
+        inner = ", ".join("..." if a is Ellipsis else _type_name(a) for a in typing.get_args(annotation))
         return f"{origin.__name__}[{inner}]"
     if annotation is type(None):
         return "null"

@@ -48,6 +48,7 @@ def main() -> None:
         "Reference pages generated from the code (`make reference`; a test fails when one is stale):",
         "[params.yaml keys](reference/params.md), [command line](reference/cli.md),",
         "[serving metrics](reference/metrics.md), [stages](reference/stages.md).",
+        "",
         "Every report of `pruneops bench` kept in this folder, newest first (written by",
         "`python scripts/index_reports.py`). Each report gives its command, machine, timing protocol and",
         "every row; the selected point is the fastest model whose *validation* drop is within the",
