@@ -32,7 +32,7 @@ def pruning_pipeline(overrides: dict[str, Any] | None = None, project_dir: str =
     """Runs validate -> ... -> benchmark through DVC and publishes a summary artifact.
 
     Args:
-        overrides: Dotted param keys and values (e.g. `{"prune.target_value": 0.7}`), validated
+        overrides: Dotted param keys and values (e.g. `{"prune.target.value": 0.7}`), validated
             before anything runs. With overrides the run is a DVC experiment in its own worktree
             (`pruneops.experiments`); `params.yaml` is never written.
         project_dir: The PruneOps project (where dvc.yaml lives).

@@ -4,7 +4,7 @@ Each stage depends on the files it really imports inside `pruneops` (the static 
 of its module and of the stage runner), on the outputs of its upstream stages, on every params key
 of its sections, and on the user's own files that params name: the data file (`validate.path`),
 the module of a model given as `package.module:factory`, its weights, and the model a latency
-target is relative to (`prune.target_reference`). `pruneops dvc-yaml` writes the file;
+target is relative to (`prune.target.reference`). `pruneops dvc-yaml` writes the file;
 `--check` (and each stage run under DVC) compares it with what the table and params require.
 """
 
@@ -133,8 +133,8 @@ def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
         files.append(_dep_path(root / configs["train"].init_weights, root))
     if stage.name == "train" and configs["train"].pretrained:
         files.append(_dep_path(root / configs["train"].pretrained, root))
-    if stage.name == "prune" and configs["prune"].target_reference:
-        files.append(_dep_path(root / configs["prune"].target_reference, root))
+    if stage.name == "prune" and configs["prune"].target and configs["prune"].target.reference:
+        files.append(_dep_path(root / configs["prune"].target.reference, root))
     if stage.builds_model and "train" in configs:
         module = model_module_file(configs["train"].model, root)
         if module is not None:
@@ -150,9 +150,27 @@ def stage_deps(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
     return deps + user_files(stage, configs, root)
 
 
-def stage_params(stage: Stage) -> list[str]:
-    """Every key of the stage's own section, then the keys it reads from other sections."""
-    return [f"{stage.name}.{key}" for key in stage.config.model_fields] + list(stage.reads)
+def stage_params(stage: Stage, configs: dict[str, StageConfig] | None = None) -> list[str]:
+    """Every key of the stage's own section, then the keys it reads from other sections.
+
+    A read key inside a block the params set to null (`prune.target.kind` without a target)
+    names the block instead: DVC refuses a params dependency that the file does not hold.
+    """
+    return [f"{stage.name}.{key}" for key in stage.config.model_fields] + [
+        _present(key, configs) for key in stage.reads
+    ]
+
+
+def _present(key: str, configs: dict[str, StageConfig] | None) -> str:
+    section, *path = key.split(".")
+    if configs is None or section not in configs:
+        return key
+    node: object = configs[section]
+    for depth, part in enumerate(path):
+        if node is None:
+            return ".".join([section, *path[:depth]])
+        node = getattr(node, part, None)
+    return key
 
 
 def render(root: Path, params_file: str | Path = "params.yaml") -> dict[str, Any]:
@@ -165,7 +183,7 @@ def render(root: Path, params_file: str | Path = "params.yaml") -> dict[str, Any
         entry: dict[str, Any] = {
             "cmd": f"pruneops {stage.name}" if default else f"pruneops --params {params_file} {stage.name}",
             "deps": stage_deps(stage, configs, Path(root)),
-            "params": stage_params(stage) if default else [{str(params_file): stage_params(stage)}],
+            "params": stage_params(stage, configs) if default else [{str(params_file): stage_params(stage, configs)}],
             "outs": [RELATIVE.stage_dir(stage.name).as_posix()],
             "metrics": [{RELATIVE.metrics(stage.name).as_posix(): {"cache": False}}],
         }
@@ -215,7 +233,9 @@ def stage_problems(stage: Stage, entry: dict | None, configs: dict[str, StageCon
         if not _covered(dep, declared)
     ]
     listed = _declared_params(entry)
-    problems += [f"stage {stage.name}: does not list param {key}" for key in stage_params(stage) if key not in listed]
+    problems += [
+        f"stage {stage.name}: does not list param {key}" for key in stage_params(stage, configs) if key not in listed
+    ]
     out = RELATIVE.stage_dir(stage.name).as_posix()
     if out not in entry.get("outs", []):
         problems.append(f"stage {stage.name}: does not declare its output {out}")

@@ -114,19 +114,27 @@ def project_lock(root: Path, holder: str) -> Iterator[None]:
 
 
 def apply_overrides(params: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `params` with dotted `section.key` overrides set, validated as a whole.
+    """A copy of `params` with dotted overrides set, validated as a whole.
+
+    A key is `section.key`, or deeper into a nested block (`prune.target.value`); a block that
+    is null or absent is created around the key.
 
     Raises:
         ConfigError: An override names no key, or makes the params invalid.
     """
     out = copy.deepcopy(params)
     for key, value in overrides.items():
-        section, _, leaf = key.partition(".")
-        if not leaf or "." in leaf:
+        section, *path = key.split(".")
+        if not path or not all(path):
             raise ConfigError(f"override {key!r}: expected section.key")
-        if not isinstance(out.get(section, {}), dict):
-            raise ConfigError(f"override {key!r}: section {section!r} is not a mapping")
-        out.setdefault(section, {})[leaf] = value
+        node = out
+        for depth, part in enumerate([section, *path[:-1]]):
+            if node.get(part) is None:
+                node[part] = {}
+            if not isinstance(node[part], dict):
+                raise ConfigError(f"override {key!r}: {'.'.join([section, *path][: depth + 1])} is not a mapping")
+            node = node[part]
+        node[path[-1]] = value
     load_configs(out)
     return out
 

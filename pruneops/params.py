@@ -94,6 +94,8 @@ def _describe(section: str, error: dict[str, Any], cls: type[StageConfig]) -> st
     msg = error["msg"].replace("Input should be", "must be").replace("Value error, ", "")
     if not loc:  # a check across keys: its message starts with the key it is about
         return f"{section}.{msg}"
+    if error["type"] == "value_error" and isinstance(error.get("input"), dict):  # across a nested block's keys
+        return f"{key}.{msg}"
     return f"{key}: {msg} (got {error.get('input')!r})"
 
 

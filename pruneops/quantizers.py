@@ -132,7 +132,7 @@ def quantized_copy(src: Path, dst: Path, method: str, calib: np.ndarray | dict[s
     """`src` in the form `method` (a quantizer's name) at `dst`, with the stage's default settings.
 
     What the latency model and the prune stage's gate time when they measure a form other than
-    fp32 (`prune.latency_form`): the graph the quantize stage would make, not its accuracy.
+    fp32 (`prune.target.form`): the graph the quantize stage would make, not its accuracy.
     """
     if method == "fp32":
         shutil.copyfile(src, dst)

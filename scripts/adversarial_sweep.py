@@ -109,7 +109,7 @@ PARAM_CASES: list[tuple[str, str, Callable[[dict], object]]] = [
     ("export.parity_atol inf", "validate", lambda p: p["export"].update(parity_atol=float("inf"))),
     ("quantize.method unknown", "validate", lambda p: p["quantize"].update(method="fp4")),
     ("prune.scope for channel", "validate", lambda p: p["prune"].update(scope="layer")),
-    ("prune.target_value 1e400", "validate", lambda p: p["prune"].update(target_value=1e400)),
+    ("prune.target.value 1e400", "validate", lambda p: p["prune"].update(target_value=1e400)),
     (
         "prune.importance taylor on magnitude",
         "validate",

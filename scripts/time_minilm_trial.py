@@ -1,6 +1,6 @@
-"""Estimates what one plan trial (`prune.plan_trials`) costs on MiniLM-L6 on this machine.
+"""Estimates what one plan trial (`prune.trials.count`) costs on MiniLM-L6 on this machine.
 
-A trial trains one pass over `prune.trial_samples` (3,200) training samples and scores the
+A trial trains one pass over `prune.trials.samples` (3,200) training samples and scores the
 validation set. This times the dense encoder's training step (batch 32, AdamW) and its forward
 pass per sample at two token lengths, and scales them: an upper bound per plan, since a
 shortlisted plan is pruned (fewer heads and FFN channels run faster). Needs `make text-assets`.
@@ -23,7 +23,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="state/assets/all-minilm-l6-v2")
     parser.add_argument("--val", type=int, default=1275, help="validation samples per trial (text workload ~1,275)")
-    parser.add_argument("--samples", type=int, default=3200, help="prune.trial_samples")
+    parser.add_argument("--samples", type=int, default=3200, help="prune.trials.samples")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -21,10 +21,8 @@ TINY_OVERRIDES = {
     "prune": {
         "steps": 2,
         "epochs_per_step": 2,
-        "target": "ratio",
-        "target_value": 0.5,
-        "target_batch": None,
-        "min_speedup": None,
+        "target": {"kind": "ratio", "value": 0.5},
+        "gate": {"min_speedup": None},
     },
     "finetune": {"epochs": 4, "patience": 2},
     "quantize": {"latency_repeats": 20, "calibration_samples": 64},
@@ -37,18 +35,14 @@ def prune_section(method: str, target: float | None = None, **extra) -> dict:
     """The `prune` keys that method takes (a key a method does not take is refused at load)."""
     section: dict = {
         "method": method,
-        "target": "ratio",
-        "target_value": target,
-        "target_batch": None,
+        "target": {"kind": "ratio", "value": 0.5 if target is None else target},
         "importance": "l2",
         "scope": None,
     }
     if method == "semi_structured":
-        section.update(target=None, target_value=None, importance=None)
+        section.update(target=None, importance=None)
     elif method == "movement":
         section.update(importance=None)
-    if section["target_value"] is None and section["target"] is not None:
-        section["target_value"] = 0.5
     return {**section, **extra}
 
 

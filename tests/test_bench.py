@@ -32,7 +32,7 @@ BENCH = {
                     "set": {
                         "prune.method": "magnitude",
                         "prune.scope": "global",
-                        "prune.target_value": 0.9,
+                        "prune.target.value": 0.9,
                         "prune.use_sensitivity": False,
                         "prune.schedule": "oneshot",
                         "prune.steps": 1,
@@ -45,7 +45,7 @@ BENCH = {
                     "name": "tp75",
                     "family": "torch_pruning",
                     "set": {
-                        "prune.target_value": 0.75,
+                        "prune.target.value": 0.75,
                         "prune.use_sensitivity": False,
                         "prune.schedule": "oneshot",
                         "prune.steps": 1,
@@ -69,7 +69,7 @@ BENCH = {
                     },
                 },
                 # Out of reach with units capped at half: reported, and the others still measured.
-                {"name": "unreachable", "set": {"prune.target_value": 0.95, "prune.max_unit_ratio": 0.5}},
+                {"name": "unreachable", "set": {"prune.target.value": 0.95, "prune.max_unit_ratio": 0.5}},
             ],
         }
     ],
@@ -187,7 +187,7 @@ def test_budget_search_skips_ratios_out_of_the_sweeps_reach():
     found = ratio_for_budget(size_at, budget=100, iterations=20)
     assert 0.68 <= found <= 0.69  # 1000 * (1 - t)^2 <= 100  <=>  t >= 0.684
     assert ratio_for_budget(size_at, budget=1000) == 0.0
-    with pytest.raises(ConfigError, match="prune.target_value: 10 is out of reach"):
+    with pytest.raises(ConfigError, match="prune.target.value: 10 is out of reach"):
         ratio_for_budget(size_at, budget=10)
 
 

@@ -68,16 +68,16 @@ def test_matching_a_latency_keeps_the_form_it_was_timed_in():
 
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 4.0}, "latency_form": "static"}}}
     plain = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done)
-    assert plain["prune.target_value"] == pytest.approx(0.25)
-    assert plain["prune.latency_form"] == "static"
-    asked = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "fp32"})
+    assert plain["prune.target.value"] == pytest.approx(0.25)
+    assert plain["prune.target.form"] == "static"
+    asked = VariantConfig(name="ours", match_latency_of="tp", set={"prune.target.form": "fp32"})
     with pytest.raises(ConfigError, match="cannot match the latency of 'tp', timed in static"):
         variant_overrides(asked, done)
-    auto = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "auto"})
+    auto = VariantConfig(name="ours", match_latency_of="tp", set={"prune.target.form": "auto"})
     with pytest.raises(ConfigError, match="ours: a latency match is timed in one form; .* not auto"):
         variant_overrides(auto, done)
     fp32 = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}  # a report from before the field
-    assert "prune.latency_form" not in variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), fp32)
+    assert "prune.target.form" not in variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), fp32)
 
 
 def _export_dir(directory, models: dict, key: str | None = None, quantizer: str | None = None):
@@ -120,6 +120,7 @@ def test_a_latency_match_times_the_other_rows_export_in_every_gate_reading(tmp_p
     from pruneops.bench.run import reference_to_match, variant_overrides
     from pruneops.bench.workloads import VariantConfig
     from pruneops.config import PruneConfig
+    from pruneops.experiments import apply_overrides
     from pruneops.params import parse_section
 
     tp = _export_dir(tmp_path / "tp", _mlp(64), "pruned_fp32")
@@ -130,10 +131,10 @@ def test_a_latency_match_times_the_other_rows_export_in_every_gate_reading(tmp_p
     assert reference == (tp / "artifacts/export/pruned_fp32.onnx").resolve() and reference.is_file()
     assert lines == ["ours: matching tp's batch-1 latency, its fp32 export timed in every gate reading"]
     overrides = variant_overrides(ours, done, reference)
-    assert overrides["prune.target"] == "latency_ratio" and overrides["prune.target_value"] == 1.0
-    assert overrides["prune.target_reference"] == str(reference)
-    prune = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("prune.")}
-    parse_section("prune", prune, PruneConfig)  # valid params as the stage will load them
+    assert overrides["prune.target.kind"] == "latency_ratio" and overrides["prune.target.value"] == 1.0
+    assert overrides["prune.target.reference"] == str(reference)
+    params = apply_overrides({"prune": {}}, {k: v for k, v in overrides.items() if k.startswith("prune.")})
+    parse_section("prune", params["prune"], PruneConfig)  # valid params as the stage will load them
     # A variant matching nothing has no reference.
     assert reference_to_match(VariantConfig(name="plain"), {"tp": tp}, done, lines.append) is None
 
@@ -147,14 +148,14 @@ def test_a_latency_match_in_an_int8_form_is_timed_against_the_deployed_export(tm
 
     tp = _export_dir(tmp_path / "tp", {"pruned_fp32": _mlp(1024), "pruned_deployed": _mlp(64)}, quantizer="static")
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}
-    ours = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "static"})
+    ours = VariantConfig(name="ours", match_latency_of="tp", set={"prune.target.form": "static"})
     reference = reference_to_match(ours, {"tp": tp}, done, lambda line: None)
     assert reference == timed_file(tp, "static", dense=False).resolve()
     assert reference.name == "pruned_deployed.onnx"
     overrides = variant_overrides(ours, done, reference)
-    assert overrides["prune.latency_form"] == "static" and overrides["prune.target_reference"] == str(reference)
+    assert overrides["prune.target.form"] == "static" and overrides["prune.target.reference"] == str(reference)
     # Deployed in another form than the one asked: no file to time, so the stage's reading, in fp32: refused.
-    dynamic = VariantConfig(name="ours", match_latency_of="tp", set={"prune.latency_form": "dynamic"})
+    dynamic = VariantConfig(name="ours", match_latency_of="tp", set={"prune.target.form": "dynamic"})
     lines = []
     assert reference_to_match(dynamic, {"tp": tp}, done, lines.append) is None
     assert lines == ["ours: matching tp's latency as its prune stage measured it (not deployed in dynamic)"]

@@ -60,11 +60,11 @@ def test_methods_lists_registries(capsys):
 
 
 def test_bad_param_exits_2_with_one_line_and_writes_nothing(tmp_path):
-    write_params(tmp_path, tiny_params(prune={"target_value": 1.5}))
+    write_params(tmp_path, tiny_params(prune={"target": {"kind": "ratio", "value": 1.5}}))
     result = _run(tmp_path, "prune")
     assert result.returncode == 2
     assert _error_lines(result.stderr) == [
-        "pruneops prune: error: prune.target_value: a ratio must be less than 1 (got 1.5)"
+        "pruneops prune: error: prune.target.value: a ratio must be less than 1 (got 1.5)"
     ]
     assert not (tmp_path / "artifacts").exists() and not (tmp_path / "metrics").exists()
 

@@ -8,7 +8,12 @@ from pruneops.params import parse_section, read_params
 from pruneops.stages import SECTIONS, STAGES, check_sections, load_configs
 from tests.conftest import ROOT
 
-RATIO = {"target": "ratio", "target_value": 0.5, "target_batch": None}
+RATIO = {"target": {"kind": "ratio", "value": 0.5}}
+
+
+def latency(**target) -> dict:
+    """A `prune` section whose latency target has these keys over the default's."""
+    return {"target": {"kind": "latency_ratio", "value": 0.5, **target}}
 
 
 def test_project_params_are_valid_for_every_section():
@@ -20,24 +25,50 @@ def test_params_yaml_lists_every_key_of_each_stage():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for stage in STAGES:
         assert set(params[stage.name]) == set(stage.config.model_fields), stage.name
+    prune = params["prune"]
+    for block in ("target", "gate", "trials", "distillation"):
+        nested = PruneConfig.model_fields[block].annotation
+        nested = next(a for a in getattr(nested, "__args__", (nested,)) if a is not type(None))
+        assert set(prune[block]) == set(nested.model_fields), block
+
+
+@pytest.mark.parametrize(
+    ("raw", "line"),
+    [
+        (
+            {"target_value": 0.4},
+            "prune.target_value: moved to prune.target.value (the section nests target, gate, trials, distillation)",
+        ),
+        ({"min_speedup": 1.1}, "prune.min_speedup: moved to prune.gate.min_speedup"),
+        ({"plan_trials": 2}, "prune.plan_trials: moved to prune.trials.count"),
+        ({"hidden_distill_weight": 1.0}, "prune.hidden_distill_weight: moved to prune.distillation.hidden_weight"),
+        ({"target": "macs"}, "prune.target: a block now, e.g. target: {kind: macs, value: 0.5}"),
+    ],
+)
+def test_a_key_of_the_flat_prune_section_says_where_it_moved_in_one_line(raw, line):
+    with pytest.raises(ConfigError) as exc:
+        parse_section("prune", raw, PruneConfig)
+    assert str(exc.value).startswith(line) and "\n" not in str(exc.value) and exc.value.exit_code == 2
 
 
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
-        ({"target_value": 1.0}, "prune.target_value: a ratio must be less than 1 (got 1.0)"),
-        ({**RATIO, "target_value": 1.0}, "prune.target_value: a ratio must be less than 1 (got 1.0)"),
-        ({"target_value": -0.1}, "prune.target_value: must be greater than or equal to 0"),
-        ({"target_value": "half"}, "prune.target_value: must be a valid number"),
+        (latency(value=1.0), "prune.target.value: a ratio must be less than 1 (got 1.0)"),
+        ({"target": {"kind": "ratio", "value": 1.0}}, "prune.target.value: a ratio must be less than 1 (got 1.0)"),
+        (latency(value=-0.1), "prune.target.value: must be greater than or equal to 0"),
+        (latency(value="half"), "prune.target.value: must be a valid number"),
         ({"steps": 0}, "prune.steps: must be greater than or equal to 1"),
-        ({"trget_value": 0.5}, "prune.trget_value: unknown key; allowed keys: method, target, target_value"),
+        ({"trget": 0.5}, "prune.trget: unknown key; allowed keys: method, target, gate, trials, distillation"),
+        (latency(vaule=0.5), "prune.target.vaule: unknown key; allowed keys: kind, value, batch, reference, form"),
         ({"schedule": "exp"}, "prune.schedule: unknown pruning schedule 'exp'; choose from: cubic, linear, oneshot"),
         ({"method": "chanel"}, "prune.method: unknown pruning method 'chanel'; choose from: channel, fisher, head"),
         ({"importance": "l3"}, "prune.importance: unknown importance criterion 'l3'"),
-        ({"target_value": None}, "prune.target_value: set together with prune.target"),
+        (latency(value=None), "prune.target.value: must be a valid number"),
+        ({"target": {"kind": "latency_ratio"}}, "prune.target.value: Field required"),
         (
-            {"target": "macs", "target_value": 1e6, "method": "magnitude"},
-            "prune.target: macs targets need a structured",
+            {"target": {"kind": "macs", "value": 1e6}, "method": "magnitude"},
+            "prune.target.kind: macs targets need a structured",
         ),
     ],
 )
@@ -52,7 +83,7 @@ def test_bad_values_give_one_line_naming_key_and_allowed(raw, fragment):
 
 SCOPE = "prune.scope: does not apply to method 'channel' (it applies to: magnitude, movement)"
 ROUND = "prune.round_to: does not apply to method 'magnitude' (it applies to: channel, fisher, head)"
-NO_TARGET = {"target": None, "target_value": None, "target_batch": None}
+NO_TARGET = {"target": None}
 
 
 @pytest.mark.parametrize(
@@ -62,18 +93,24 @@ NO_TARGET = {"target": None, "target_value": None, "target_batch": None}
         ({**RATIO, "method": "magnitude", "round_to": 8}, ROUND),
         ({**RATIO, "method": "semi_structured", "importance": None}, "prune.target: does not apply to method"),
         ({**NO_TARGET, "method": "semi_structured"}, "prune.importance: does not apply"),
-        ({**RATIO, "method": "movement", "target_value": 0.8}, "prune.importance: does not apply to method 'movement'"),
+        (
+            {"target": {"kind": "ratio", "value": 0.8}, "method": "movement"},
+            "prune.importance: does not apply to method 'movement'",
+        ),
         (
             {**RATIO, "method": "magnitude", "importance": "taylor"},
             "prune.importance: method 'magnitude' ranks weights",
         ),
         ({"method": "channel", "importance": None}, "prune.importance: required by method 'channel'"),
-        ({"method": "magnitude", "importance": "l2"}, "prune.target: latency_ratio targets need a structured method"),
-        ({"target": "latency_ms", "target_value": 1.0, "target_batch": None}, "prune.target_batch: required by target"),
-        ({**RATIO, "target_batch": 1}, "prune.target_batch: applies to latency targets only"),
-        ({"target_value": 0.0}, "prune.target_value: a latency ratio must be more than 0"),
-        ({**RATIO, "plan_trials": 4}, "prune.plan_trials: ranks latency plans only (target is 'ratio'); set null"),
-        ({"plan_trials": 0}, "prune.plan_trials: must be greater than or equal to 1"),
+        (
+            {"method": "magnitude", "importance": "l2"},
+            "prune.target.kind: latency_ratio targets need a structured method",
+        ),
+        (latency(kind="latency_ms", batch=None), "prune.target.batch: required by kind 'latency_ms'"),
+        ({"target": {"kind": "ratio", "value": 0.5, "batch": 1}}, "prune.target.batch: applies to latency kinds only"),
+        (latency(value=0.0), "prune.target.value: a latency ratio must be more than 0"),
+        ({**RATIO, "trials": {"count": 4}}, "prune.trials.count: ranks latency plans only (target kind is 'ratio')"),
+        ({"trials": {"count": 0}}, "prune.trials.count: must be greater than or equal to 1"),
     ],
 )
 def test_keys_that_do_not_apply_to_the_method_are_refused_at_load(raw, fragment):
@@ -82,21 +119,24 @@ def test_keys_that_do_not_apply_to_the_method_are_refused_at_load(raw, fragment)
     assert fragment in str(exc.value) and exc.value.exit_code == 2
 
 
-REFERENCE = {"target_reference": "served/model.onnx"}
+REFERENCE = latency(reference="served/model.onnx")
 
 
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
-        ({**RATIO, **REFERENCE}, "prune.target_reference: applies to target latency_ratio only (target is 'ratio')"),
-        ({"target_reference": "served/model.pt"}, "prune.target_reference: an ONNX model file (.onnx)"),
         (
-            {**REFERENCE, "target_value": 4.5},
-            "prune.target_value: a ratio of the reference's latency must be in (0, 4]",
+            {"target": {"kind": "ratio", "value": 0.5, "reference": "served/model.onnx"}},
+            "prune.target.reference: applies to kind latency_ratio only (kind is 'ratio')",
+        ),
+        (latency(reference="served/model.pt"), "prune.target.reference: an ONNX model file (.onnx)"),
+        (
+            latency(reference="served/model.onnx", value=4.5),
+            "prune.target.value: a ratio of the reference's latency must be in (0, 4]",
         ),
         (
-            {**REFERENCE, "target_value": 0.0},
-            "prune.target_value: a ratio of the reference's latency must be in (0, 4]",
+            latency(reference="served/model.onnx", value=0.0),
+            "prune.target.value: a ratio of the reference's latency must be in (0, 4]",
         ),
     ],
 )
@@ -109,30 +149,30 @@ def test_a_latency_target_relative_to_a_reference_model_is_checked_at_load(raw, 
 def test_a_reference_model_may_be_matched_or_beaten_by_any_ratio_up_to_the_bound():
     """1.0 (as fast as the reference) and more are ratios of the reference, not of dense."""
     for value in (0.5, 1.0, 2.0):
-        parse_section("prune", {**REFERENCE, "target_value": value}, PruneConfig)
+        parse_section("prune", latency(reference="served/model.onnx", value=value), PruneConfig)
     with pytest.raises(ConfigError, match="a ratio must be less than 1"):
-        parse_section("prune", {"target_value": 1.0}, PruneConfig)
+        parse_section("prune", latency(value=1.0), PruneConfig)
 
 
 def test_the_reference_is_read_as_a_path_only_when_set():
-    assert parse_section("prune", REFERENCE, PruneConfig).reference_file == Path("served/model.onnx")
-    assert parse_section("prune", {}, PruneConfig).reference_file is None
+    assert parse_section("prune", REFERENCE, PruneConfig).target.reference_file == Path("served/model.onnx")
+    assert parse_section("prune", {}, PruneConfig).target.reference_file is None
 
 
 def test_plan_trials_default_to_four_for_latency_targets_and_none_otherwise():
     assert parse_section("prune", {}, PruneConfig).trial_count == 4
-    assert parse_section("prune", {"plan_trials": 1}, PruneConfig).trial_count == 1
+    assert parse_section("prune", {"trials": {"count": 1}}, PruneConfig).trial_count == 1
     assert parse_section("prune", RATIO, PruneConfig).trial_count == 1
 
 
 def test_every_method_accepts_exactly_its_own_keys():
     for raw in (
-        {"method": "semi_structured", "target": None, "target_value": None, "target_batch": None, "importance": None},
+        {"method": "semi_structured", "target": None, "importance": None},
         {**RATIO, "method": "movement", "importance": None, "scope": "layer"},
         {**RATIO, "method": "magnitude", "importance": "l1", "scope": "global"},
         {"method": "head", "round_to": 8, "importance": "taylor"},
-        {"method": "channel", "target": "macs", "target_value": 1e6, "target_batch": None},
-        {"method": "channel", "target": "latency_ms", "target_value": 0.05, "target_batch": 64},
+        {"method": "channel", "target": {"kind": "macs", "value": 1e6}},
+        {"method": "channel", **latency(kind="latency_ms", value=0.05, batch=64)},
     ):
         parse_section("prune", raw, PruneConfig)
 
@@ -204,9 +244,9 @@ def test_a_teacher_on_onnx_runtime_cannot_give_block_outputs():
 
 def test_a_latency_target_batch_must_be_one_the_latency_table_measures():
     params = read_params(ROOT / "params.yaml")
-    params["prune"].update({"target": "latency_ratio", "target_value": 0.5, "target_batch": 32})
+    params["prune"]["target"] = {"kind": "latency_ratio", "value": 0.5, "batch": 32}
     params["benchmark"]["batch_sizes"] = [1, 64]
-    with pytest.raises(ConfigError, match=r"prune.target_batch: 32 is not a batch .* add it to benchmark.batch_sizes"):
+    with pytest.raises(ConfigError, match=r"prune.target.batch: 32 is not a batch .* add it to benchmark.batch_sizes"):
         load_configs(params)
     params["benchmark"]["batch_sizes"] = [1, 32]
-    assert load_configs(params)["prune"].target_batch == 32
+    assert load_configs(params)["prune"].target.batch == 32

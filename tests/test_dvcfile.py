@@ -79,13 +79,13 @@ def test_a_latency_reference_model_is_a_dependency_of_the_prune_stage_alone(tmp_
     reference = tmp_path / "served" / "model.onnx"
     reference.parent.mkdir()
     reference.write_bytes(b"")
-    latency = {"target": "latency_ratio", "target_value": 1.0, "target_batch": 1}
-    write_params(tmp_path, tiny_params(prune={**latency, "target_reference": "served/model.onnx"}))
+    latency = {"kind": "latency_ratio", "value": 1.0}
+    write_params(tmp_path, tiny_params(prune={"target": {**latency, "reference": "served/model.onnx"}}))
     stages = render(tmp_path)["stages"]
     assert [name for name, entry in stages.items() if "served/model.onnx" in entry["deps"]] == ["prune"]
     # Outside the project (a bench variant matching another's export): an absolute path DVC tracks.
     outside = tmp_path.parent / f"{tmp_path.name}-elsewhere.onnx"
-    write_params(tmp_path, tiny_params(prune={**latency, "target_reference": str(outside)}))
+    write_params(tmp_path, tiny_params(prune={"target": {**latency, "reference": str(outside)}}))
     assert str(outside) in render(tmp_path)["stages"]["prune"]["deps"]
 
 
@@ -123,3 +123,16 @@ def test_editing_the_user_model_or_pruneops_code_makes_dvc_status_show_the_stage
     (root / "usermodels_c.py").write_text(USER_MODEL + "\n# a comment changes the file\n")
     status = sh(dvc, "status")
     assert "train:" in status and "usermodels_c.py" in status
+
+
+def test_a_read_key_inside_a_null_block_names_the_block(tmp_path):
+    """semi_structured takes no target: the latency and quantize stages then read `prune.target` itself."""
+    from tests.conftest import prune_section
+
+    write_params(tmp_path, tiny_params())
+    stages = render(tmp_path)["stages"]
+    assert {"prune.target.kind", "prune.target.form"} <= set(stages["latency"]["params"])
+    write_params(tmp_path, tiny_params(prune=prune_section("semi_structured")))
+    stages = render(tmp_path)["stages"]
+    assert "prune.target" in stages["latency"]["params"] and "prune.target.kind" not in stages["latency"]["params"]
+    assert "prune.target" in stages["quantize"]["params"]

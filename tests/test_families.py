@@ -145,7 +145,7 @@ def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower_or_p
     params = yaml.safe_load((pipeline_dir / "params.yaml").read_text())
     params["quantize"]["method"] = "dynamic"
     # As if the widths had been planned for a latency timed in fp32 (the default form).
-    params["prune"].update(target="latency_ratio", target_value=0.5, target_batch=1, latency_form="fp32")
+    params["prune"]["target"] = {"kind": "latency_ratio", "value": 0.5, "form": "fp32"}
     write_params(tmp_path, params)
     factors = {"dynamic": {1: 0.5, 8: 1.25}}
     monkeypatch.setattr(benchmark, "measure_latencies", _scaled_latencies(benchmark.measure_latencies, factors))
@@ -156,17 +156,17 @@ def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower_or_p
         _planned_in_fp32("dynamic"),
     )
     # Planned in the form that ships: nothing to say about the form.
-    params["prune"]["latency_form"] = "dynamic"
+    params["prune"]["target"]["form"] = "dynamic"
     write_params(tmp_path, params)
     report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
     assert report.warnings == ("quantize.method=dynamic measured slower than fp32 at b8 1.250x",)
     # With auto, the form the prune stage kept (recorded with its allocation) is the one compared.
-    params["prune"]["latency_form"] = "auto"
+    params["prune"]["target"]["form"] = "auto"
     write_params(tmp_path, params)
     assert read_json(tmp_path / "artifacts/prune/allocation.json")["latency_form"] == "fp32"
     report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
     assert report.warnings[1] == (
-        "prune.latency_form=auto: the latency_ratio target was planned in fp32 and dynamic ships, so it holds for "
+        "prune.target.form=auto: the latency_ratio target was planned in fp32 and dynamic ships, so it holds for "
         "the fp32 model, not necessarily for the deployed one; auto kept the fp32 plan before fine-tuning, and "
         "dynamic measured faster here within tolerance"
     )
@@ -174,9 +174,9 @@ def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower_or_p
 
 def _planned_in_fp32(ships: str) -> str:
     return (
-        f"prune.latency_form=fp32: the latency_ratio target was planned in fp32 and {ships} ships, so it holds for "
+        f"prune.target.form=fp32: the latency_ratio target was planned in fp32 and {ships} ships, so it holds for "
         "the fp32 model, not necessarily for the deployed one; compare this run's benchmark with "
-        f"`dvc exp run -S prune.latency_form={ships}` (or auto)"
+        f"`dvc exp run -S prune.target.form={ships}` (or auto)"
     )
 
 

@@ -349,7 +349,12 @@ def test_a_mac_target_is_not_widened_past_its_budget_by_rounded_widths_that_run_
     budget = 0.4 * read_json(pipeline_dir / "metrics/train.json")["macs"]
     # The rounded-up widths run faster than the planned ones at both batch sizes: free, in milliseconds.
     monkeypatch.setattr(targets_module, "measured_latency", _fake_times({"plan0": (0.5, 0.6), "plan1": (0.45, 0.55)}))
-    prune = {"target": "macs", "target_value": budget, "min_speedup": 1.05, "schedule": "oneshot", "steps": 1}
+    prune = {
+        "target": {"kind": "macs", "value": budget},
+        "gate": {"min_speedup": 1.05},
+        "schedule": "oneshot",
+        "steps": 1,
+    }
     run_stage("prune", write_params(tmp_path, tiny_params(prune=prune | {"epochs_per_step": 0})), tmp_path)
     report = read_json(tmp_path / "metrics/prune.json")
     assert report["gate"] == "passed" and report["macs"] <= budget, (report["gate"], report["macs"], budget)
@@ -377,8 +382,7 @@ def test_the_prune_stage_lets_the_gate_widen_for_latency_targets_only(monkeypatc
 
     monkeypatch.setattr(targets_module, "gate", gate)
     model = create_model(ModelSpec("cnn", SHAPE, 10, {"widths": [32, 64]})).eval()
-    batch = {"target_batch": 1 if target.startswith("latency") else None}
-    config = PruneConfig(target=target, target_value=value, **batch)
+    config = PruneConfig(target={"kind": target, "value": value})
     loop_module.gate_plan(config, BenchmarkConfig(batch_sizes=[1]), model, torch.zeros(1, *SHAPE), SHAPE, Plan(0.3))
     assert seen == [widen]
 
@@ -502,15 +506,15 @@ def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_p
     assert LatencyModel.from_json(saved, latency.table).form == "static"
     _save_tables(tmp_path, latency)
     sweep = _sweep(sizes, lambda n: [0.0, 0.01, 0.02])
-    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.8)
-    with pytest.raises(ConfigError, match=r"latency_form: fp32, but the latency table was timed in static; rerun"):
+    config = PruneConfig(target={"kind": "latency_ratio", "value": 0.5}, max_unit_ratio=0.8)
+    with pytest.raises(ConfigError, match=r"prune.target.form: fp32, but the latency table was timed in static; rerun"):
         plan_latency(config, sweep, tmp_path, 1)
-    planned = plan_latency(config.model_copy(update={"latency_form": "static"}), sweep, tmp_path, 1)
+    planned = plan_latency(config.with_target(form="static"), sweep, tmp_path, 1)
     assert planned.predicted_ms <= 0.5 * planned.dense_predicted_ms * 1.001
 
 
 def test_a_latency_plan_is_the_one_the_trials_choose_from_the_shortlist(synthetic, tmp_path):
-    from pruneops.config import PruneConfig
+    from pruneops.config import PruneConfig, TrialsConfig
     from pruneops.planning.targets import plan_latency
 
     latency, sizes = synthetic
@@ -519,7 +523,7 @@ def test_a_latency_plan_is_the_one_the_trials_choose_from_the_shortlist(syntheti
     ratios = [0.25, 0.5, 0.75, 0.875, 0.9375]
     units = {n: {"ratios": ratios, "accuracy_drop": CNN_SWEEP[n], "size": s} for n, s in sizes.items()}
     sweep = {"units": units, "weights": dict.fromkeys(sizes, 1.0)}
-    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.94)
+    config = PruneConfig(target={"kind": "latency_ratio", "value": 0.5}, max_unit_ratio=0.94)
     offered = []
 
     def last(options):
@@ -533,7 +537,7 @@ def test_a_latency_plan_is_the_one_the_trials_choose_from_the_shortlist(syntheti
     assert tried.ratios == options[-1].ratios != untried.ratios
     assert (tried.predicted_ms, tried.summed_drop) == (options[-1].predicted_ms, options[-1].summed_isolated_drop)
     # One plan asked for: nothing to choose between, no trial.
-    plan_latency(config.model_copy(update={"plan_trials": 1}), sweep, tmp_path, 1, choose=last)
+    plan_latency(config.model_copy(update={"trials": TrialsConfig(count=1)}), sweep, tmp_path, 1, choose=last)
     assert len(offered) == 1
 
 
@@ -541,7 +545,7 @@ def test_a_latency_plan_is_the_one_the_trials_choose_from_the_shortlist(syntheti
 def test_auto_plans_a_latency_ratio_of_dense_fp32_in_every_form_and_keeps_the_cheapest(
     synthetic, tmp_path, int8_speed, kept
 ):
-    """`prune.latency_form: auto`: the same milliseconds need fewer cuts where INT8 is faster dense.
+    """`prune.target.form: auto`: the same milliseconds need fewer cuts where INT8 is faster dense.
 
     Static INT8 runs the dense model `int8_speed` times faster than fp32: asked for half of dense
     fp32, it needs no cut at 2x (so the plan is only as deep as the gate's 1.05x asks of any pruned
@@ -558,24 +562,24 @@ def test_auto_plans_a_latency_ratio_of_dense_fp32_in_every_form_and_keeps_the_ch
     static.form, static.calibration[1] = "static", (0.0, 1.0 / int8_speed)
     _save_tables(tmp_path, latency, static)
     sweep = _sweep(sizes, lambda n: [0.0, 0.01, 0.05])
-    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, latency_form="auto")
+    config = PruneConfig(target={"kind": "latency_ratio", "value": 0.5, "form": "auto"})
     chosen, choices = choose_latency_form(config, sweep, tmp_path, 1)
     by_form = {c["form"]: c for c in choices}
     assert chosen.latency_form == kept and [c["form"] for c in choices if c["chosen"]] == [kept]
-    fp32 = plan_latency(config.model_copy(update={"latency_form": "fp32"}), sweep, tmp_path, 1)
+    fp32 = plan_latency(config.with_target(form="fp32"), sweep, tmp_path, 1)
     assert by_form["fp32"]["target_value"] == 0.5 and by_form["fp32"]["summed_drop"] == fp32.summed_drop
     # The same milliseconds in each form (up to the gate's floor): half of dense fp32.
     expected = min(0.5 * int8_speed, 1 / 1.05)
-    assert by_form["static"]["target_value"] == pytest.approx(expected) and chosen.target_value == pytest.approx(
+    assert by_form["static"]["target_value"] == pytest.approx(expected) and chosen.target.value == pytest.approx(
         by_form[kept]["target_value"]
     )
     assert by_form["static"]["target_ms"] == pytest.approx(expected * latency.predict({}, 1) / int8_speed)
     other = by_form["fp32" if kept == "static" else "static"]
     assert by_form[kept]["summed_drop"] < other["summed_drop"]
     # A target in milliseconds is the same in every form.
-    in_ms = config.model_copy(update={"target": "latency_ms", "target_value": 0.6 * latency.predict({}, 1)})
+    in_ms = config.with_target(kind="latency_ms", value=0.6 * latency.predict({}, 1))
     _, choices = choose_latency_form(in_ms, sweep, tmp_path, 1)
-    assert {c["target_value"] for c in choices} == {in_ms.target_value}
+    assert {c["target_value"] for c in choices} == {in_ms.target.value}
 
 
 def test_a_form_is_screened_out_only_where_it_is_slower_than_fp32_everywhere_by_the_margin():
@@ -680,7 +684,7 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
             **{p: real(w) for p, w in plans.items()},
         },
     )
-    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1, max_unit_ratio=0.8)
+    config = PruneConfig(target={"kind": "latency_ratio", "value": 0.5}, max_unit_ratio=0.8)
     benchmark = BenchmarkConfig(batch_sizes=[1])
     first = plan_latency(config, sweep, layout.stage_dir("latency"), 1)
     first_error = abs(
@@ -692,7 +696,7 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     )
     assert first_error > 0.15  # the case the loop is for
 
-    loop = loop_module.LatencyLoop(config, config.target_value, benchmark, sweep, layout, model, example, SHAPE)
+    loop = loop_module.LatencyLoop(config, config.target.value, benchmark, sweep, layout, model, example, SHAPE)
     target, gated, plans = _unpacked(loop.run(first, measured_gate(config, benchmark, None, None, None, first)))
     measured = gated.measured_ms["1"]
     low, high = loop_module.LATENCY_BAND
@@ -945,7 +949,7 @@ def _one_unit_loop(monkeypatch, tmp_path, staircase, gate):
 
     monkeypatch.setattr(targets, "plan_latency", staircase)
     monkeypatch.setattr(loop_module, "gate_plan", gate)
-    config = PruneConfig(target="latency_ratio", target_value=0.5, target_batch=1)
+    config = PruneConfig(target={"kind": "latency_ratio", "value": 0.5})
     first = staircase(config, None, None, 1)
     benchmark = BenchmarkConfig(batch_sizes=[1])
     loop = loop_module.LatencyLoop(config, 0.5, benchmark, None, Layout(tmp_path), None, None, [1], sizes={"u": 100})
@@ -1174,7 +1178,7 @@ def test_plan_trials_rank_plans_by_brief_training_and_train_each_plan_once(pipel
     _, train, val, _ = load_prepared(pipeline_dir / "artifacts/validate")
     model = load_checkpoint(pipeline_dir / "artifacts/train/model.safetensors").model
     example = head_tensors(val.x)
-    config = PruneConfig(trial_samples=len(train))
+    config = PruneConfig(trials={"samples": len(train)})
     sizes = unit_sizes(model, example)
 
     def make_method(ratio, ratios):
@@ -1220,10 +1224,10 @@ def test_the_latency_stage_times_nothing_without_a_latency_target_and_says_why(p
 
     # The session pipeline prunes to a ratio.
     metrics = read_json(pipeline_dir / "metrics/latency.json")
-    assert metrics["measured"] is False and metrics["reason"] == "prune.target is ratio, not a latency target"
+    assert metrics["measured"] is False and metrics["reason"] == "prune.target.kind is ratio, not a latency target"
     assert metrics["units"] == 0 and metrics["exports"] == 0
     assert not (pipeline_dir / "artifacts/latency/forms.json").exists() and metrics["forms"] == []
-    assert "prune.target is ratio" in (pipeline_dir / "artifacts/latency/skipped.txt").read_text()
+    assert "prune.target.kind is ratio" in (pipeline_dir / "artifacts/latency/skipped.txt").read_text()
     assert (pipeline_dir / "plots/latency/latency.png").stat().st_size > 0
 
 
@@ -1234,7 +1238,7 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
     from pruneops.io import read_json
     from pruneops.runner import run_stage
 
-    prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "static"}
+    prune = {"target": {"kind": "latency_ratio", "value": 0.8, "form": "static"}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
     report = run_stage("latency", params, tmp_path)
     sweep = read_json(tmp_path / "artifacts/sensitivity/sensitivity.json")
@@ -1273,7 +1277,7 @@ def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one
     from pruneops.io import read_json
     from pruneops.runner import run_stage
 
-    prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "auto"}
+    prune = {"target": {"kind": "latency_ratio", "value": 0.8, "form": "auto"}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune, quantize={"method": "static"})
     report = run_stage("latency", params, tmp_path)
     # quantize.method static ships static INT8 whatever it measures: fp32 is timed as the reference only.
@@ -1299,7 +1303,7 @@ def test_auto_with_quantize_auto_leaves_untimed_only_the_forms_it_measured_slowe
     from pruneops.planning.forms import SCREEN_MARGIN
     from pruneops.runner import run_stage
 
-    prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1, "latency_form": "auto"}
+    prune = {"target": {"kind": "latency_ratio", "value": 0.8, "form": "auto"}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune, quantize={"method": "auto"})
     report = run_stage("latency", params, tmp_path)
     # Every form the quantize stage may ship is either timed or screened out, fp32 always timed.
@@ -1323,14 +1327,14 @@ def test_auto_with_quantize_auto_leaves_untimed_only_the_forms_it_measured_slowe
 def test_a_latency_target_relative_to_a_reference_model_holds_each_plan_to_the_reference_read_in_its_run(
     pipeline_dir, tmp_path
 ):
-    """`prune.target_reference`: the reference is timed at the start (the plan's ratio of dense) and
+    """`prune.target.reference`: the reference is timed at the start (the plan's ratio of dense) and
     again in every gate reading beside dense and the plan, and each plan is held to that reading."""
     from pruneops.io import read_json
     from pruneops.runner import run_stage
 
     reference = pipeline_dir / "artifacts/export/pruned_fp32.onnx"  # the session pipeline's half-ratio cut
-    prune = {"target": "latency_ratio", "target_value": 1.0, "target_batch": 1, "target_reference": str(reference)}
-    params = _stage_copy(pipeline_dir, tmp_path, prune=prune | {"plan_trials": 1})
+    prune = {"target": {"kind": "latency_ratio", "value": 1.0, "reference": str(reference)}}
+    params = _stage_copy(pipeline_dir, tmp_path, prune=prune | {"trials": {"count": 1}})
     run_stage("latency", params, tmp_path)
     run_stage("prune", params, tmp_path)
     metrics = read_json(tmp_path / "metrics/prune.json")
@@ -1355,15 +1359,15 @@ def test_a_plan_is_held_to_the_reference_as_read_beside_it_and_never_to_slower_t
     from pruneops.config import PruneConfig
     from pruneops.planning.targets import GateDecision, GateResult
 
-    asked = PruneConfig(target_value=1.0, target_reference="tp.onnx")
-    planning = asked.model_copy(update={"target_value": 0.5})  # the reference read 0.5 of dense at the start
+    asked = PruneConfig(target={"kind": "latency_ratio", "value": 1.0, "reference": "tp.onnx"})
+    planning = asked.with_target(value=0.5)  # the reference read 0.5 of dense at the start
     reading = GateResult(GateDecision.PASSED, {}, {}, {"1": 0.58}, {"1": 1.0}, reference_ms={"1": 0.6})
     assert _bare_loop(planning, asked).goal_ms(reading) == pytest.approx(0.6)
-    beaten = asked.model_copy(update={"target_value": 0.9})  # 10% faster than the reference
+    beaten = asked.with_target(value=0.9)  # 10% faster than the reference
     assert _bare_loop(planning, beaten).goal_ms(reading) == pytest.approx(0.54)
     # A reference slower than dense/min_speedup: held to what the gate lets a pruned model be.
     slow = GateResult(GateDecision.PASSED, {}, {}, {"1": 0.9}, {"1": 1.0}, reference_ms={"1": 1.2})
-    assert _bare_loop(planning, asked).goal_ms(slow) == pytest.approx(1.0 / asked.min_speedup)
+    assert _bare_loop(planning, asked).goal_ms(slow) == pytest.approx(1.0 / asked.gate.min_speedup)
     # Without a reference: a ratio of dense as the planning config holds it.
     plain = GateResult(GateDecision.PASSED, {}, {}, {"1": 0.58}, {"1": 2.0})
     assert _bare_loop(planning, asked).goal_ms(plain) == pytest.approx(1.0)
@@ -1375,7 +1379,7 @@ def _bare_loop(planning, asked):
     from pruneops.io import Layout
 
     bench = BenchmarkConfig(batch_sizes=[1])
-    return loop_module.LatencyLoop(planning, asked.target_value, bench, {}, Layout(), None, None, [1], sizes={})
+    return loop_module.LatencyLoop(planning, asked.target.value, bench, {}, Layout(), None, None, [1], sizes={})
 
 
 def _staircase_ask(plans: dict[str, float], fallback_aim: float):
@@ -1401,8 +1405,8 @@ def test_a_retry_aims_at_the_reference_as_the_gate_last_read_it():
     from pruneops.config import PruneConfig
     from pruneops.planning.targets import GateDecision, GateResult, Plan
 
-    asked = PruneConfig(target_value=1.0, target_reference="tp.onnx")
-    planning = asked.model_copy(update={"target_value": 0.155})
+    asked = PruneConfig(target={"kind": "latency_ratio", "value": 1.0, "reference": "tp.onnx"})
+    planning = asked.with_target(value=0.155)
     # Table ms, dense predicted at 2.0: the narrowest plan "all16" and two wider ones.
     ask, aims = _staircase_ask({"all16": 0.41, "some24": 0.42, "tp_like": 0.50}, fallback_aim=0.155 * 2.0)
     first = Plan(0.5, ratios={"all16": 0.5}, predicted_ms=0.41, dense_predicted_ms=2.0, aim_ms=0.31)
@@ -1425,7 +1429,7 @@ def test_steps_up_start_where_the_last_plan_measured_when_the_aim_is_below_it():
     from pruneops.planning.targets import Plan
 
     ask, aims = _staircase_ask({"all16": 0.41, "some24": 0.42}, fallback_aim=0.31)
-    loop = _bare_loop(PruneConfig(target_value=0.155), PruneConfig(target_value=0.155))
+    loop = _bare_loop(PruneConfig().with_target(value=0.155), PruneConfig().with_target(value=0.155))
     loop._ask = ask
     first = Plan(0.5, ratios={"all16": 0.5}, predicted_ms=0.41, dense_predicted_ms=2.0, aim_ms=0.31)
     points = [({"u": 16}, 0.205)]  # measured at 0.205 of dense: 0.41 table ms
@@ -1436,7 +1440,7 @@ def test_steps_up_start_where_the_last_plan_measured_when_the_aim_is_below_it():
     assert aims[1] == pytest.approx(0.41 * 1.03)
 
 
-@pytest.mark.parametrize(("min_speedup", "held"), [(1.05, "1/prune.min_speedup (0.952)"), (None, "dense's time")])
+@pytest.mark.parametrize(("min_speedup", "held"), [(1.05, "1/prune.gate.min_speedup (0.952)"), (None, "dense's time")])
 def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
     monkeypatch, tmp_path, min_speedup, held
 ):
@@ -1451,12 +1455,14 @@ def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
         lambda models, shape, timing, budget_s=None, form="fp32": {"dense": {1: 1.0}, "reference": {1: 1.2}},
     )
     (tmp_path / "served.onnx").write_bytes(b"stand-in")
-    asked = PruneConfig(target_value=1.0, target_reference="served.onnx", min_speedup=min_speedup)
+    asked = PruneConfig(
+        target={"kind": "latency_ratio", "value": 1.0, "reference": "served.onnx"}, gate={"min_speedup": min_speedup}
+    )
     aim = loop_module.aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
     planning, record = aim.planning_config(asked), aim.record
     mildest = 1.0 / min_speedup if min_speedup else 1.0
-    assert planning.target_value == pytest.approx(mildest) == pytest.approx(record["planned_ratio_of_dense"])
-    assert planning.target_reference == str((tmp_path / "served.onnx").resolve())
+    assert planning.target.value == pytest.approx(mildest) == pytest.approx(record["planned_ratio_of_dense"])
+    assert planning.target.reference == str((tmp_path / "served.onnx").resolve())
     assert record["note"].startswith("the reference measured 1.200 of dense") and held in record["note"]
     # A faster reference is planned at its own ratio, with no note.
     monkeypatch.setattr(
@@ -1466,7 +1472,7 @@ def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
     )
     aim = loop_module.aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
     planning, record = aim.planning_config(asked), aim.record
-    assert planning.target_value == pytest.approx(0.4) and "note" not in record
+    assert planning.target.value == pytest.approx(0.4) and "note" not in record
 
 
 def _renamed_or_fixed(source, target, rename: str | None = None, batch: int | None = None):
@@ -1498,7 +1504,7 @@ def test_a_reference_model_that_cannot_be_timed_on_the_models_inputs_is_refused_
         return measured_latency({"dense": model, "reference": path}, [1, 8, 8], timing)
 
     assert set(timed(source)) == {"dense", "reference"}
-    with pytest.raises(ConfigError, match="target_reference: .*missing.onnx not found"):
+    with pytest.raises(ConfigError, match="target.reference: .*missing.onnx not found"):
         timed(tmp_path / "missing.onnx")
     (tmp_path / "text.onnx").write_text("not a model")
     with pytest.raises(ConfigError, match="text.onnx is not an ONNX model ONNX Runtime loads"):
@@ -1515,7 +1521,7 @@ def test_the_latency_stage_refuses_a_sweep_of_another_model(pipeline_dir, tmp_pa
     from pruneops.errors import DataError
     from pruneops.runner import run_stage
 
-    prune = {"target": "latency_ratio", "target_value": 0.8, "target_batch": 1}
+    prune = {"target": {"kind": "latency_ratio", "value": 0.8}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
     path = tmp_path / "artifacts/sensitivity/sensitivity.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "model_sha256": "0" * 64}))

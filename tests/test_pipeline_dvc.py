@@ -67,10 +67,10 @@ def test_dvc_repro_then_noop_then_experiment(tmp_path):
     # One experiment (each costs a pipeline's worth of stage start-ups): a latency target timed in
     # static INT8. The units are timed, the accuracy sweep is reused, and DVC compares the metrics.
     latency = (
-        "prune.target=latency_ratio",
-        "prune.target_value=0.8",
-        "prune.target_batch=1",
-        "prune.latency_form=static",
+        "prune.target.kind=latency_ratio",
+        "prune.target.value=0.8",
+        "prune.target.batch=1",
+        "prune.target.form=static",
     )
     exp = _sh(tmp_path, dvc, "exp", "run", *(a for s in latency for a in ("-S", s))).stdout
     assert "Running stage 'latency'" in exp and "Running stage 'prune'" in exp

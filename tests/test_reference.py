@@ -33,7 +33,9 @@ def test_params_rows_carry_each_keys_type_default_and_bounds():
     text = params_page().text
     steps = PruneConfig.model_fields["steps"]
     assert f"| `steps` | int | `{steps.default}` | ≥ 1, ≤ 1000 |" in text
-    assert '| `target` | "ratio" \\| "macs" \\| "params" \\| "latency_ms" \\| "latency_ratio" \\| null |' in text
+    assert '| `kind` | "ratio" \\| "macs" \\| "params" \\| "latency_ms" \\| "latency_ratio" | required |' in text
+    for block in ("target", "gate", "trials", "distillation"):  # each nested block has its own table
+        assert f"## `prune.{block}`" in text and f"| `{block}` |" in text
     sections = re.findall(r"^## `(\w+)`$", text, flags=re.MULTILINE)
     assert sections[: len(STAGES)] == [s.name for s in STAGES]
     assert {"reprune", "serve"} <= set(sections)

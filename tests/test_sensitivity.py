@@ -128,7 +128,7 @@ def test_fisher_ranks_points_as_measured_loss_does(trained, tmp_path):
 @pytest.mark.slow
 def test_fisher_sweep_plans_a_latency_target(trained, tmp_path, monkeypatch):
     shutil.copytree(trained / "artifacts", tmp_path / "artifacts")
-    params = _params(tmp_path, "fisher", target="latency_ratio", target_value=0.6, target_batch=1, steps=1)
+    params = _params(tmp_path, "fisher", target={"kind": "latency_ratio", "value": 0.6}, steps=1)
     run_stage("sensitivity", params, tmp_path)
     assert (tmp_path / "artifacts/sensitivity/fisher_scores.safetensors").exists()
     assert read_json(tmp_path / "metrics/sensitivity.json")["evaluations"] == 0

@@ -198,7 +198,7 @@ def test_prune_steps_distil_from_the_unpruned_model_when_asked(pipeline_dir, tmp
     for stage in ("validate", "train", "sensitivity"):
         shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
     prune = {"schedule": "linear", "steps": 2, "epochs_per_step": 1}
-    prune |= {"distill_weight": weight, "distill_temperature": 3.0}
+    prune |= {"distillation": {"weight": weight, "temperature": 3.0}}
     run_stage("prune", write_params(tmp_path, tiny_params(prune=prune)), tmp_path)
     baseline = load_checkpoint(tmp_path / "artifacts/train/model.safetensors").model
     assert len(seen) == 2

@@ -90,13 +90,13 @@ def prepare_repo(repo: Path, params: dict[str, Any], root: Path) -> None:
 
 
 def match_form(variant: VariantConfig, other: dict) -> str:
-    """The form a latency match is in: the variant's `prune.latency_form`, else the one `other` was timed in.
+    """The form a latency match is in: the variant's `prune.target.form`, else the one `other` was timed in.
 
     Args:
         variant: The matching variant.
         other: The matched variant's metrics (by stage).
     """
-    return variant.set.get("prune.latency_form", other["prune"].get("latency_form", "fp32"))
+    return variant.set.get("prune.target.form", other["prune"].get("latency_form", "fp32"))
 
 
 def variant_overrides(variant: VariantConfig, done: dict[str, dict], reference: Path | None = None) -> dict[str, Any]:
@@ -119,13 +119,13 @@ def variant_overrides(variant: VariantConfig, done: dict[str, dict], reference: 
             raise ConfigError(f"{variant.name}: matches {other!r}, which is not a finished earlier variant")
     if variant.match_macs_of is not None:
         macs = done[variant.match_macs_of]["prune"]["macs"]
-        overrides.update({"prune.target": "macs", "prune.target_value": float(macs), "prune.target_batch": None})
+        overrides.update({"prune.target.kind": "macs", "prune.target.value": float(macs), "prune.target.batch": None})
     if variant.match_latency_of is not None:
         prune = done[variant.match_latency_of]["prune"]
         form = match_form(variant, done[variant.match_latency_of])
         if form == AUTO_FORM:
             raise ConfigError(
-                f"{variant.name}: a latency match is timed in one form; set prune.latency_form to fp32 or a "
+                f"{variant.name}: a latency match is timed in one form; set prune.target.form to fp32 or a "
                 f"quantizer's name, not {AUTO_FORM}"
             )
         ratio = 1.0
@@ -135,7 +135,7 @@ def variant_overrides(variant: VariantConfig, done: dict[str, dict], reference: 
             timed = prune.get("latency_form", "fp32")
             if form != timed:
                 raise ConfigError(
-                    f"{variant.name}: prune.latency_form {form} cannot match the latency of "
+                    f"{variant.name}: prune.target.form {form} cannot match the latency of "
                     f"{variant.match_latency_of!r}, timed in {timed} by its prune stage "
                     f"(the bench timed no {form} exports of both rows)"
                 )
@@ -143,11 +143,11 @@ def variant_overrides(variant: VariantConfig, done: dict[str, dict], reference: 
         # `LATENCY_BAND[1]` of it (1% over: one reading's noise, half the bench's
         # `SLOWER_TOLERANCE`). Aimed under it by that much, the other row's own widths would
         # measure over the aim and be refused (docs/explanation/latency-targets.md#band).
-        overrides.update({"prune.target": "latency_ratio", "prune.target_value": ratio, "prune.target_batch": 1})
+        overrides.update({"prune.target.kind": "latency_ratio", "prune.target.value": ratio, "prune.target.batch": 1})
         if reference is not None:
-            overrides["prune.target_reference"] = str(reference)
+            overrides["prune.target.reference"] = str(reference)
         if form != "fp32":  # the default: left unwritten, so that params (and the run-cache) stay as they were
-            overrides["prune.latency_form"] = form
+            overrides["prune.target.form"] = form
     return overrides
 
 
@@ -175,7 +175,7 @@ def reference_to_match(
 ) -> Path | None:
     """The matched variant's export that a latency match is timed against, in `match_form`; None if it has none.
 
-    The prune stage times it beside dense and each plan (`prune.target_reference`): a ratio of
+    The prune stage times it beside dense and each plan (`prune.target.reference`): a ratio of
     the two read once moves with the machine (docs/explanation/latency-targets.md#bench-match).
     """
     other = variant.match_latency_of

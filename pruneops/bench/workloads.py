@@ -11,10 +11,10 @@ QUICK_BENCHMARK = {"benchmark.warmup": 2, "benchmark.repeats": 10, "benchmark.ro
 
 # A dense variant runs the same stages with nothing pruned, nothing swept and nothing trained.
 DENSE = {
-    "prune.target": "ratio",
-    "prune.target_value": 0.0,
-    "prune.target_batch": None,
-    "prune.min_speedup": None,
+    "prune.target.kind": "ratio",
+    "prune.target.value": 0.0,
+    "prune.target.batch": None,
+    "prune.gate.min_speedup": None,
     "prune.use_sensitivity": False,
     # One step: with nothing pruned and nothing trained, every further step is one more
     # evaluation of the same model on val (~10 s each at 64x64).
@@ -29,9 +29,9 @@ class VariantConfig(BaseModel):
     """One recipe: dotted params overrides on top of the workload's params.
 
     `match_macs_of` names an earlier variant: this one prunes to that variant's MACs
-    (`prune.target: macs`), for a comparison at the same compute budget. `match_latency_of`
+    (`prune.target.kind: macs`), for a comparison at the same compute budget. `match_latency_of`
     likewise prunes to that variant's batch-1 latency: a comparison at the same milliseconds, in
-    this variant's `prune.latency_form` if it sets one, else in the form the other variant's prune
+    this variant's `prune.target.form` if it sets one, else in the form the other variant's prune
     stage timed. Where the other variant's export in that form exists (its fp32 export, or its
     deployed one if deployed in that INT8 form), it is the prune stage's `target_reference` at a
     ratio of 1.0: every gate reading times it beside dense and the plan (`reference_to_match`).

@@ -146,7 +146,7 @@ def allocate_for_target(sweep: dict, target: float, max_ratio: float) -> Allocat
     if achieved + 1e-9 < target:
         top = max((max(c["ratios"], default=0.0) for c in curves.values()), default=0.0)
         raise ConfigError(
-            f"prune.target_value: ratio {target} is out of reach of the sweep (at most {achieved:.3f} with "
+            f"prune.target.value: ratio {target} is out of reach of the sweep (at most {achieved:.3f} with "
             f"sensitivity.ratios up to {top} and prune.max_unit_ratio {max_ratio}); add higher "
             "sensitivity.ratios, raise prune.max_unit_ratio or lower the target"
         )
@@ -185,7 +185,7 @@ def ratio_for_budget(
             low = mid
     if found is None:
         raise ConfigError(
-            f"prune.target_value: {budget:,.0f} is out of reach (no ratio up to {high:.3f} the sweep and "
+            f"prune.target.value: {budget:,.0f} is out of reach (no ratio up to {high:.3f} the sweep and "
             "prune.max_unit_ratio allow gets there); raise max_unit_ratio, add higher sensitivity.ratios "
             "or ask for less"
         )

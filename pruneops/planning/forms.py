@@ -66,7 +66,7 @@ def screen_forms(
 ) -> tuple[dict[str, str], int]:
     """The INT8 forms not worth a latency table here, each with the reason (`forms_slower_than_fp32`).
 
-    With `prune.latency_form: auto` and `quantize.method: auto`, fp32 is itself a form the
+    With `prune.target.form: auto` and `quantize.method: auto`, fp32 is itself a form the
     quantize stage may ship. A form slower than fp32 both dense and with every unit cut to a
     quarter needs deeper cuts (more accuracy lost) for the same milliseconds, and would lose the
     quantize stage's own comparison with fp32; its table (tens of exports; dynamic INT8 runs

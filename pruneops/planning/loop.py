@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from pruneops.checkpoint import file_sha256
-from pruneops.config import AUTO_FORM, LATENCY_TARGETS, BenchmarkConfig, PruneConfig
+from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig
 from pruneops.io import Layout
 from pruneops.planning import targets
 from pruneops.planning.latency_model import keep_counts
@@ -53,15 +53,15 @@ def gate_plan(
     sizes = unit_sizes(model, example)
     widths = planned_widths(config, sizes, target)
     planned = {n: 1.0 - w / sizes[n] for n, w in widths.items()}
-    timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target_batch or 1})})
-    widen = config.target in LATENCY_TARGETS
+    timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target.batch or 1})})
+    widen = config.latency_target
     result = targets.gate(
         model,
         example,
         shape,
         planned,
         sizes,
-        config.min_speedup,
+        config.gate.min_speedup,
         timing,
         config.latency_form,
         widen,
@@ -95,40 +95,40 @@ def predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
 
 def mildest_ratio(config: PruneConfig) -> float:
     """The slowest a pruned model may be, as a fraction of dense: what the gate's `min_speedup` lets pass."""
-    return 1.0 / config.min_speedup if config.min_speedup else 1.0
+    return 1.0 / config.gate.min_speedup if config.gate.min_speedup else 1.0
 
 
 @dataclass(frozen=True)
 class ReferenceAim:
-    """`prune.target_reference` timed at the start: the ratio of dense the table plans with, and the record."""
+    """`prune.target.reference` timed at the start: the ratio of dense the table plans with, and the record."""
 
     ratio_of_dense: float
     record: dict
 
     def planning_config(self, config: PruneConfig) -> PruneConfig:
         """`config` as the table plans with it: a ratio of dense, the reference's path made absolute."""
-        return config.model_copy(update={"target_reference": self.record["file"], "target_value": self.ratio_of_dense})
+        return config.with_target(reference=self.record["file"], value=self.ratio_of_dense)
 
 
 def aim_at_reference(
     config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout, model: nn.Module, shape
 ) -> ReferenceAim | None:
-    """With `prune.target_reference`: its ratio of dense as timed here now (None without a reference).
+    """With `prune.target.reference`: its ratio of dense as timed here now (None without a reference).
 
     The table plans in fractions of dense, so the reference and dense are timed once, interleaved,
     at the target batch (in `latency_form`; fp32 under `auto`, whose form choice converts a ratio
     of dense fp32), and the ratio asked of the reference becomes a ratio of dense; the gate then
     holds each plan to the reference's time as read in its own run (`LatencyLoop.goal_ms`).
     """
-    if not config.target_reference:
+    if not config.target.reference:
         return None
-    path = (layout.root / config.target_reference).resolve()
-    batch = config.target_batch
+    path = (layout.root / config.target.reference).resolve()
+    batch = config.target.batch
     timing = benchmark.model_copy(update={"batch_sizes": [batch], "warmup": 5, "repeats": 30, "rounds": 3})
     form = "fp32" if config.latency_form == AUTO_FORM else config.latency_form
     times = measured_latency({"dense": model, "reference": path}, shape, timing, budget_s=10.0, form=form)
     of_dense = times["reference"][batch] / times["dense"][batch]
-    ratio = min(config.target_value * of_dense, mildest_ratio(config))
+    ratio = min(config.target.value * of_dense, mildest_ratio(config))
     logger.info(
         "latency target reference %s: %.4f ms at batch %d against dense %.4f (%s): aiming at %.3f of dense",
         path.name, times["reference"][batch], batch, times["dense"][batch], form, ratio,
@@ -140,9 +140,13 @@ def aim_at_reference(
         "dense_ms_at_start": times["dense"][batch],
         "planned_ratio_of_dense": ratio,
     }
-    if ratio < config.target_value * of_dense:
+    if ratio < config.target.value * of_dense:
         # A None min_speedup cannot be formatted: that case is held to dense's own time.
-        held = f"1/prune.min_speedup ({ratio:.3f})" if config.min_speedup else "dense's time (prune.min_speedup null)"
+        held = (
+            f"1/prune.gate.min_speedup ({ratio:.3f})"
+            if config.gate.min_speedup
+            else "dense's time (prune.gate.min_speedup null)"
+        )
         record["note"] = f"the reference measured {of_dense:.3f} of dense: the target is held to {held} instead"
     return ReferenceAim(ratio, record)
 
@@ -179,7 +183,7 @@ class LatencyLoop:
 
     Args:
         config: The resolved `prune` config (its `target_value` the one the table plans with).
-        asked_value: `prune.target_value` as set (a reference's ratio or `auto`'s form choice
+        asked_value: `prune.target.value` as set (a reference's ratio or `auto`'s form choice
             rewrites the resolved one).
         benchmark: Threads and batch sizes the gate times at.
         sweep: The sensitivity sweep the table allocates over.
@@ -206,7 +210,7 @@ class LatencyLoop:
     def __post_init__(self) -> None:
         if self.sizes is None:
             self.sizes = unit_sizes(self.model, self.example)
-        self.key = str(self.config.target_batch)
+        self.key = str(self.config.target.batch)
 
     def gate(self, target: Plan) -> GateResult:
         """The gate's reading of one plan."""
@@ -215,13 +219,13 @@ class LatencyLoop:
     def goal_ms(self, gated: GateResult) -> float:
         """The milliseconds a plan's reading is held to, from readings in the same run.
 
-        `latency_ms` as set; `latency_ratio` of dense, or (`prune.target_reference`) of the
+        `latency_ms` as set; `latency_ratio` of dense, or (`prune.target.reference`) of the
         reference model as asked, no slower than the gate's `min_speedup` lets a pruned model be.
         """
-        if self.config.target == "latency_ms":
-            return self.config.target_value
+        if self.config.target_kind == "latency_ms":
+            return self.config.target.value
         if not gated.reference_ms:
-            return self.config.target_value * gated.dense_ms[self.key]
+            return self.config.target.value * gated.dense_ms[self.key]
         return min(
             self.asked_value * gated.reference_ms[self.key], mildest_ratio(self.config) * gated.dense_ms[self.key]
         )
@@ -357,7 +361,7 @@ class LatencyLoop:
             self.example,
             self.shape,
             widths,
-            self.config.target_batch,
+            self.config.target.batch,
             self.benchmark,
             self.config.latency_form,
             reference,
@@ -404,7 +408,7 @@ class LatencyLoop:
     def _not_reached(self, kept: Measured, tried: list[Measured]) -> str:
         of = f" of {self.config.reference_file.name}" if self.config.reference_file else ""
         return (
-            f"latency target {self.asked_value:g} ({self.config.target}{of}) at batch {self.config.target_batch} "
+            f"latency target {self.asked_value:g} ({self.config.target_kind}{of}) at batch {self.config.target.batch} "
             f"not reached: the fastest planned widths measure {kept.gated.measured_ms[self.key]:.4f} ms, "
             f"{self.fraction(kept.gated):.2f}x the target ({self._why_not_reached(tried)}); pruned that far"
         )
@@ -415,7 +419,7 @@ class LatencyLoop:
         if self.fraction(kept.gated) >= low:
             return None
         return (
-            f"latency target {self.asked_value:g} ({self.config.target}) at batch {self.config.target_batch}: "
+            f"latency target {self.asked_value:g} ({self.config.target_kind}) at batch {self.config.target.batch}: "
             f"no measured plan landed in {low:g}-{high:g} of it; the least pruned plan within it measures "
             f"{self.fraction(kept.gated):.2f} of the target, so the model is pruned further than asked "
             f"({count} plans measured, prune.latency_plans lists them)"

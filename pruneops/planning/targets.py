@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pruneops.config import LATENCY_TARGETS, BenchmarkConfig, PruneConfig
+from pruneops.config import BenchmarkConfig, PruneConfig
 from pruneops.errors import ConfigError
 from pruneops.planning.allocation import Allocation, allocate_for_target, ratio_for_budget
 from pruneops.planning.latency_model import keep_counts
@@ -60,8 +60,8 @@ def plan_ratio_or_budget(
     config: PruneConfig, sweep: dict | None, size_at: Callable[[float, Allocation | None], float]
 ) -> Plan:
     """A ratio target, or a MAC/parameter budget met by bisection on the ratio."""
-    if config.target in (None, "ratio"):
-        ratio = 0.5 if config.target is None else config.target_value  # 2:4 is half of every group
+    if config.target_kind in (None, "ratio"):
+        ratio = 0.5 if config.target is None else config.target.value  # 2:4 is half of every group
         allocation = allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
         return Plan(ratio, allocation, allocation.ratios if allocation else None)
 
@@ -69,7 +69,7 @@ def plan_ratio_or_budget(
         allocation = allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
         return size_at(ratio, allocation)
 
-    ratio = ratio_for_budget(budget_size, config.target_value)
+    ratio = ratio_for_budget(budget_size, config.target.value)
     allocation = allocate_for_target(sweep, ratio, config.max_unit_ratio) if sweep is not None else None
     return Plan(ratio, allocation, allocation.ratios if allocation else None)
 
@@ -106,12 +106,12 @@ def plan_latency(
     """
     from pruneops.planning.latency_allocation import allocate_latency
 
-    latency, warnings = loaded or load_latency_model(latency_dir, config.latency_form, config.target, threads)
-    batch = config.target_batch
+    latency, warnings = loaded or load_latency_model(latency_dir, config.latency_form, config.target_kind, threads)
+    batch = config.target.batch
     if measured:
         recalibrate_(latency, batch, measured)
     dense = latency.predict({}, batch)
-    target = config.target_value if config.target == "latency_ms" else config.target_value * dense
+    target = config.target.value if config.target_kind == "latency_ms" else config.target.value * dense
     aim = aim_ms if aim_ms is not None else target
     allocation = allocate_latency(
         latency,
@@ -150,12 +150,12 @@ def load_latency_model(latency_dir: Path, form: str, target: str | None, threads
     from pruneops.timing.machine import machine_fingerprint
 
     if not (latency_dir / FORMS_FILE).is_file():
-        raise ConfigError(f"prune.target: {target} needs the latency table; run `pruneops latency`")
+        raise ConfigError(f"prune.target.kind: {target} needs the latency table; run `pruneops latency`")
     path = latency_dir / form / "latency.json"
     if not path.is_file():
         timed = ", ".join(sorted(p.parent.name for p in latency_dir.glob("*/latency.json")))
         raise ConfigError(
-            f"prune.latency_form: {form}, but the latency table was timed in {timed}; rerun `pruneops latency`"
+            f"prune.target.form: {form}, but the latency table was timed in {timed}; rerun `pruneops latency`"
         )
     table, same = LatencyTable.load(path.parent / "latency_table.json", machine_fingerprint(threads))
     warnings = [] if same else ["the latency table was measured on another machine: layers re-measured here"]
@@ -165,7 +165,7 @@ def load_latency_model(latency_dir: Path, form: str, target: str | None, threads
 def choose_latency_form(
     config: PruneConfig, sweep: dict, latency_dir: Path, threads: int
 ) -> tuple[PruneConfig, list[dict[str, Any]]]:
-    """For `prune.latency_form: auto`: the form to plan in (as a config naming it) and every form's plan.
+    """For `prune.target.form: auto`: the form to plan in (as a config naming it) and every form's plan.
 
     Each form the latency stage timed for planning (`forms.json`) is asked for the target:
     `latency_ms` as it is, `latency_ratio` of dense in the reference form (fp32) turned into the
@@ -181,18 +181,18 @@ def choose_latency_form(
     from pruneops.planning.forms import FORMS_FILE
 
     forms = read_json(latency_dir / FORMS_FILE)
-    batch = config.target_batch
+    batch = config.target.batch
     # Each table read once (on another machine, reading one re-measures its layers).
     wanted = {forms["reference"], *forms["planned"]}
-    loaded = {f: load_latency_model(latency_dir, f, config.target, threads) for f in wanted}
+    loaded = {f: load_latency_model(latency_dir, f, config.target_kind, threads) for f in wanted}
     reference = loaded[forms["reference"]][0].predict({}, batch)
-    mildest = 1.0 / config.min_speedup if config.min_speedup else 1.0
+    mildest = 1.0 / config.gate.min_speedup if config.gate.min_speedup else 1.0
     choices = []
     for form in forms["planned"]:
-        value = config.target_value
-        if config.target == "latency_ratio":
-            value = min(config.target_value * reference / loaded[form][0].predict({}, batch), mildest)
-        candidate = config.model_copy(update={"latency_form": form, "target_value": value})
+        value = config.target.value
+        if config.target_kind == "latency_ratio":
+            value = min(config.target.value * reference / loaded[form][0].predict({}, batch), mildest)
+        candidate = config.with_target(form=form, value=value)
         planned = plan_latency(candidate, sweep, latency_dir, threads, loaded=loaded[form])
         choices.append(
             {
@@ -215,7 +215,7 @@ def choose_latency_form(
         choice["chosen"] = choice is best
     screened = forms.get("screened", {})
     choices += [{"form": f, "screened": why, "reached": False, "chosen": False} for f, why in screened.items()]
-    return config.model_copy(update={"latency_form": best["form"], "target_value": best["target_value"]}), choices
+    return config.with_target(form=best["form"], value=best["target_value"]), choices
 
 
 def recalibrate_(latency, batch: int, measured: list[tuple[dict[str, int], float]]) -> None:
@@ -244,15 +244,17 @@ def plan(
     choose: Callable[[tuple[Any, ...]], int] | None = None,
 ) -> Plan:
     """The plan for any target kind (see the module docstring); `choose` as `plan_latency` takes it."""
-    if config.target in LATENCY_TARGETS:
+    if config.latency_target:
         if sweep is None:
-            raise ConfigError(f"prune.target: {config.target} allocates from the sweep; set prune.use_sensitivity")
+            raise ConfigError(
+                f"prune.target.kind: {config.target_kind} allocates from the sweep; set prune.use_sensitivity"
+            )
         return plan_latency(config, sweep, latency_dir, threads, choose=choose)
 
     def size_at(ratio: float, allocation: Allocation | None) -> float:
         twin = copy.deepcopy(model)
         make_method(ratio, allocation.ratios if allocation else None).apply_(twin, 1.0)
-        return count_macs(twin, input_shape) if config.target == "macs" else count_params(twin)
+        return count_macs(twin, input_shape) if config.target_kind == "macs" else count_params(twin)
 
     return plan_ratio_or_budget(config, sweep, size_at)
 
@@ -264,7 +266,7 @@ class GateDecision(enum.Enum):
     WIDENED = "widened"  # rounded up to whole channel blocks, measured no slower: taken
     BACKED_OFF = "backed off"  # the planned widths too slow; rounded up ones pass
     REFUSED = "refused"  # nothing passes: the dense model goes on unpruned
-    NOT_GATED = "not gated"  # `prune.min_speedup: null`: measured and kept whatever they read
+    NOT_GATED = "not gated"  # `prune.gate.min_speedup: null`: measured and kept whatever they read
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,7 @@ class GateResult:
     # The widths as planned, per batch size (`measured_ms` unless the gate took others, rounded up):
     # what the latency table predicted, so that its prediction error is of the widths it predicted.
     planned_ms: dict[str, float] = field(default_factory=dict)
-    # `prune.target_reference`, measured in the same run, per batch size (empty without one).
+    # `prune.target.reference`, measured in the same run, per batch size (empty without one).
     reference_ms: dict[str, float] = field(default_factory=dict)
     reason: str = ""
 
@@ -335,7 +337,7 @@ def retime(
 ) -> dict[str, float]:
     """Batch-`batch` ms of dense (as "dense") and of each plan's widths, exported and timed interleaved in one run.
 
-    With `reference` (an ONNX file, `prune.target_reference`) it is timed among them, as "reference".
+    With `reference` (an ONNX file, `prune.target.reference`) it is timed among them, as "reference".
     """
     timing = BenchmarkConfig(threads=benchmark.threads, batch_sizes=[batch], warmup=5, repeats=30, rounds=RUNOFF_ROUNDS)
     candidates = {"dense": model, **{n: _pruned_copy(model, example, w) for n, w in plans.items()}}
@@ -360,11 +362,11 @@ def gate(
     """Measures the planned widths against dense and backs off until they are faster (see the module docstring).
 
     With `min_speedup` None the widths are measured and reported, and kept whatever they measure.
-    Both are timed in `form` (`prune.latency_form`): fp32, or quantized as the quantize stage would.
+    Both are timed in `form` (`prune.target.form`): fp32, or quantized as the quantize stage would.
     `widen_when_free` takes the rounded-up widths when they measure no slower; only a latency
     target is still met by wider widths at the same milliseconds (a MAC, parameter or ratio
     budget is not), so the prune stage passes it for latency targets alone. A `reference` ONNX
-    file (`prune.target_reference`) is timed with them, as it is, into `reference_ms`.
+    file (`prune.target.reference`) is timed with them, as it is, into `reference_ms`.
     """
     timing = BenchmarkConfig(
         threads=benchmark.threads, batch_sizes=sorted({1, *benchmark.batch_sizes}), warmup=5, repeats=30, rounds=3
@@ -395,7 +397,7 @@ def gate(
         )
 
     if min_speedup is None:
-        return result(GateDecision.NOT_GATED, "prune.min_speedup is null: measured, not gated", ratios, "plan0")
+        return result(GateDecision.NOT_GATED, "prune.gate.min_speedup is null: measured, not gated", ratios, "plan0")
     # A back-off says what the planned widths measured, so the user sees why they were not kept.
     planned = f"the planned widths measured {_speedups_text(dense, times['plan0'], big)}"
     block = f"widths rounded up to multiples of {CHANNEL_BLOCK}"

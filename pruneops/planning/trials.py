@@ -29,10 +29,10 @@ TRIAL_EVIDENCE = 2.0  # standard errors by which a trial must beat the allocatio
 
 @dataclass
 class PlanTrials:
-    """Ranks a latency allocation's shortlist by brief training (`prune.plan_trials`); each plan once.
+    """Ranks a latency allocation's shortlist by brief training (`prune.trials.count`); each plan once.
 
     Each plan is pruned into a copy of the trained model by the configured method, BatchNorm is
-    recalibrated, one pass over the first `prune.trial_samples` training samples trains it (the
+    recalibrated, one pass over the first `prune.trials.samples` training samples trains it (the
     prune stage's lr and batch size, one seed for every plan, so that the plans differ only in their
     widths), and its validation accuracy ranks it: NetAdapt's short-term fine-tuning.
 
@@ -88,7 +88,7 @@ class PlanTrials:
             self._calibration = calibration_subset(self.train.x, TRIAL_BN_SAMPLES, self.config.seed)
         recalibrate_batchnorm_(twin, self._calibration)
         settings = FitSettings(1, self.config.batch_size, self.config.lr, 1e-4, 2, self.config.seed)
-        subset = self.train.head(min(self.config.trial_samples, len(self.train)))
+        subset = self.train.head(min(self.config.trials.samples, len(self.train)))
         fit_(twin, subset, self.val, settings, desc=f"plan trial {len(self.records) + 1}")
         self._correct[key] = predict_logits(twin, self.val.x).argmax(1).numpy() == self.val.y
         self.records.append(

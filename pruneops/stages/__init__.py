@@ -152,7 +152,13 @@ STAGES: tuple[Stage, ...] = (
         LatencyConfig,
         "pruneops.stages.latency:measure_latency_table",
         "for latency targets: time the units' widths on this machine (the latency table)",
-        reads=("prune.target", "prune.latency_form", "benchmark.threads", "benchmark.batch_sizes", "quantize.method"),
+        reads=(
+            "prune.target.kind",
+            "prune.target.form",
+            "benchmark.threads",
+            "benchmark.batch_sizes",
+            "quantize.method",
+        ),
         upstream=("validate", "train", "sensitivity"),
         plots=(Plot("latency.png"),),
         builds_model=True,
@@ -181,7 +187,7 @@ STAGES: tuple[Stage, ...] = (
         QuantizeConfig,
         "pruneops.stages.quantize:quantize_model",
         "ONNX Runtime INT8 quantization (fp32 kept unless INT8 is faster at batch 1 and no slower elsewhere)",
-        reads=("benchmark.batch_sizes", "prune.target", "prune.latency_form"),
+        reads=("benchmark.batch_sizes", "prune.target.kind", "prune.target.form"),
         upstream=("validate", "prune", "finetune"),
         builds_model=True,
     ),
@@ -265,16 +271,16 @@ def _defaults_hint(name: str) -> str:
 def _check_target_batch(configs: dict[str, StageConfig]) -> None:
     """A latency target's batch must be one the latency table is measured at (1 and the benchmark's).
 
-    So the latency stage (the table) does not depend on `prune.target_batch`: moving a target
+    So the latency stage (the table) does not depend on `prune.target.batch`: moving a target
     between measured batches reuses the sweep instead of rerunning it.
     """
     prune, benchmark = configs.get("prune"), configs.get("benchmark")
-    if prune is None or benchmark is None or prune.target_batch is None:
+    if prune is None or benchmark is None or prune.target is None or prune.target.batch is None:
         return
     measured = sorted({1, *benchmark.batch_sizes})
-    if prune.target_batch not in measured:
+    if prune.target.batch not in measured:
         raise ConfigError(
-            f"prune.target_batch: {prune.target_batch} is not a batch the latency table is measured at "
+            f"prune.target.batch: {prune.target.batch} is not a batch the latency table is measured at "
             f"({measured}: 1 and benchmark.batch_sizes); add it to benchmark.batch_sizes"
         )
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from pruneops.checkpoint import file_sha256, load_checkpoint
-from pruneops.config import AUTO_FORM, LATENCY_TARGETS, BenchmarkConfig, LatencyConfig, PruneConfig, QuantizeConfig
+from pruneops.config import AUTO_FORM, BenchmarkConfig, LatencyConfig, PruneConfig, QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import DataError
 from pruneops.inputs import head_tensors
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 class LatencyReport(StageReport):
     """What the latency stage timed: in which forms, at which batches, how many units and exports.
 
-    `form` is `prune.latency_form` as set; `forms` the forms timed (with `auto`, every form the
+    `form` is `prune.target.form` as set; `forms` the forms timed (with `auto`, every form the
     quantize stage may ship, and fp32, the reference of a `latency_ratio`); `screened` the forms
     `auto` left untimed, each with why (`screen_forms`). `reason` says why nothing was timed
     (`measured` false): no latency target, or a method that prunes weights rather than widths.
@@ -90,7 +90,7 @@ def measure_latency_table(
 
     The units are the sensitivity sweep's (their names and sizes); the one-operator table and the
     whole-model exports are timed at `benchmark.threads`, at batch 1 and every benchmark batch
-    (so moving the target between them reuses the table), in `prune.latency_form`, or with
+    (so moving the target between them reuses the table), in `prune.target.form`, or with
     `auto` in each form `timed_forms` names. Without a latency target nothing is timed and
     `skipped.txt` says why.
 
@@ -98,7 +98,7 @@ def measure_latency_table(
         config: The `latency` section of params.
         prune: The `prune` section: its target says whether to time, its latency form in what.
         benchmark: The `benchmark` section: the thread count and batch sizes latency is timed at.
-        quantize: The `quantize` section: the forms it may ship (for `prune.latency_form: auto`).
+        quantize: The `quantize` section: the forms it may ship (for `prune.target.form: auto`).
         layout: Where to read and write; defaults to the current directory.
 
     Returns:
@@ -197,8 +197,8 @@ def _sweep_of_trained_model(layout: Layout) -> dict:
 
 def _why_no_table(prune: PruneConfig, sweep: dict) -> str:
     """Why there is nothing to time ("" when there is)."""
-    if prune.target not in LATENCY_TARGETS:
-        return f"prune.target is {prune.target}, not a latency target"
+    if not prune.latency_target:
+        return f"prune.target.kind is {prune.target_kind}, not a latency target"
     if sweep.get("granularity") != "units":
         return f"prune.method {prune.method} prunes weights, not widths"
     return ""

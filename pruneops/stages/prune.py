@@ -3,7 +3,7 @@
 The plan comes from `pruneops.planning.targets` (ratio, MAC/parameter budget, or latency from the
 table the latency stage measured). For structured methods the planned widths are measured against
 dense before any training is spent on them, and the stage backs off when they are not faster
-(`prune.min_speedup`): a slower model never leaves it. A latency target is closed on measurements
+(`prune.gate.min_speedup`): a slower model never leaves it. A latency target is closed on measurements
 by `pruneops.planning.loop.LatencyLoop`.
 """
 
@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import check_recorded_accuracy, file_sha256, load_checkpoint, save_checkpoint
-from pruneops.config import AUTO_FORM, LATENCY_TARGETS, BenchmarkConfig, PruneConfig
+from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.distillation import Distillation, with_teacher_outputs
 from pruneops.errors import DataError
@@ -91,17 +91,17 @@ class PruneReport(StageReport):
     warnings: tuple[str, ...]
     checkpoint: Path
     vocabulary: dict | None = None  # prune.trim_vocabulary: rows kept, unknown-token rates, val accuracy
-    # prune.latency_form auto: each form's plan (target in that form, predicted ms, summed drop) and
+    # prune.target.form auto: each form's plan (target in that form, predicted ms, summed drop) and
     # which was kept; `latency_form` is the kept one, `target_value` the target as set.
     form_choice: tuple[dict, ...] | None = None
     # A latency target: every plan the closed loop measured (widths, predicted and measured ms,
     # fraction of the target, summed isolated drop) and which was kept, so that a plan cut deeper
     # than a first one can be told apart from timing noise afterwards.
     latency_plans: tuple[dict, ...] | None = None
-    # prune.plan_trials: each plan trained briefly to rank an allocation's shortlist (widths,
+    # prune.trials.count: each plan trained briefly to rank an allocation's shortlist (widths,
     # summed isolated drop, validation accuracy after the trial), and whether it was measured and kept.
     plan_trials: tuple[dict, ...] | None = None
-    # prune.target_reference: the file, its time and dense's when the stage began, the ratio of
+    # prune.target.reference: the file, its time and dense's when the stage began, the ratio of
     # dense planned from them, and its time beside the kept plan's in the gate's run.
     reference: dict | None = None
 
@@ -179,8 +179,8 @@ def _resolve_form(
     """
     if config.latency_form != AUTO_FORM:
         return config, None
-    if config.target not in LATENCY_TARGETS or sweep is None:
-        return config.model_copy(update={"latency_form": "fp32"}), None
+    if not config.latency_target or sweep is None:
+        return config.with_target(form="fp32"), None
     chosen, choices = choose_latency_form(config, sweep, layout.stage_dir("latency"), benchmark.threads)
     for c in choices:
         if "screened" in c:
@@ -190,7 +190,7 @@ def _resolve_form(
             "latency form %s: target %.4g (%s), predicted %.4f ms of %.4f dense, summed drop %s%s",
             c["form"],
             c["target_value"],
-            config.target,
+            config.target_kind,
             c["predicted_ms"],
             c["dense_predicted_ms"],
             "n/a (target not reached)" if c["summed_drop"] is None else f"{c['summed_drop']:.4f}",
@@ -231,7 +231,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     def make_method(ratio: float, ratios: dict | None):
         return method_cls(make_context(config, train, example, ratio, ratios, shared))
 
-    asked = config.target_value
+    asked = config.target.value if config.target is not None else None
     reference = aim_at_reference(config, benchmark, layout, model, meta.input_shape) if method_cls.structured else None
     if reference is not None:  # (config validation refuses a latency target for unstructured methods)
         config = reference.planning_config(config)
@@ -252,7 +252,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
     ctx = make_context(config, train, example, target.ratio, ratios, shared)
     ctx.warnings.extend(target.warnings)
     if reference is not None and "note" in reference.record:
-        ctx.warnings.append(f"prune.target_reference: {reference.record['note']}")
+        ctx.warnings.append(f"prune.target.reference: {reference.record['note']}")
     if gated is not None and gated.warns:
         ctx.warnings.append(f"prune gate {gated.text}")
     method = method_cls(ctx)
@@ -271,7 +271,7 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
 
 
 def _reference_record(reference: ReferenceAim | None, gated: GateResult | None) -> dict | None:
-    """What `prune.target_reference` measured: at the start, and beside the kept plan (per batch size)."""
+    """What `prune.target.reference` measured: at the start, and beside the kept plan (per batch size)."""
     if reference is None:
         return None
     if gated is None or gated.decision is GateDecision.REFUSED:
@@ -303,13 +303,9 @@ def _prune(config: PruneConfig, model, method, train: Split, val: Split, shape) 
     # The unpruned model teaches every step's fine-tuning: what it gives each training sample
     # (logits, block outputs) is computed once, here, for all the steps.
     kd = None
-    if config.distill_weight > 0 or config.hidden_distill_weight > 0:
-        kd = Distillation(
-            copy.deepcopy(model),
-            config.distill_temperature,
-            config.distill_weight,
-            hidden_weight=config.hidden_distill_weight,
-        )
+    taught = config.distillation
+    if taught.active:
+        kd = Distillation(copy.deepcopy(model), taught.temperature, taught.weight, hidden_weight=taught.hidden_weight)
         if config.epochs_per_step > 0 or method.needs_warmup:  # (prune's fitting does not augment)
             kd = with_teacher_outputs(kd, train, augmented=False)
     hooks = {"after_backward": method.after_backward, "after_step": method.after_step}
@@ -343,15 +339,15 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
     final, first = history[-1], history[0]
     measured = predicted = error = None
     if gated is not None and target.predicted_ms is not None:
-        batch = str(config.target_batch)
+        batch = str(config.target.batch)
         measured = planned_ms(gated, batch)  # the error is the table's, on the widths it predicted
         predicted = predicted_ms(target, gated, batch)
         error = predicted / measured - 1.0 if measured and predicted is not None else None
     return PruneReport(
         method=config.method,
-        target=config.target,
-        target_value=config.target_value,
-        target_batch=config.target_batch,
+        target=config.target_kind,
+        target_value=config.target.value if config.target is not None else None,
+        target_batch=config.target.batch if config.target is not None else None,
         target_ratio=target.ratio,
         achieved_ratio=target.allocation.achieved_ratio if target.allocation else None,
         summed_isolated_drop=summed_drop(target),
@@ -413,7 +409,7 @@ def _write(layout, config, ckpt, model, method, sweep, target: Plan, ratios, his
                 ("params", ["params", "nonzero_params"]),
                 ("zero fraction", ["weight_zero_fraction"]),
             ],
-            f"Pruning ({config.method}, {config.schedule}, target {config.target} {config.target_value})",
+            f"Pruning ({config.method}, {config.schedule}, target {config.target_kind} {report.target_value})",
             plots / "history.png",
         )
         plot_sensitivity(sweep["units"] if sweep else {}, ratios or {}, plots / "allocation.png")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pruneops.checkpoint import load_checkpoint
-from pruneops.config import AUTO_FORM, LATENCY_TARGETS, BenchmarkConfig, PruneConfig, QuantizeConfig
+from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import QualityGateError
 from pruneops.inputs import rows
@@ -171,17 +171,17 @@ def planned_form(prune: PruneConfig, layout: Layout) -> str:
 
 def _planned_in_another_form(prune: PruneConfig, planned: str, chosen: str) -> list[str]:
     """A warning where the widths were chosen for a latency timed in another form than the one that ships."""
-    if prune.target not in LATENCY_TARGETS or planned == chosen:
+    if not prune.latency_target or planned == chosen:
         return []
     # Not a prescription: planned in another form the widths change, and so may the form that ships
     # (the default digits run planned in static INT8 cut 10x the MACs and shipped fp32). Two runs decide.
     how = (
         f"auto kept the {planned} plan before fine-tuning, and {chosen} measured faster here within tolerance"
         if prune.latency_form == AUTO_FORM
-        else f"compare this run's benchmark with `dvc exp run -S prune.latency_form={chosen}` (or auto)"
+        else f"compare this run's benchmark with `dvc exp run -S prune.target.form={chosen}` (or auto)"
     )
     return [
-        f"prune.latency_form={prune.latency_form}: the {prune.target} target was planned in {planned} "
+        f"prune.target.form={prune.latency_form}: the {prune.target_kind} target was planned in {planned} "
         f"and {chosen} ships, so it holds for the {planned} model, not necessarily for the deployed one; {how}"
     ]
 

@@ -175,7 +175,7 @@ class LatencyTable:
         A one-operator graph also pays for the call and for moving its input and output; that
         cost (timed on an element-wise graph with the same input) is taken off, so that the
         table sums what the layers compute rather than how many graphs were run. A `form` other
-        than fp32 (`prune.latency_form`) times the graph quantized as the quantize stage would:
+        than fp32 (`prune.target.form`) times the graph quantized as the quantize stage would:
         INT8 kernels have their own fast channel counts (docs/explanation/int8.md#int8-table).
         """
         key = shape.key(batch) if form == "fp32" else f"{form}:{shape.key(batch)}"

@@ -152,22 +152,22 @@ def _reference_session(path: Path, threads: int, exported: dict):
     from pruneops.onnx_utils import make_session
 
     if not path.is_file():
-        raise ConfigError(f"prune.target_reference: {path} not found")
+        raise ConfigError(f"prune.target.reference: {path} not found")
     try:
         session = make_session(path, threads)
     except Exception as exc:  # ONNX Runtime raises its own types for a file that is not a model
-        raise ConfigError(f"prune.target_reference: {path} is not an ONNX model ONNX Runtime loads: {exc}") from None
+        raise ConfigError(f"prune.target.reference: {path} is not an ONNX model ONNX Runtime loads: {exc}") from None
     names = sorted(i.name for i in session.get_inputs())
     wanted = sorted(i.name for i in next(iter(exported.values())).get_inputs())
     if names != wanted:
         raise ConfigError(
-            f"prune.target_reference: {path} takes inputs {', '.join(names)}; the model's export takes "
+            f"prune.target.reference: {path} takes inputs {', '.join(names)}; the model's export takes "
             f"{', '.join(wanted)} (the two are timed on the same inputs)"
         )
     fixed = [f"{i.name} ({i.shape[0]})" for i in session.get_inputs() if i.shape and isinstance(i.shape[0], int)]
     if fixed:
         raise ConfigError(
-            f"prune.target_reference: {path} has a fixed batch size in {', '.join(fixed)}; it is timed at "
+            f"prune.target.reference: {path} has a fixed batch size in {', '.join(fixed)}; it is timed at "
             "every batch the gate measures: export it with a dynamic batch axis"
         )
     return session

@@ -38,10 +38,8 @@ def test_dvc_repro_runs_every_stage_from_a_text_csv_and_a_pretrained_folder(tmp_
         },
         sensitivity={"ratios": [0.25, 0.5]},
         prune={
-            "target": "ratio",
-            "target_value": 0.5,
-            "target_batch": None,
-            "min_speedup": None,
+            "target": {"kind": "ratio", "value": 0.5},
+            "gate": {"min_speedup": None},
             "use_sensitivity": False,
             "steps": 1,
             "epochs_per_step": 1,

@@ -77,7 +77,7 @@ def test_dvc_repro_runs_every_stage_from_weights_idx_files_and_preprocessing(tmp
             "preprocess": PREPROCESS,
         },
         sensitivity={"ratios": [0.5]},
-        prune={"steps": 1, "epochs_per_step": 1, "target_value": 0.3},
+        prune={"steps": 1, "epochs_per_step": 1, "target": {"kind": "ratio", "value": 0.3}},
         finetune={"epochs": 1},
     )
     out = repro_new_project(tmp_path, params)

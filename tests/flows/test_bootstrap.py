@@ -22,7 +22,7 @@ def test_environment_overrides_read_values_as_yaml_and_refuse_stage_params():
     with pytest.raises(ConfigError, match="section.key=value"):
         environment_overrides("reprune.drift_source")
     with pytest.raises(ConfigError, match="stage params change through a DVC experiment"):
-        environment_overrides("prune.target_value=0.7")
+        environment_overrides("prune.target.value=0.7")
 
 
 def test_settings_apply_in_memory_and_params_yaml_is_never_written(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ def test_pipeline_flow_runs_overrides_as_a_dvc_experiment_and_leaves_params_alon
 
     params = project / "params.yaml"
     before = params.read_text()
-    metrics = pruning_pipeline(overrides={"prune.target_value": 0.6}, project_dir=str(project))
+    metrics = pruning_pipeline(overrides={"prune.target.value": 0.6}, project_dir=str(project))
     assert list(metrics) == [*STAGES, "experiment"]
     assert metrics["prune"]["target_value"] == 0.6
     assert params.read_text() == before  # nothing rewrote the workspace's params.yaml
@@ -38,7 +38,7 @@ def test_pipeline_flow_runs_overrides_as_a_dvc_experiment_and_leaves_params_alon
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_failing_stage_fails_the_flow_with_its_error(project):
-    text = (project / "params.yaml").read_text().replace("target_value: 0.5", "target_value: 1.5")
+    text = (project / "params.yaml").read_text().replace("value: 0.5", "value: 1.5")
     (project / "params.yaml").write_text(text)
     state = pruning_pipeline(project_dir=str(project), return_state=True)
     assert state.is_failed()
@@ -47,7 +47,7 @@ def test_failing_stage_fails_the_flow_with_its_error(project):
     with pytest.raises(
         Exception,
         match=r"stage (\w+) failed \(exit 2\): pruneops \1: error: "
-        r"prune.target_value: a ratio must be less than 1 \(got 1.5\)",
+        r"prune.target.value: a ratio must be less than 1 \(got 1.5\)",
     ):
         state.result()
 
@@ -55,7 +55,7 @@ def test_failing_stage_fails_the_flow_with_its_error(project):
 def test_bad_override_is_refused_before_anything_runs(tmp_path):
     project = make_project(tmp_path)
     before = (project / "params.yaml").read_text()
-    with pytest.raises(ConfigError, match="prune.target_value: a ratio must be less than 1"):
-        pruning_pipeline(overrides={"prune.target_value": 3}, project_dir=str(project))
+    with pytest.raises(ConfigError, match="prune.target.value: a ratio must be less than 1"):
+        pruning_pipeline(overrides={"prune.target.value": 3}, project_dir=str(project))
     assert (project / "params.yaml").read_text() == before
     assert not (project / "artifacts").exists() and not (project / "state/experiments").exists()

@@ -33,7 +33,7 @@ def test_head_units_are_never_rounded_to_channel_multiples():
     assert is_head_unit("heads") and is_head_unit("encoder.layer.0.attention.heads")
     assert not is_head_unit("blocks.0.heads_proj") and not is_head_unit("multiheads")
     sizes = {"heads": 12, "encoder.heads": 12, "stages.0.conv1": 64}
-    config = PruneConfig(target="ratio", target_batch=None, round_to=8)
+    config = PruneConfig(target={"kind": "ratio", "value": 0.5}, round_to=8)
     widths = planned_widths(config, sizes, Plan(0.5, ratios=dict.fromkeys(sizes, 0.5)))
     # 12 heads at half keep 6 (rounded to 8 they would keep 8, a third more than planned).
     assert widths == {"heads": 6, "encoder.heads": 6, "stages.0.conv1": 32}
@@ -100,9 +100,11 @@ def test_prune_stage_refuses_a_target_out_of_the_sweeps_reach(pipeline_dir, tmp_
 
     for part in ("artifacts/validate", "artifacts/train"):
         shutil.copytree(pipeline_dir / part, tmp_path / part)
-    params = write_params(tmp_path, tiny_params(prune={"target_value": 0.85}, sensitivity={"ratios": [0.25, 0.5]}))
+    params = write_params(
+        tmp_path, tiny_params(prune={"target": {"kind": "ratio", "value": 0.85}}, sensitivity={"ratios": [0.25, 0.5]})
+    )
     run_stage("sensitivity", params, tmp_path)  # the sweep does not depend on the target
     assert (tmp_path / "artifacts/sensitivity/sensitivity.json").exists()
-    with pytest.raises(ConfigError, match=r"prune.target_value: ratio 0.85 is out of reach of the sweep"):
+    with pytest.raises(ConfigError, match=r"prune.target.value: ratio 0.85 is out of reach of the sweep"):
         run_stage("prune", params, tmp_path)
     assert not (tmp_path / "artifacts/prune").exists()

@@ -8,60 +8,76 @@ threads, a billion epochs) is refused here rather than crashing or exhausting th
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from pruneops.config.base import (
+    BatchSize,
+    Epochs,
+    Fraction,
+    LearningRate,
+    Ratio,
+    Seed,
+    StageConfig,
+    Text,
+    Threads,
+    lookup,
+    registered,
+)
+from pruneops.config.prune import (
+    AUTO_FORM,
+    DEFAULT_PLAN_TRIALS,
+    LATENCY_TARGETS,
+    MAX_REFERENCE_RATIO,
+    MOVED_PRUNE_KEYS,
+    DistillationConfig,
+    GateConfig,
+    PruneConfig,
+    TargetConfig,
+    TargetKind,
+    TrialsConfig,
+)
 from pruneops.errors import ConfigError
 
-Ratio = Annotated[float, Field(ge=0.0, lt=1.0)]
-
-Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
-
-Threads = Annotated[int, Field(ge=1, le=256)]
-
-Epochs = Annotated[int, Field(ge=1, le=10_000)]
-
-BatchSize = Annotated[int, Field(ge=1, le=65_536)]
-
-Seed = Annotated[int, Field(ge=0, lt=2**32)]
-
-LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
-
-# Names and paths: non-empty, no NUL byte (the OS refuses it), not a novel's length.
-Text = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
-
-
-class StageConfig(BaseModel):
-    """Base of every stage config: strict types, no unknown keys, finite numbers, immutable."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-def lookup(target: str, name: str) -> Any:
-    """Resolves `name` through a registry (or resolver function) given as `module:attribute`.
-
-    The module is named by a string and imported on first use: a name check passes or fails a
-    config and cannot change a stage's outputs, so `pruneops.dvcfile` does not count the registry
-    module among the stage's code dependencies.
-
-    Raises:
-        ValueError: Unknown name; the message lists the known ones.
-    """
-    module, _, attr = target.partition(":")
-    found = getattr(importlib.import_module(module), attr)
-    try:
-        return found(name) if callable(found) and not hasattr(found, "get") else found.get(name)
-    except ConfigError as exc:
-        raise ValueError(str(exc).removeprefix("train.model: ")) from None
-
-
-def registered(registry: str, name: str) -> str:
-    """`name`, after checking it against `registry` (see `lookup`)."""
-    lookup(registry, name)
-    return name
+__all__ = [
+    "AUTO_FORM",
+    "AugmentConfig",
+    "BatchSize",
+    "BenchmarkConfig",
+    "ConfigError",
+    "DEFAULT_PLAN_TRIALS",
+    "DistillationConfig",
+    "Epochs",
+    "ExportConfig",
+    "FinetuneConfig",
+    "FitParams",
+    "Fraction",
+    "GateConfig",
+    "LATENCY_TARGETS",
+    "LatencyConfig",
+    "LearningRate",
+    "MAX_REFERENCE_RATIO",
+    "MOVED_PRUNE_KEYS",
+    "PreprocessConfig",
+    "PruneConfig",
+    "QuantizeConfig",
+    "Ratio",
+    "RepruneConfig",
+    "Seed",
+    "SensitivityConfig",
+    "ServeConfig",
+    "StageConfig",
+    "TargetConfig",
+    "TargetKind",
+    "Text",
+    "Threads",
+    "TrainConfig",
+    "TrialsConfig",
+    "ValidateConfig",
+    "lookup",
+    "registered",
+]
 
 
 class AugmentConfig(StageConfig):
@@ -290,16 +306,10 @@ class SensitivityConfig(StageConfig):
         return registered("pruneops.planning.sensitivity:ESTIMATORS", v)
 
 
-LATENCY_TARGETS = ("latency_ms", "latency_ratio")
-
-# `prune.latency_form: auto`: plan in every form the quantize stage may ship, keep the cheapest plan.
-AUTO_FORM = "auto"
-
-
 class LatencyConfig(StageConfig):
     """`latency`: the latency table of the model's units on this machine (latency targets only).
 
-    Measured at `benchmark.threads` and every batch a target may name, in `prune.latency_form`:
+    Measured at `benchmark.threads` and every batch a target may name, in `prune.target.form`:
     its own stage so that changing the form, the target or the benchmark's batches re-times the
     units without sweeping their accuracy again (the sweep took 11 min on a MobileNetV2-style model).
     """
@@ -308,168 +318,6 @@ class LatencyConfig(StageConfig):
     # dense and four uniform cuts: each is one ONNX export and one timed session.
     unit_points: Annotated[int, Field(ge=1, le=16)] = 4
     threads: Threads = 2
-
-
-# A ratio of a reference model's latency may exceed 1 (slower than the reference, faster than dense),
-# but a plan is never slower than dense: past this the target is not a pruning target.
-MAX_REFERENCE_RATIO = 4.0
-
-DEFAULT_PLAN_TRIALS = 4  # plans trained briefly per latency allocation: the best uniform cut and three others
-
-
-class PruneConfig(StageConfig):
-    """`prune`: allocate per-unit ratios, then prune iteratively with fine-tuning between steps.
-
-    `target` says what to reach and `target_value` how much: `ratio` (fraction of channels/heads,
-    MAC-weighted, or of weights to remove), `macs` or `params` (the most one sample's forward pass
-    may cost, or the model may hold), `latency_ms` or `latency_ratio` (predicted latency at
-    `target_batch` on this machine, in milliseconds or as a fraction of dense; structured methods).
-    `target_reference` (with `latency_ratio`): an ONNX file (relative to the project) whose latency
-    the ratio is of instead of dense's: 1.0 asks to be as fast as that model (one served now, or
-    another pruning tool's result), which the gate times interleaved with dense and each plan, so
-    that the comparison holds in whatever state the machine is in. It is timed as it is (not
-    quantized); its inputs must be named as the model's export names them.
-    `latency_form` is the form that latency, and the gate's, is measured in: `fp32`, or a
-    quantizer's name (`static`, `dynamic`) when that is what will be deployed: INT8 and fp32 do not
-    rank plans alike (INT8 kernels have their own fast channel counts and per-operator costs).
-    `auto` plans in every form the quantize stage may ship (each `quantize.method: auto` candidate,
-    or the one method named) and keeps the plan that meets the target with the least predicted
-    accuracy loss; a `latency_ratio` is then of dense fp32, so an INT8 form needs fewer cuts.
-    `target`, `scope`, `importance` and `round_to` apply to some methods only (each method
-    declares which); a key set for a method it does not apply to is refused, not ignored.
-    `min_speedup` is the gate: a structured result must be measured at least this much faster
-    than dense at batch 1, and not slower at the benchmark's largest batch (null: measured and
-    reported, not gated). `trim_vocabulary` (text models) keeps only the token embeddings the
-    training texts use; other token ids read as the unknown token (the report says how often on
-    validation and test text). `plan_trials` (latency targets): how many feasible plans of the
-    allocation (least summed isolated drop first, the best uniform cut among them) are each pruned
-    into a copy, BatchNorm-recalibrated and trained one pass over `trial_samples` training samples;
-    the best on validation replaces the allocation's own plan where it is better by more than two
-    paired standard errors (NetAdapt's short-term fine-tuning, `pruneops.stages.prune.PlanTrials`); at deep
-    cuts the sweep's isolated drops rank plans against what fine-tuning recovers. 1: no trials;
-    null: 4 for latency targets.
-    """
-
-    method: str = "channel"
-    target: Literal["ratio", "macs", "params", "latency_ms", "latency_ratio"] | None = "latency_ratio"
-    target_value: Annotated[float, Field(ge=0.0, le=1e18)] | None = 0.5
-    target_batch: Annotated[int, Field(ge=1, le=4096)] | None = 1
-    target_reference: str | None = None
-    min_speedup: Annotated[float, Field(ge=1.0, le=100.0)] | None = 1.05
-    latency_form: str = "fp32"
-    max_unit_ratio: Ratio = 0.8
-    scope: Literal["global", "layer"] | None = None
-    steps: Annotated[int, Field(ge=1, le=1000)] = 4
-    schedule: str = "cubic"
-    importance: str | None = "l2"
-    use_sensitivity: bool = True
-    round_to: Annotated[int, Field(ge=1, le=4096)] | None = None
-    epochs_per_step: Annotated[int, Field(ge=0, le=1000)] = 2
-    bn_recalibration_samples: Annotated[int, Field(ge=0, le=10_000_000)] = 0
-    distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    distill_temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
-    hidden_distill_weight: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
-    trim_vocabulary: bool = False
-    plan_trials: Annotated[int, Field(ge=1, le=64)] | None = None  # latency targets: DEFAULT_PLAN_TRIALS
-    trial_samples: Annotated[int, Field(ge=1, le=10_000_000)] = 3200
-    lr: LearningRate = 1e-3
-    batch_size: BatchSize = 64
-    seed: Seed = 0
-    threads: Threads = 2
-
-    @field_validator("method")
-    @classmethod
-    def _known_method(cls, v: str) -> str:
-        return registered("pruneops.pruning.methods:METHODS", v)
-
-    @field_validator("latency_form")
-    @classmethod
-    def _known_form(cls, v: str) -> str:
-        if v == AUTO_FORM:
-            return v
-        try:
-            return registered("pruneops.quantizers:QUANTIZERS", v)
-        except ValueError as exc:
-            raise ValueError(f"{exc}; or {AUTO_FORM} (plan in every form the quantize stage may ship)") from None
-
-    @field_validator("schedule")
-    @classmethod
-    def _known_schedule(cls, v: str) -> str:
-        return registered("pruneops.pruning.schedule:SCHEDULES", v)
-
-    @field_validator("importance")
-    @classmethod
-    def _known_importance(cls, v: str | None) -> str | None:
-        return v if v is None else registered("pruneops.pruning.importance:IMPORTANCES", v)
-
-    @model_validator(mode="after")
-    def _keys_apply_to_method(self) -> PruneConfig:
-        method = lookup("pruneops.pruning.methods:METHODS", self.method)
-        every = lookup("pruneops.pruning.methods:registered_methods", "all")
-        if (self.target is None) != (self.target_value is None):
-            raise ValueError("target_value: set together with prune.target (both, or both null)")
-        self._check_target(method)
-        for key in ("target", "scope", "importance", "round_to"):
-            value = getattr(self, key)
-            users = ", ".join(name for name, cls in every.items() if key in cls.options)
-            if value is not None and key not in method.options:
-                raise ValueError(
-                    f"{key}: does not apply to method {self.method!r} (it applies to: {users}); "
-                    "remove it or set it to null"
-                )
-            if value is None and key in method.required:
-                raise ValueError(f"{key}: required by method {self.method!r}")
-        if self.importance is not None and method.importances and self.importance not in method.importances:
-            raise ValueError(
-                f"importance: method {self.method!r} ranks weights by {' or '.join(sorted(method.importances))}, "
-                f"not {self.importance!r}"
-            )
-        return self
-
-    def _check_target(self, method: Any) -> None:
-        value, latency = self.target_value, self.target in LATENCY_TARGETS
-        if self.target_reference is not None:
-            self._check_reference()
-        elif self.target in ("ratio", "latency_ratio") and value is not None and not value < 1.0:
-            raise ValueError(f"target_value: a ratio must be less than 1 (got {value})")
-        if self.target == "latency_ratio" and not value > 0.0:
-            raise ValueError(f"target_value: a latency ratio must be more than 0 (got {value})")
-        if self.target in ("macs", "params", *LATENCY_TARGETS) and not method.structured:
-            raise ValueError(f"target: {self.target} targets need a structured method, not {self.method!r}")
-        if latency and self.target_batch is None:
-            raise ValueError(f"target_batch: required by target {self.target!r} (the batch size the latency is at)")
-        if not latency and self.target_batch is not None:
-            raise ValueError(f"target_batch: applies to latency targets only (target is {self.target!r}); set null")
-        if not latency and self.plan_trials is not None:
-            raise ValueError(f"plan_trials: ranks latency plans only (target is {self.target!r}); set null")
-
-    def _check_reference(self) -> None:
-        if self.target != "latency_ratio":
-            raise ValueError(f"target_reference: applies to target latency_ratio only (target is {self.target!r})")
-        if not self.target_reference.endswith(".onnx"):
-            raise ValueError(f"target_reference: an ONNX model file (.onnx), not {self.target_reference!r}")
-        if not 0.0 < self.target_value <= MAX_REFERENCE_RATIO:
-            raise ValueError(
-                f"target_value: a ratio of the reference's latency must be in (0, {MAX_REFERENCE_RATIO:g}] "
-                f"(got {self.target_value})"
-            )
-
-    @property
-    def reference_file(self) -> Path | None:
-        """`target_reference` as a path (None without one)."""
-        return Path(self.target_reference) if self.target_reference else None
-
-    @property
-    def trial_count(self) -> int:
-        """How many latency plans are trained briefly and compared (1: none; see the class docstring)."""
-        if self.target not in LATENCY_TARGETS:
-            return 1
-        return DEFAULT_PLAN_TRIALS if self.plan_trials is None else self.plan_trials
-
-    @property
-    def criterion(self) -> str:
-        """The importance criterion in effect (`l2` where the method takes one but none is set)."""
-        return self.importance or "l2"
 
 
 class FinetuneConfig(FitParams):

@@ -1,0 +1,57 @@
+"""What every section's config is made of: strict immutable models, bounded types, registry lookups."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pruneops.errors import ConfigError
+
+Ratio = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
+
+Threads = Annotated[int, Field(ge=1, le=256)]
+
+Epochs = Annotated[int, Field(ge=1, le=10_000)]
+
+BatchSize = Annotated[int, Field(ge=1, le=65_536)]
+
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+
+LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
+
+# Names and paths: non-empty, no NUL byte (the OS refuses it), not a novel's length.
+Text = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+
+
+class StageConfig(BaseModel):
+    """Base of every stage config: strict types, no unknown keys, finite numbers, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+def lookup(target: str, name: str) -> Any:
+    """Resolves `name` through a registry (or resolver function) given as `module:attribute`.
+
+    The module is named by a string and imported on first use: a name check passes or fails a
+    config and cannot change a stage's outputs, so `pruneops.dvcfile` does not count the registry
+    module among the stage's code dependencies.
+
+    Raises:
+        ValueError: Unknown name; the message lists the known ones.
+    """
+    module, _, attr = target.partition(":")
+    found = getattr(importlib.import_module(module), attr)
+    try:
+        return found(name) if callable(found) and not hasattr(found, "get") else found.get(name)
+    except ConfigError as exc:
+        raise ValueError(str(exc).removeprefix("train.model: ")) from None
+
+
+def registered(registry: str, name: str) -> str:
+    """`name`, after checking it against `registry` (see `lookup`)."""
+    lookup(registry, name)
+    return name

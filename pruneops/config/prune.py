@@ -1,0 +1,290 @@
+"""The `prune` section, nested by concern: what to reach, the gate, plan trials, distillation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pruneops.config.base import BatchSize, LearningRate, Ratio, Seed, StageConfig, Text, Threads, lookup, registered
+
+LATENCY_TARGETS = ("latency_ms", "latency_ratio")
+
+# `prune.target.form: auto`: plan in every form the quantize stage may ship, keep the cheapest plan.
+AUTO_FORM = "auto"
+
+
+# A ratio of a reference model's latency may exceed 1 (slower than the reference, faster than dense),
+# but a plan is never slower than dense: past this the target is not a pruning target.
+MAX_REFERENCE_RATIO = 4.0
+
+DEFAULT_PLAN_TRIALS = 4  # plans trained briefly per latency allocation: the best uniform cut and three others
+
+
+TargetKind = Literal["ratio", "macs", "params", "latency_ms", "latency_ratio"]
+
+
+class TargetConfig(StageConfig):
+    """`prune.target`: what the pruned model must reach, and in which form it is timed.
+
+    `kind`: `ratio` (fraction of channels/heads, MAC-weighted, or of weights to remove), `macs` or
+    `params` (the most one sample's forward pass may cost, or the model may hold), `latency_ms` or
+    `latency_ratio` (predicted latency at `batch` on this machine, in milliseconds or as a fraction
+    of dense; structured methods). `value`: how much. `batch` (latency kinds only; 1 when not set):
+    the batch size the latency is at. `reference` (with `latency_ratio`): an ONNX file (relative to
+    the project) whose latency the ratio is of instead of dense's: 1.0 asks to be as fast as that
+    model (one served now, or another pruning tool's result), which the gate times interleaved with
+    dense and each plan, so that the comparison holds in whatever state the machine is in. It is
+    timed as it is (not quantized); its inputs must be named as the model's export names them.
+    `form`: the form that latency, and the gate's, is measured in: `fp32`, or a quantizer's name
+    (`static`, `dynamic`) when that is what will be deployed: INT8 and fp32 do not rank plans alike
+    (INT8 kernels have their own fast channel counts and per-operator costs). `auto` plans in every
+    form the quantize stage may ship (each `quantize.method: auto` candidate, or the one method
+    named) and keeps the plan that meets the target with the least predicted accuracy loss; a
+    `latency_ratio` is then of dense fp32, so an INT8 form needs fewer cuts.
+    """
+
+    kind: TargetKind
+    value: Annotated[float, Field(ge=0.0, le=1e18)]
+    batch: Annotated[int, Field(ge=1, le=4096)] | None = None
+    reference: Text | None = None
+    form: str = "fp32"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _latency_batch_defaults_to_one(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") in LATENCY_TARGETS and "batch" not in data:
+            return {**data, "batch": 1}
+        return data
+
+    @field_validator("form")
+    @classmethod
+    def _known_form(cls, v: str) -> str:
+        if v == AUTO_FORM:
+            return v
+        try:
+            return registered("pruneops.quantizers:QUANTIZERS", v)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; or {AUTO_FORM} (plan in every form the quantize stage may ship)") from None
+
+    @model_validator(mode="after")
+    def _value_fits_kind(self) -> TargetConfig:
+        value, latency = self.value, self.kind in LATENCY_TARGETS
+        if self.reference is not None:
+            self._check_reference()
+        elif self.kind in ("ratio", "latency_ratio") and not value < 1.0:
+            raise ValueError(f"value: a ratio must be less than 1 (got {value})")
+        if self.kind == "latency_ratio" and not value > 0.0:
+            raise ValueError(f"value: a latency ratio must be more than 0 (got {value})")
+        if latency and self.batch is None:
+            raise ValueError(f"batch: required by kind {self.kind!r} (the batch size the latency is at)")
+        if not latency and self.batch is not None:
+            raise ValueError(f"batch: applies to latency kinds only (kind is {self.kind!r}); remove it")
+        return self
+
+    def _check_reference(self) -> None:
+        if self.kind != "latency_ratio":
+            raise ValueError(f"reference: applies to kind latency_ratio only (kind is {self.kind!r})")
+        if not self.reference.endswith(".onnx"):
+            raise ValueError(f"reference: an ONNX model file (.onnx), not {self.reference!r}")
+        if not 0.0 < self.value <= MAX_REFERENCE_RATIO:
+            raise ValueError(
+                f"value: a ratio of the reference's latency must be in (0, {MAX_REFERENCE_RATIO:g}] (got {self.value})"
+            )
+
+    @property
+    def is_latency(self) -> bool:
+        """Whether the target is a latency (`latency_ms` or `latency_ratio`)."""
+        return self.kind in LATENCY_TARGETS
+
+    @property
+    def reference_file(self) -> Path | None:
+        """`reference` as a path (None without one)."""
+        return Path(self.reference) if self.reference else None
+
+
+class GateConfig(StageConfig):
+    """`prune.gate`: what a structured result must measure against dense before it leaves the stage.
+
+    `min_speedup`: at least this much faster than dense at batch 1, and not slower at the
+    benchmark's largest batch (null: measured and reported, not gated).
+    """
+
+    min_speedup: Annotated[float, Field(ge=1.0, le=100.0)] | None = 1.05
+
+
+class TrialsConfig(StageConfig):
+    """`prune.trials` (latency targets): plans of the allocation trained briefly, the best kept.
+
+    `count` feasible plans (least summed isolated drop first, the best uniform cut among them) are
+    each pruned into a copy, BatchNorm-recalibrated and trained one pass over `samples` training
+    samples; the best on validation replaces the allocation's own plan where it is better by more
+    than two paired standard errors (NetAdapt's short-term fine-tuning,
+    `pruneops.planning.trials.PlanTrials`); at deep cuts the sweep's isolated drops rank plans
+    against what fine-tuning recovers. 1: no trials; null: 4 for latency targets.
+    """
+
+    count: Annotated[int, Field(ge=1, le=64)] | None = None
+    samples: Annotated[int, Field(ge=1, le=10_000_000)] = 3200
+
+
+class DistillationConfig(StageConfig):
+    """`prune.distillation`: each step's fine-tuning distils from the unpruned model (0: labels only).
+
+    `weight` of the softened-logit loss at `temperature`; `hidden_weight` times the mean squared
+    error between each pruned block's output and the unpruned one's (transformer layers; the hidden
+    width must be kept).
+    """
+
+    weight: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    temperature: Annotated[float, Field(gt=0.0, le=100.0)] = 4.0
+    hidden_weight: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
+
+    @property
+    def active(self) -> bool:
+        """Whether any distillation loss is on."""
+        return self.weight > 0 or self.hidden_weight > 0
+
+
+# Keys of the flat `prune` section before it was nested by concern, and where each lives now.
+MOVED_PRUNE_KEYS = {
+    "target_value": "target.value",
+    "target_batch": "target.batch",
+    "target_reference": "target.reference",
+    "latency_form": "target.form",
+    "min_speedup": "gate.min_speedup",
+    "plan_trials": "trials.count",
+    "trial_samples": "trials.samples",
+    "distill_weight": "distillation.weight",
+    "distill_temperature": "distillation.temperature",
+    "hidden_distill_weight": "distillation.hidden_weight",
+}
+
+
+class PruneConfig(StageConfig):
+    """`prune`: allocate per-unit ratios, then prune iteratively with fine-tuning between steps.
+
+    Nested by concern: `target` (what to reach: `TargetConfig`; null for methods that take none),
+    `gate` (what the result must measure: `GateConfig`), `trials` (plans trained briefly:
+    `TrialsConfig`) and `distillation` (during the steps' fine-tuning: `DistillationConfig`); the
+    rest says how to cut. `scope`, `importance`, `round_to` and `target` apply to some methods only
+    (each method declares which); a key set for a method it does not apply to is refused, not
+    ignored. `trim_vocabulary` (text models) keeps only the token embeddings the training texts
+    use; other token ids read as the unknown token (the report says how often on validation and
+    test text).
+    """
+
+    method: str = "channel"
+    target: TargetConfig | None = Field(default_factory=lambda: TargetConfig(kind="latency_ratio", value=0.5))
+    gate: GateConfig = Field(default_factory=GateConfig)
+    trials: TrialsConfig = Field(default_factory=TrialsConfig)
+    distillation: DistillationConfig = Field(default_factory=DistillationConfig)
+    max_unit_ratio: Ratio = 0.8
+    scope: Literal["global", "layer"] | None = None
+    steps: Annotated[int, Field(ge=1, le=1000)] = 4
+    schedule: str = "cubic"
+    importance: str | None = "l2"
+    use_sensitivity: bool = True
+    round_to: Annotated[int, Field(ge=1, le=4096)] | None = None
+    epochs_per_step: Annotated[int, Field(ge=0, le=1000)] = 2
+    bn_recalibration_samples: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    trim_vocabulary: bool = False
+    lr: LearningRate = 1e-3
+    batch_size: BatchSize = 64
+    seed: Seed = 0
+    threads: Threads = 2
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for old, new in MOVED_PRUNE_KEYS.items():
+            if old in data:
+                raise ValueError(f"{old}: moved to prune.{new} (the section nests target, gate, trials, distillation)")
+        if isinstance(data.get("target"), str):
+            raise ValueError(
+                f"target: a block now, e.g. target: {{kind: {data['target']}, value: 0.5}} (value was target_value)"
+            )
+        return data
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        return registered("pruneops.pruning.methods:METHODS", v)
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, v: str) -> str:
+        return registered("pruneops.pruning.schedule:SCHEDULES", v)
+
+    @field_validator("importance")
+    @classmethod
+    def _known_importance(cls, v: str | None) -> str | None:
+        return v if v is None else registered("pruneops.pruning.importance:IMPORTANCES", v)
+
+    @model_validator(mode="after")
+    def _keys_apply_to_method(self) -> PruneConfig:
+        method = lookup("pruneops.pruning.methods:METHODS", self.method)
+        every = lookup("pruneops.pruning.methods:registered_methods", "all")
+        self._check_target(method)
+        for key in ("target", "scope", "importance", "round_to"):
+            value = getattr(self, key)
+            users = ", ".join(name for name, cls in every.items() if key in cls.options)
+            if value is not None and key not in method.options:
+                raise ValueError(
+                    f"{key}: does not apply to method {self.method!r} (it applies to: {users}); "
+                    "remove it or set it to null"
+                )
+            if value is None and key in method.required:
+                raise ValueError(f"{key}: required by method {self.method!r}")
+        if self.importance is not None and method.importances and self.importance not in method.importances:
+            raise ValueError(
+                f"importance: method {self.method!r} ranks weights by {' or '.join(sorted(method.importances))}, "
+                f"not {self.importance!r}"
+            )
+        return self
+
+    def _check_target(self, method: Any) -> None:
+        kind = self.target_kind
+        if kind in ("macs", "params", *LATENCY_TARGETS) and not method.structured:
+            raise ValueError(f"target.kind: {kind} targets need a structured method, not {self.method!r}")
+        if kind not in LATENCY_TARGETS and self.trials.count is not None:
+            raise ValueError(f"trials.count: ranks latency plans only (target kind is {kind!r}); set null")
+
+    @property
+    def target_kind(self) -> TargetKind | None:
+        """The target's kind (None without a target)."""
+        return None if self.target is None else self.target.kind
+
+    @property
+    def latency_target(self) -> bool:
+        """Whether the target is a latency (`latency_ms` or `latency_ratio`)."""
+        return self.target is not None and self.target.is_latency
+
+    @property
+    def latency_form(self) -> str:
+        """The form latency is planned and gated in: `target.form` (fp32 without a target)."""
+        return "fp32" if self.target is None else self.target.form
+
+    @property
+    def reference_file(self) -> Path | None:
+        """`target.reference` as a path (None without one)."""
+        return None if self.target is None else self.target.reference_file
+
+    @property
+    def trial_count(self) -> int:
+        """How many latency plans are trained briefly and compared (1: none; see `TrialsConfig`)."""
+        if not self.latency_target:
+            return 1
+        return DEFAULT_PLAN_TRIALS if self.trials.count is None else self.trials.count
+
+    @property
+    def criterion(self) -> str:
+        """The importance criterion in effect (`l2` where the method takes one but none is set)."""
+        return self.importance or "l2"
+
+    def with_target(self, **update: Any) -> PruneConfig:
+        """A copy with the target's fields updated (the planning target a latency form or a reference resolves to)."""
+        return self.model_copy(update={"target": self.target.model_copy(update=update)})
