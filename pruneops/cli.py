@@ -137,7 +137,9 @@ def _bench(args: argparse.Namespace) -> int:
             f"pruneops bench: {name}: selected {pick['name']}: test {100 * pick['test_accuracy']:.2f}% "
             f"({-pick['test_drop_points']:+.2f} pts), batch-1 {pick['speedup_b1']:.2f}x faster"
         )
-    print(f"pruneops bench: wrote {report.markdown}, {report.plot}, {report.results}")
+    for name, where in report.reports.items():
+        print(f"pruneops bench: {name}: wrote {where / 'report.md'} (results.json and plots beside it)")
+    print("pruneops bench: `pruneops reference` rebuilds docs/results.md and the README's table from the reports")
     return 0
 
 
@@ -156,17 +158,19 @@ def _dvc_yaml(args: argparse.Namespace) -> int:
 
 
 def _reference(args: argparse.Namespace) -> int:
-    from pruneops.reference import reference_pages, stale_pages, write_pages
+    from pruneops.reference import generated_files, stale_files, write_files
 
-    out_dir = Path(args.root) / args.out
-    pages = reference_pages(build_parser())
+    files = generated_files(Path(args.root), build_parser(), args.out)
     if args.check:
-        stale = stale_pages(pages, out_dir)
-        for name in stale:
-            print(f"pruneops reference: {out_dir / name} is stale (run pruneops reference)", file=sys.stderr)
+        stale = stale_files(files)
+        for path in stale:
+            print(f"pruneops reference: {path} is stale (run pruneops reference)", file=sys.stderr)
         return 1 if stale else 0
-    for path in write_pages(pages, out_dir):
+    written = write_files(files)
+    for path in written:
         print(f"pruneops reference: wrote {path}")
+    if not written:
+        print(f"pruneops reference: all {len(files)} generated files are current")
     return 0
 
 
@@ -211,9 +215,10 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--concurrency", type=int, default=8)
     bench = sub.add_parser(
         "bench",
-        help="benchmark recipes side by side (frontier table and plot in docs/)",
+        help="benchmark recipes side by side (one report per workload under docs/results)",
         description="Runs each workload's variants as DVC experiments (sharing the baseline through the "
-        "run-cache), times every model interleaved in one process, and writes docs/benchmarks.md.",
+        "run-cache), times every model interleaved in one process, and writes each workload's report "
+        "to <out_dir>/<workload>/report.md.",
     )
     bench.add_argument("--config", default="benchmarks/mnist.yaml", help="benchmark definition (YAML)")
     bench.add_argument("--only", nargs="*", default=None, help="run only these workloads")
@@ -227,7 +232,8 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     dvc = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage table (deps = what each stage imports)")
     dvc.add_argument("--check", action="store_true", help="only check dvc.yaml; exit 1 naming what is stale")
     ref = sub.add_parser(
-        "reference", help="write the reference pages (params keys, CLI, metrics, stages) from the code"
+        "reference",
+        help="write the reference pages (params, CLI, metrics, stages) from the code, and the results page",
     )
     ref.add_argument("--out", default="docs/reference", help="folder under --root (default: docs/reference)")
     ref.add_argument("--check", action="store_true", help="only check the pages; exit 1 naming what is stale")

@@ -150,40 +150,46 @@ def stage_deps(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
     return deps + user_files(stage, configs, root)
 
 
-def stage_params(stage: Stage, configs: dict[str, StageConfig] | None = None) -> list[str]:
+def stage_params(stage: Stage, params: dict[str, Any] | None = None) -> list[str]:
     """Every key of the stage's own section, then the keys it reads from other sections.
 
-    A read key inside a block the params set to null (`prune.target.kind` without a target)
-    names the block instead: DVC refuses a params dependency that the file does not hold.
+    With the raw `params` (as read from the file), only the keys the file holds: DVC refuses a
+    params dependency the file does not hold, and a key left out takes its default from the code,
+    which is a dependency already. A key inside a block the file sets to null
+    (`prune.target.kind` without a target) names the block instead.
     """
-    return [f"{stage.name}.{key}" for key in stage.config.model_fields] + [
-        _present(key, configs) for key in stage.reads
-    ]
+    keys = [f"{stage.name}.{key}" for key in stage.config.model_fields] + list(stage.reads)
+    if params is None:
+        return keys
+    held = (_held(key, params) for key in keys)
+    return list(dict.fromkeys(key for key in held if key is not None))
 
 
-def _present(key: str, configs: dict[str, StageConfig] | None) -> str:
-    section, *path = key.split(".")
-    if configs is None or section not in configs:
-        return key
-    node: object = configs[section]
-    for depth, part in enumerate(path):
+def _held(key: str, params: dict[str, Any]) -> str | None:
+    """`key` as the params file holds it: itself, the null block around it, or None (absent)."""
+    parts = key.split(".")
+    node: Any = params
+    for depth, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
         if node is None:
-            return ".".join([section, *path[:depth]])
-        node = getattr(node, part, None)
+            return ".".join(parts[: depth + 1])
     return key
 
 
 def render(root: Path, params_file: str | Path = "params.yaml") -> dict[str, Any]:
     """The `dvc.yaml` mapping for the project at `root` and its params."""
+    raw = read_params(Path(root) / params_file)
     with project_importable(root):
-        configs = load_configs(read_params(Path(root) / params_file))
+        configs = load_configs(raw)
     default = str(params_file) == "params.yaml"
     stages = {}
     for stage in STAGES:
         entry: dict[str, Any] = {
             "cmd": f"pruneops {stage.name}" if default else f"pruneops --params {params_file} {stage.name}",
             "deps": stage_deps(stage, configs, Path(root)),
-            "params": stage_params(stage, configs) if default else [{str(params_file): stage_params(stage, configs)}],
+            "params": stage_params(stage, raw) if default else [{str(params_file): stage_params(stage, raw)}],
             "outs": [RELATIVE.stage_dir(stage.name).as_posix()],
             "metrics": [{RELATIVE.metrics(stage.name).as_posix(): {"cache": False}}],
         }
@@ -222,8 +228,10 @@ def _declared_params(entry: dict) -> set[str]:
     return keys
 
 
-def stage_problems(stage: Stage, entry: dict | None, configs: dict[str, StageConfig], root: Path) -> list[str]:
-    """What `dvc.yaml`'s entry for `stage` misses: deps, params, outputs."""
+def stage_problems(
+    stage: Stage, entry: dict | None, configs: dict[str, StageConfig], root: Path, params: dict[str, Any] | None = None
+) -> list[str]:
+    """What `dvc.yaml`'s entry for `stage` misses: deps, params (of those `params` holds), outputs."""
     if entry is None:
         return [f"stage {stage.name}: missing from dvc.yaml"]
     declared = [str(d) for d in entry.get("deps", [])]
@@ -234,7 +242,7 @@ def stage_problems(stage: Stage, entry: dict | None, configs: dict[str, StageCon
     ]
     listed = _declared_params(entry)
     problems += [
-        f"stage {stage.name}: does not list param {key}" for key in stage_params(stage, configs) if key not in listed
+        f"stage {stage.name}: does not list param {key}" for key in stage_params(stage, params) if key not in listed
     ]
     out = RELATIVE.stage_dir(stage.name).as_posix()
     if out not in entry.get("outs", []):
@@ -248,12 +256,13 @@ def check_dvc_yaml(root: Path, params_file: str | Path = "params.yaml", dvc_yaml
     if not path.is_file():
         return [f"{path}: not found; run `pruneops dvc-yaml`"]
     declared = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
+    raw = read_params(Path(root) / params_file)
     with project_importable(root):
-        configs = load_configs(read_params(Path(root) / params_file))
+        configs = load_configs(raw)
     known = {s.name for s in STAGES}
     problems = [f"stage {name}: in dvc.yaml but not in the stage table" for name in declared if name not in known]
     for stage in STAGES:
-        problems += stage_problems(stage, declared.get(stage.name), configs, Path(root))
+        problems += stage_problems(stage, declared.get(stage.name), configs, Path(root), raw)
     return problems
 
 

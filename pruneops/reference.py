@@ -1,8 +1,10 @@
-"""Reference pages generated from the code: params keys, the CLI, the serving metrics, the stages.
+"""Pages generated from the code: params keys, the CLI, the serving metrics, the stages, the results.
 
-`pruneops reference` writes them to `docs/reference/`; a test regenerates them and fails when a
-committed page differs, so the reference cannot drift from the configs, the argument parser, the
-metrics registry or the stage table.
+`pruneops reference` writes the reference to `docs/reference/`, the results page to
+`docs/results.md` and the README's headline table (both from the workload reports under
+`docs/results`); a test regenerates them and fails when a committed one differs, so the docs
+cannot drift from the configs, the argument parser, the metrics registry, the stage table or the
+benchmark reports.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import annotated_types
 from pydantic import BaseModel
 
+from pruneops.bench.results import HEADLINE_START, RESULTS_DIR, headline_table, results_page, with_headline
 from pruneops.config import EXTRA_SECTIONS, StageConfig
 from pruneops.stages import STAGES
 
@@ -205,17 +208,32 @@ def reference_pages(parser: argparse.ArgumentParser) -> list[Page]:
     return [params_page(), cli_page(parser), metrics_page(), stages_page()]
 
 
-def stale_pages(pages: list[Page], out_dir: Path) -> list[str]:
-    """The names of the pages whose file under `out_dir` is missing or differs."""
-    return [p.name for p in pages if not (out_dir / p.name).is_file() or (out_dir / p.name).read_text() != p.text]
+def generated_files(root: Path, parser: argparse.ArgumentParser, out: str = "docs/reference") -> dict[Path, str]:
+    """Every generated file of the project at `root` and its text.
+
+    The reference pages under `out`; `docs/results.md` where `docs/results` holds reports; the
+    README with its headline table where it has the table's markers.
+    """
+    files = {root / out / page.name: page.text for page in reference_pages(parser)}
+    docs = root / "docs"
+    if (docs / RESULTS_DIR).is_dir():
+        files[docs / "results.md"] = results_page(docs)
+    readme = root / "README.md"
+    if readme.is_file() and HEADLINE_START in readme.read_text():
+        files[readme] = with_headline(readme.read_text(), headline_table(docs))
+    return files
 
 
-def write_pages(pages: list[Page], out_dir: Path) -> list[Path]:
-    """Writes `pages` under `out_dir`; the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for page in pages:
-        path = out_dir / page.name
-        path.write_text(page.text)
-        paths.append(path)
-    return paths
+def stale_files(files: dict[Path, str]) -> list[Path]:
+    """The files that are missing or differ from what they would be written as."""
+    return [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
+
+
+def write_files(files: dict[Path, str]) -> list[Path]:
+    """Writes every file whose text changed; the paths written."""
+    written = []
+    for path in stale_files(files):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[path])
+        written.append(path)
+    return written

@@ -129,10 +129,15 @@ def test_a_read_key_inside_a_null_block_names_the_block(tmp_path):
     """semi_structured takes no target: the latency and quantize stages then read `prune.target` itself."""
     from tests.conftest import prune_section
 
-    write_params(tmp_path, tiny_params())
+    write_params(tmp_path, tiny_params(prune={"target": {"kind": "ratio", "value": 0.5, "form": "fp32"}}))
     stages = render(tmp_path)["stages"]
     assert {"prune.target.kind", "prune.target.form"} <= set(stages["latency"]["params"])
     write_params(tmp_path, tiny_params(prune=prune_section("semi_structured")))
     stages = render(tmp_path)["stages"]
     assert "prune.target" in stages["latency"]["params"] and "prune.target.kind" not in stages["latency"]["params"]
     assert "prune.target" in stages["quantize"]["params"]
+    # A key the file leaves out takes its default from the code (a dependency already): DVC, which
+    # refuses a params dependency the file lacks, is not given it.
+    write_params(tmp_path, tiny_params(prune={"target": {"kind": "ratio", "value": 0.5}}))
+    latency = render(tmp_path)["stages"]["latency"]["params"]
+    assert "prune.target.kind" in latency and "prune.target.form" not in latency and "prune.target" not in latency

@@ -1,12 +1,15 @@
-"""The generated reference pages: current in the tree, and read from the code they describe."""
+"""The generated pages: current in the tree, and read from the code and the reports they describe."""
 
+import json
 import re
+import shutil
 
 from prometheus_client import generate_latest
 
+from pruneops.bench.results import HEADLINE_END, HEADLINE_START, read_results
 from pruneops.cli import build_parser, main
 from pruneops.config import PruneConfig
-from pruneops.reference import metrics_page, params_page, reference_pages, stale_pages, write_pages
+from pruneops.reference import generated_files, metrics_page, params_page, stale_files, write_files
 from pruneops.serving.app import Metrics
 from pruneops.stages import STAGES
 from tests.conftest import ROOT
@@ -14,19 +17,42 @@ from tests.conftest import ROOT
 REFERENCE = ROOT / "docs" / "reference"
 
 
-def test_the_committed_reference_pages_are_current():
-    stale = stale_pages(reference_pages(build_parser()), REFERENCE)
-    assert stale == [], f"stale reference pages {stale}: run `pruneops reference`"
+def test_the_committed_reference_results_page_and_readme_table_are_current():
+    files = generated_files(ROOT, build_parser())
+    assert {ROOT / "docs/results.md", ROOT / "README.md", REFERENCE / "params.md"} <= set(files)
+    stale = stale_files(files)
+    assert stale == [], f"stale generated files {stale}: run `pruneops reference`"
 
 
 def test_check_names_a_page_that_no_longer_matches_the_code(tmp_path, capsys):
-    out = tmp_path / "docs/reference"
-    write_pages(reference_pages(build_parser()), out)
+    write_files(generated_files(tmp_path, build_parser()))
     assert main(["--root", str(tmp_path), "reference", "--check"]) == 0
-    page = out / "params.md"
+    page = tmp_path / "docs/reference/params.md"
     page.write_text(page.read_text().replace("| `steps` | int | `4` |", "| `steps` | int | `5` |"))
     assert main(["--root", str(tmp_path), "reference", "--check"]) == 1
     assert "params.md is stale" in capsys.readouterr().err
+
+
+def test_the_results_page_and_readme_table_follow_the_workload_reports(tmp_path, capsys):
+    """A rerun of a workload replaces its results.json: the page and the README's row must follow."""
+    shutil.copytree(ROOT / "docs/results", tmp_path / "docs/results")
+    (tmp_path / "README.md").write_text(f"# x\n\n{HEADLINE_START}\n{HEADLINE_END}\n")
+    write_files(generated_files(tmp_path, build_parser()))
+    page = (tmp_path / "docs/results.md").read_text()
+    results = read_results(tmp_path / "docs")
+    assert len(results) == len(list((tmp_path / "docs/results").glob("*/*/results.json"))) > 0
+    for result in results:  # one row per workload, linked to its report
+        assert page.count(f"]({result.report.as_posix()})") == 1 and (tmp_path / "docs" / result.report).is_file()
+    vision = tmp_path / "docs/results/vision/fashion-mobilenetv2/results.json"
+    data = json.loads(vision.read_text())
+    assert f"{data['selected']['speedup_b1']:.2f}×" in (tmp_path / "README.md").read_text()
+    data["selected"]["speedup_b1"] = 9.99
+    vision.write_text(json.dumps(data))
+    assert main(["--root", str(tmp_path), "reference", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "results.md is stale" in err and "README.md is stale" in err
+    write_files(generated_files(tmp_path, build_parser()))
+    assert "9.99×" in (tmp_path / "docs/results.md").read_text() and "9.99×" in (tmp_path / "README.md").read_text()
 
 
 def test_params_rows_carry_each_keys_type_default_and_bounds():

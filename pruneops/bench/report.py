@@ -359,40 +359,38 @@ def _prediction_lines(predictions: list[dict]) -> list[str]:
 
 
 def render_markdown(
-    config: BenchConfig,
-    rows: dict,
-    selected: dict,
-    failed: dict,
+    workload: WorkloadConfig,
+    rows: list[dict],
+    selected: dict | None,
+    failed: dict[str, str],
     machine: dict,
     timing,
     command: str,
-    predictions: dict | None = None,
+    predictions: list[dict] | None = None,
     wall: dict | None = None,
 ) -> str:
-    """The report: command, machine, per-workload tables, the selected points and wall times."""
+    """One workload's report: command, machine, its table, the selected point and its wall time."""
     big = str(max(timing.batch_sizes))
     parts = [
-        "# Benchmarks: the accuracy–latency frontier\n",
+        f"# {workload.name}: the accuracy–latency frontier\n",
         f"Reproduce: `{command}`\n",
         f"Machine: {machine['cpu']} ({machine.get('cpu_features') or 'CPU features unknown'}), "
         f"{machine['cores']} cores; ONNX Runtime {machine['onnxruntime']} CPU, "
         f"{timing.threads} thread(s); Python {machine['python']}; {machine['date']}. Latency: {timing.rounds} "
         f"interleaved rounds × {timing.repeats} runs after {timing.warmup} warm-up per model and batch size, all "
         "models in one process; each timed run under 20 ms follows an untimed run of the same model. "
-        "Each variant ran as a DVC experiment of its workload's project.\n",
+        "Each variant ran as a DVC experiment of the workload's project.\n",
         "Accuracy drops are against the dense fp32 model of the same workload. The selected point is our "
         "fastest model whose **validation** accuracy drop is within the budget; its test figures are "
         "reported as they came. ⚠ marks a model slower than dense fp32 at batch 1 or the large batch.\n",
-        "![frontier](benchmarks/frontier.png)\n",
+        f"![frontier]({FRONTIER})\n",
+        render_table(rows, bench_columns(timing.batch_sizes)),
     ]
-    for workload in config.workloads:
-        items = rows.get(workload.name, [])
-        parts += [f"## {workload.name}\n", render_table(items, bench_columns(timing.batch_sizes))]
-        parts += [f"- {name}: not measured — {why}" for name, why in failed.get(workload.name, {}).items()]
-        parts += _selected_lines(workload, selected.get(workload.name), big)
-        parts += [*_same_budget_lines(workload, items), *_prediction_lines((predictions or {}).get(workload.name, []))]
-        parts += _wall_lines((wall or {}).get(workload.name))
-        parts.append("")
+    parts += [f"- {name}: not measured — {why}" for name, why in failed.items()]
+    parts += _selected_lines(workload, selected, big)
+    parts += [*_same_budget_lines(workload, rows), *_prediction_lines(predictions or [])]
+    parts += _wall_lines(wall)
+    parts.append("")
     return "\n".join(parts)
 
 
@@ -419,6 +417,13 @@ def _wall_lines(wall: dict | None) -> list[str]:
     ] + [f"- {line}" for line in reused]
 
 
+# One workload's report, written to `<out_dir>/<workload>/` (a rerun replaces it; git keeps the history).
+REPORT = "report.md"
+RESULTS = "results.json"
+FRONTIER = "frontier.png"
+PREDICTIONS = "latency_prediction.png"
+
+
 def write_report(
     config: BenchConfig,
     rows: dict,
@@ -429,28 +434,48 @@ def write_report(
     out: Path,
     predictions: dict | None = None,
     wall: dict | None = None,
-) -> tuple[Path, Path, Path]:
-    """Writes the plots, the results JSON and the markdown report under `out`."""
+) -> dict[str, Path]:
+    """Writes each workload's report, results JSON and plots under `out/<workload>`; returns those directories."""
     from pruneops.plots import plot_frontiers, plot_latency_predictions
 
-    plot = out / "benchmarks" / "frontier.png"
-    plot_frontiers(rows, plot)
-    if any((predictions or {}).values()):
-        plot_latency_predictions(predictions, out / "benchmarks" / "latency_prediction.png")
     machine: dict[str, Any] = machine_info(timing.threads)
-    results = out / "benchmarks" / "results.json"
-    dump_json(
-        {
-            "machine": machine,
-            "timing": timing.model_dump(),
-            "rows": rows,
-            "selected": selected,
-            "failed": failed,
-            "latency_predictions": predictions or {},
-            "wall": wall or {},
-        },
-        results,
-    )
-    markdown = out / "benchmarks.md"
-    markdown.write_text(render_markdown(config, rows, selected, failed, machine, timing, command, predictions, wall))
-    return markdown, plot, results
+    written = {}
+    for workload in config.workloads:
+        name = workload.name
+        here = out / name
+        here.mkdir(parents=True, exist_ok=True)
+        plot_frontiers({name: rows.get(name, [])}, here / FRONTIER)
+        own = (predictions or {}).get(name, [])
+        if own:
+            plot_latency_predictions({name: own}, here / PREDICTIONS)
+        else:
+            (here / PREDICTIONS).unlink(missing_ok=True)
+        dump_json(
+            {
+                "workload": name,
+                "command": command,
+                "machine": machine,
+                "timing": timing.model_dump(),
+                "budget_points": workload.max_accuracy_drop_points,
+                "rows": rows.get(name, []),
+                "selected": selected.get(name),
+                "failed": failed.get(name, {}),
+                "latency_predictions": own,
+                "wall": (wall or {}).get(name),
+            },
+            here / RESULTS,
+        )
+        text = render_markdown(
+            workload,
+            rows.get(name, []),
+            selected.get(name),
+            failed.get(name, {}),
+            machine,
+            timing,
+            command,
+            own,
+            (wall or {}).get(name),
+        )
+        (here / REPORT).write_text(text)
+        written[name] = here
+    return written

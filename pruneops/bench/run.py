@@ -38,9 +38,8 @@ class BenchReport:
     rows: dict[str, list[dict]]
     selected: dict[str, dict]
     failed: dict[str, dict[str, str]]
-    markdown: Path
-    plot: Path
-    results: Path
+    # Each workload's directory: `report.md`, `results.json`, `frontier.png` (see `pruneops.bench.report`).
+    reports: dict[str, Path]
 
 
 def workload_params(base: dict[str, Any], workload: WorkloadConfig, root: Path) -> dict[str, Any]:
@@ -278,8 +277,7 @@ def run_benchmarks(
         log: Progress sink (one line per finished variant).
 
     Returns:
-        The report; `<out_dir>/benchmarks.md`, `<out_dir>/benchmarks/frontier.png` and
-        `<out_dir>/benchmarks/results.json`.
+        The report; each workload's in `<out_dir>/<workload>/` (`report.md`, `results.json`, plots).
     """
     from pruneops.bench.report import measure_workload, select_point, write_report
 
@@ -305,8 +303,8 @@ def run_benchmarks(
         seconds = round(time.monotonic() - started, 1)
         wall[workload.name] = {"seconds": seconds, "cached_runs_at_start": cached_before, "reused_stages": reused}
     out = root / config.out_dir
-    paths = write_report(config, rows, selected, failed, timing, command, out, predictions, wall=wall)
-    return BenchReport(rows, selected, failed, *paths)
+    reports = write_report(config, rows, selected, failed, timing, command, out, predictions, wall=wall)
+    return BenchReport(rows, selected, failed, reports)
 
 
 def _noting_reuse(log: Callable[[str], None], reused: list[str]) -> Callable[[str], None]:

@@ -72,7 +72,9 @@ class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     work_dir: str = "state/bench"
-    out_dir: str = "docs"
+    # Each workload's report goes to `<out_dir>/<workload>/`; `pruneops reference` indexes every
+    # report under docs/results into docs/results.md.
+    out_dir: str = "docs/results"
     timing: dict[str, Any] = Field(default_factory=dict)
     recipes: dict[str, dict[str, Any]] = Field(default_factory=dict)  # YAML anchors shared by variants
     workloads: list[WorkloadConfig]
