@@ -21,8 +21,10 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# MkDocs Material prints a banner about MkDocs 2 on every build.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: run test test-slow test-all install install-dev repo lint format reference clean help prefect-server deploy \
+.PHONY: run test test-slow test-all install install-dev repo lint format reference docs clean help prefect-server deploy \
 	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets
 
 help:
@@ -30,7 +32,8 @@ help:
 	@echo "make test   - install dev extras, then pytest without the slow group"
 	@echo "make test-slow - the slow group: full pipelines through DVC, bench, family runs, real assets"
 	@echo "make lint   - ruff check + format check"
-	@echo "make reference - regenerate docs/reference (params keys, CLI, metrics, stages) from the code"
+	@echo "make reference - regenerate docs/reference, docs/results.md and the README's results table"
+	@echo "make docs   - build the docs site (MkDocs Material) into site/ with --strict"
 	@echo "make prefect-server - local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite under state/)"
 	@echo "make deploy - serve the pipeline, drift-check (cron) and re-prune (drift event) deployments"
 	@echo "make container-smoke - build both images (podman or docker), smoke-test serving and dvc repro in them"
@@ -47,7 +50,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 $(BIN)/.installed-dev: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "torch==2.13.0" $(TORCH_INDEX)
-	$(PIP) install -q -c constraints.txt -e ".[dev,hf,orchestration,serve,vision]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,docs,hf,orchestration,serve,vision]"
 	touch $(BIN)/.installed $@
 
 install: $(BIN)/.installed
@@ -79,6 +82,10 @@ test-all: install-dev
 # The reference pages are generated from the code; tests/test_reference.py fails when one is stale.
 reference: install
 	$(BIN)/pruneops reference
+
+# The docs site: --strict fails on a broken link or anchor, or a page missing from the nav.
+docs: install-dev
+	$(BIN)/mkdocs build --strict --site-dir site
 
 lint: install-dev
 	$(BIN)/ruff check .

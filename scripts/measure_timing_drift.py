@@ -7,8 +7,8 @@ and times them round-robin in one process (each timed call follows an untimed on
 does), then prints per pass the two medians, the spread of the per-session medians and the ratio
 pruned / dense. Identical sessions that agree within a pass while the passes differ say the
 machine drifted, not the sessions; a ratio that moves with it says the drift is not proportional,
-so interleaving the two models does not cancel it. Found on the ConvNeXt-style workload
-(docs/pruning-for-milliseconds.md, "A fifth family"): its latency match missed the other row by 17 %.
+so interleaving the two models does not cancel it (as on the ConvNeXt-style workload of
+benchmarks/families.yaml, whose latency match once missed the other row by 17 %).
 """
 
 import argparse

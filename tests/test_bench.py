@@ -113,19 +113,22 @@ def test_every_recipe_is_measured_together(bench_run):
     # target is the latency stage's param, not the sweep's).
     assert sum("Running stage 'sensitivity'" in line for line in lines) == 3
     assert "out of reach" in report.failed["digits-cnn"]["unreachable"]
-    assert "unreachable: not measured" in report.markdown.read_text()
+    assert "unreachable: not measured" in (report.reports["digits-cnn"] / "report.md").read_text()
 
 
 def test_report_files_and_selection_on_validation(bench_run):
     root, _, report, _ = bench_run
-    text = report.markdown.read_text()
-    assert "pruneops bench --config t.yaml" in text and "## digits-cnn" in text
+    here = report.reports["digits-cnn"]
+    assert here == root / "docs" / "digits-cnn"  # one place per workload: a rerun replaces it
+    text = (here / "report.md").read_text()
+    assert "pruneops bench --config t.yaml" in text and text.startswith("# digits-cnn:")
     assert "same MAC budget, deployed" in text and "target speedup_b1" in text
-    assert report.plot.stat().st_size > 10_000
-    saved = json.loads(report.results.read_text())
+    assert (here / "frontier.png").stat().st_size > 10_000
+    saved = json.loads((here / "results.json").read_text())
+    assert saved["workload"] == "digits-cnn" and saved["command"] == "pruneops bench --config t.yaml"
     assert saved["machine"]["cores"] >= 1
     # The wall time is reported with what DVC did not re-run (the shared baseline, here).
-    wall = saved["wall"]["digits-cnn"]
+    wall = saved["wall"]
     assert wall["seconds"] > 0 and wall["cached_runs_at_start"] == 0
     assert any("'train'" in line for line in wall["reused_stages"])
     assert "Wall time of this workload" in text and "run-cache was empty at the start, so this is a first" in text
@@ -155,8 +158,8 @@ def test_rerun_reuses_finished_variants_and_cli_writes_the_report(bench_run, cap
     # Every stage of every finished variant is restored from the run-cache; only the one that
     # failed (out of reach) runs its failing stage again.
     assert ran and all("[digits-cnn] unreachable:" in line for line in ran)
-    assert "so this is less than a first run's cost" in (root / "docs" / "benchmarks.md").read_text()
-    assert "selected" in out and "benchmarks.md" in out
+    assert "so this is less than a first run's cost" in (root / "docs" / "digits-cnn" / "report.md").read_text()
+    assert "selected" in out and "digits-cnn/report.md" in out
 
 
 def test_bad_bench_config_is_one_line_exit_2(tmp_path, capsys):
@@ -202,8 +205,8 @@ def test_targets_are_missed_when_the_validation_pick_fails_on_test(bench_run):
     timing = BenchmarkConfig(**BENCH["timing"])
 
     def verdicts(test_drop: float) -> list[str]:
-        changed = {"digits-cnn": {**pick, "test_drop_points": test_drop}}
-        text = render_markdown(config, rows, changed, {}, machine_info(1), timing, "cmd")
+        changed = {**pick, "test_drop_points": test_drop}
+        text = render_markdown(config.workloads[0], rows["digits-cnn"], changed, {}, machine_info(1), timing, "cmd")
         return [line for line in text.splitlines() if line.startswith("- target ")]
 
     budget = BENCH["workloads"][0]["max_accuracy_drop_points"]
@@ -402,10 +405,10 @@ def test_a_workload_whose_variants_all_failed_is_reported_with_why_not_a_traceba
     assert (rows, predictions) == ([], []) and select_point(rows, workload.max_accuracy_drop_points) is None
     why = "experiment dense failed: output 'artifacts/validate' is already tracked by SCM"
     failed = {workload.name: {"dense": why}}
-    paths = write_report(
+    written = write_report(
         config, {workload.name: rows}, {}, failed, timing, "cmd", tmp_path / "out", {workload.name: []}
     )
-    assert any(why in p.read_text() for p in paths if p.suffix == ".md")
+    assert why in (written[workload.name] / "report.md").read_text()
 
 
 def test_a_variant_restored_into_the_workspace_is_not_committed_with_the_params(tmp_path):

@@ -69,7 +69,7 @@ def _why_fp32_deployed(metrics_path: Path) -> str:
 
 
 # A row is marked slower than dense fp32 when it is slower by more than this fraction: identical
-# graphs timed interleaved in one process differ by up to ~1% here (README, "Pruning for milliseconds").
+# graphs timed interleaved in one process differ by up to ~1% here (docs/explanation/latency-targets.md).
 SLOWER_TOLERANCE = 0.02
 # A MAC target is met by bisection on whole channels: a few percent over the budget is rounding.
 MAC_TOLERANCE = 0.05

@@ -79,8 +79,8 @@ def gpu_not_timed(gpu: str) -> str:
     return (
         f"a CUDA device is here ({gpu}), but nothing in this pipeline ran on it: the latency table, the prune gate, "
         "quantize's choice and these figures are ONNX Runtime on the CPU, and the served model runs there too; "
-        "widths fast on this CPU can run slower than dense on a GPU (on an H100 a 14-channel block did: docs/gpu), "
-        "so time the model on the GPU before serving it there"
+        "widths fast on this CPU can run slower than dense on a GPU (on an H100 a 14-channel block did: "
+        "docs/results/gpu/report.md), so time the model on the GPU before serving it there"
     )
 
 

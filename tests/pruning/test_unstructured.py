@@ -194,7 +194,7 @@ def test_semi_structured_runs_on_cuda_with_parity():
     model = Net()
     method = METHODS.get("semi_structured")(PruneContext(0.5, IMPORTANCES.get("l1"), torch.zeros(1, 256), _data(2)))
     method.apply_(model, 1.0)
-    # The kernels exist here, but no speed-up is claimed: docs/gpu measured them slower than dense.
+    # The kernels exist here, but no speed-up is claimed: docs/results/gpu measured them slower than dense.
     assert method.speedup.startswith("none claimed")
     model = model.half().cuda().eval()
     x = torch.randn(64, 256, device="cuda", dtype=torch.half)
