@@ -108,24 +108,60 @@ def _nested_configs(annotation: Any) -> list[type[StageConfig]]:
     return [a for a in args if inspect.isclass(a) and issubclass(a, StageConfig)]
 
 
-def _config_table(prefix: str, config: type[StageConfig]) -> list[str]:
+def _config_table(prefix: str, config: type[StageConfig], helps: dict[str, str]) -> list[str]:
     """A section's (or nested config's) docstring and its key table, nested configs after it."""
     lines = [f"## `{prefix}`", "", inspect.cleandoc(config.__doc__ or "").replace("\n", " "), ""]
-    lines += ["| key | type | default | bounds |", "|---|---|---|---|"]
+    lines += ["| key | type | default | bounds | help |", "|---|---|---|---|---|"]
     nested = []
     for name, field in config.model_fields.items():
         bounds = _bounds(field.annotation, field.metadata)
         type_name = _type_name(field.annotation).replace("|", "\\|")
-        lines.append(f"| `{name}` | {type_name} | {_default(field)} | {bounds} |")
+        help_text = helps.get(f"{prefix}.{name}", "").replace("|", "\\|")
+        lines.append(f"| `{name}` | {type_name} | {_default(field)} | {bounds} | {help_text} |")
         nested += [(f"{prefix}.{name}", sub) for sub in _nested_configs(field.annotation)]
     lines.append("")
     for sub_prefix, sub in nested:
-        lines += _config_table(sub_prefix, sub)
+        lines += _config_table(sub_prefix, sub, helps)
     return lines
 
 
-def params_page() -> Page:
-    """Every `params.yaml` section and key: type, default and bounds, from the pydantic configs."""
+def params_help(text: str) -> dict[str, str]:
+    """Each key's comment in a params file, by dotted key (`prune.target.kind`).
+
+    A key's help is its inline comment and the comment-only lines under it aligned to the right
+    of it (the embedded `params.yaml` writes long comments so); a comment at a key's own
+    indentation introduces what follows and is not any key's help.
+    """
+    found: dict[str, str] = {}
+    path: list[tuple[int, str]] = []  # (indentation, key) of the keys enclosing the current line
+    last: tuple[int, str] | None = None  # the key whose comment may continue, and its indentation
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if stripped.startswith("#"):
+            if last is not None and indent > last[0] + 2:
+                found[last[1]] = f"{found.get(last[1], '')} {stripped.lstrip('#').strip()}".strip()
+            else:
+                last = None
+            continue
+        key, colon, rest = stripped.partition(":")
+        if not colon or not key or " " in key or stripped.startswith("-"):
+            last = None
+            continue
+        path = [(i, k) for i, k in path if i < indent] + [(indent, key)]
+        dotted = ".".join(k for _, k in path)
+        _, hash_, comment = rest.partition(" #")
+        if hash_:
+            found[dotted] = comment.strip()
+        last = (indent, dotted)
+    return found
+
+
+def params_page(params_file: Path | None = None) -> Page:
+    """Every `params.yaml` section and key: type, default, bounds, from the pydantic configs; help from the file.
+
+    The help column is the key's comment in the embedded `params.yaml` (`params_file`).
+    """
     lines = [
         GENERATED,
         "",
@@ -137,8 +173,10 @@ def params_page() -> Page:
         "",
     ]
     sections = [(s.name, s.config) for s in STAGES] + list(EXTRA_SECTIONS.items())
+    path = params_file or Path(__file__).resolve().parents[1] / "params.yaml"
+    helps = params_help(path.read_text()) if path.is_file() else {}
     for name, config in sections:
-        lines += _config_table(name, config)
+        lines += _config_table(name, config, helps)
     return Page("params.md", "\n".join(lines).rstrip() + "\n")
 
 

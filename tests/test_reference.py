@@ -68,6 +68,12 @@ def test_params_rows_carry_each_keys_type_default_and_bounds():
     for stage in STAGES:  # every key of every section has a row
         block = text.split(f"## `{stage.name}`\n", 1)[1].split("\n## ", 1)[0]
         assert {m for m in re.findall(r"^\| `(\w+)` \|", block, flags=re.MULTILINE)} == set(stage.config.model_fields)
+    # ... and every key the embedded params.yaml writes has help, from its comment there
+    written = [s.name for s in STAGES] + [f"prune.{b}" for b in ("target", "gate", "trials", "distillation")]
+    for section in written:
+        block = text.split(f"## `{section}`\n", 1)[1].split("\n## ", 1)[0]
+        rows = re.findall(r"^\| `(\w+)` \|.*\| ([^|]*) \|$", block, flags=re.MULTILINE)
+        assert rows and [key for key, help_text in rows if not help_text.strip()] == [], section
 
 
 def test_the_metrics_page_lists_every_metric_the_server_exposes():
