@@ -21,7 +21,8 @@ TINY_OVERRIDES = {
     "prune": {
         "steps": 2,
         "epochs_per_step": 2,
-        "target": {"kind": "ratio", "value": 0.5},
+        # Every key of the block written, as in params.yaml: `dvc exp run -S` sets only keys the file holds.
+        "target": {"kind": "ratio", "value": 0.5, "batch": None, "reference": None, "form": "fp32"},
         "gate": {"min_speedup": None},
     },
     "finetune": {"epochs": 4, "patience": 2},
