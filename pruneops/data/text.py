@@ -138,9 +138,15 @@ def load_tokenizer(path: str | Path):
     """The `tokenizers.Tokenizer` of a `tokenizer.json` file, or of a model folder holding one.
 
     Raises:
-        ConfigError: No tokenizer file there.
+        ConfigError: No tokenizer file there, or the tokenizers library is not installed.
     """
-    from tokenizers import Tokenizer
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ConfigError(
+            "validate.tokenizer: text datasets need the tokenizers library (the `hf` extra: "
+            "pip install -c constraints.txt -e '.[hf]', or make install-dev)"
+        ) from None
 
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path

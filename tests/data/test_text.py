@@ -160,3 +160,14 @@ def test_real_reviews_with_minilmbuild_tokenizer(tmp_path):
     meta = read_json(report.data_dir / "meta.json")
     assert meta["class_names"] == ["fresh", "rotten"] and meta["text"]["dropped_rows"]["excluded label"] > 1000
     assert meta["text"]["truncated_fraction"] <= 0.05 + 1e-9
+
+
+def test_a_text_dataset_without_the_tokenizers_library_says_which_extra_to_install(tmp_path, monkeypatch):
+    import sys
+
+    from pruneops.data.text import load_tokenizer
+    from pruneops.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers now raises ImportError
+    with pytest.raises(ConfigError, match=r"validate.tokenizer: text datasets need the tokenizers library .*\[hf\]"):
+        load_tokenizer(tmp_path)
