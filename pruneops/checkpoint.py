@@ -13,7 +13,6 @@ accuracy is far below the one recorded when it was trained.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from pruneops.errors import CheckpointError, ConfigError
+from pruneops.integrity import verify_file, write_checksum
 from pruneops.models import ModelSpec, create_model
 from pruneops.models.structure import module_structure, resize_to_structure_
 
@@ -38,20 +38,6 @@ class Checkpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def checksum_path(path: Path) -> Path:
-    """Where a checkpoint's SHA-256 is kept."""
-    return Path(f"{path}.sha256")
-
-
 def save_checkpoint(path: Path, model: nn.Module, spec: ModelSpec, extra: dict[str, Any] | None = None) -> str:
     """Writes `model` as safetensors with the metadata needed to rebuild its pruned shape.
 
@@ -62,9 +48,7 @@ def save_checkpoint(path: Path, model: nn.Module, spec: ModelSpec, extra: dict[s
     meta = {"spec": spec.to_dict(), "structure": module_structure(model), "extra": extra or {}}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path), metadata={"pruneops": json.dumps(meta)})
-    digest = file_sha256(path)
-    checksum_path(path).write_text(f"{digest}  {path.name}\n")
-    return digest
+    return write_checksum(path)
 
 
 def verify_checksum(path: Path) -> None:
@@ -73,16 +57,7 @@ def verify_checksum(path: Path) -> None:
     Raises:
         CheckpointError: No recorded checksum, or a mismatch.
     """
-    recorded = checksum_path(path)
-    if not recorded.is_file():
-        raise CheckpointError(f"{path}: no recorded checksum ({recorded.name}); write it with the stage that made it")
-    expected = recorded.read_text().split()[:1]
-    actual = file_sha256(path)
-    if expected != [actual]:
-        raise CheckpointError(
-            f"{path}: checksum mismatch (recorded {(expected or ['none'])[0][:12]}…, file {actual[:12]}…): "
-            "the file changed after the stage wrote it (corrupt or edited); rerun that stage"
-        )
+    verify_file(path, error=CheckpointError)
 
 
 def check_recorded_accuracy(checkpoint: Checkpoint, measured: float, samples: int, path: Path) -> None:

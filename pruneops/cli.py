@@ -110,7 +110,13 @@ def _publish(args: argparse.Namespace) -> int:
 
     from pruneops.registry.store import publish_pipeline_model
 
-    published = publish_pipeline_model(Path(args.root), args.params, args.registry, force_promote=args.promote)
+    published = publish_pipeline_model(
+        Path(args.root),
+        args.params,
+        args.registry,
+        force_promote=args.promote,
+        allow_contract_change=args.allow_contract_change,
+    )
     print(json.dumps(published))
     return 0
 
@@ -118,8 +124,18 @@ def _publish(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     from pruneops.registry.store import registry_from_params
 
-    restored = registry_from_params(Path(args.root), args.params, args.registry).rollback()
+    registry = registry_from_params(Path(args.root), args.params, args.registry)
+    restored = registry.rollback(allow_contract_change=args.allow_contract_change)
     print(f"pruneops rollback: production is now {restored.version}")
+    return 0
+
+
+def _recover(args: argparse.Namespace) -> int:
+    import json
+
+    from pruneops.registry.store import registry_from_params
+
+    print(json.dumps(registry_from_params(Path(args.root), args.params, args.registry).recover()))
     return 0
 
 
@@ -187,6 +203,7 @@ TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
     "loadtest": _loadtest,
     "publish": _publish,
     "rollback": _rollback,
+    "recover": _recover,
     "dvc-yaml": _dvc_yaml,
     "reference": _reference,
 }
@@ -207,7 +224,17 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     )
     publish.add_argument("--promote", action="store_true", help="promote even over an existing production model")
     rollback = sub.add_parser("rollback", help="restore the production model that preceded the current one")
-    for p in (serve, publish, rollback):
+    for p in (publish, rollback):
+        p.add_argument(
+            "--allow-contract-change",
+            action="store_true",
+            help="make production a model that serves other inputs or classes (clients must follow)",
+        )
+    recover = sub.add_parser(
+        "recover",
+        help="rebuild a consistent registry: readable history, production at its top, no leftovers",
+    )
+    for p in (serve, publish, rollback, recover):
         p.add_argument("--registry", default=None, help="registry directory (default: reprune.registry_dir)")
     load = sub.add_parser("loadtest", help="bounded load test of a running `pruneops serve` on loopback")
     load.add_argument("--url", default="http://127.0.0.1:8000")

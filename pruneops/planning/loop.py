@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from pruneops.checkpoint import file_sha256
 from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig
+from pruneops.integrity import file_sha256
 from pruneops.io import Layout
 from pruneops.planning import targets
 from pruneops.planning.latency_model import keep_counts

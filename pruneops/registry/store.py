@@ -1,18 +1,32 @@
-"""A file-system model registry: versioned candidates and an atomically swapped production model.
+"""A file-system model registry: versioned candidates, a promotion history and the production model.
 
 Layout under `root` (default `models/`)::
 
-    candidates/<version>/   model.onnx, metadata.json (data hash, params, metrics, git revision)
-    production -> candidates/<version>   (a symlink, swapped with one rename)
-    history.json            every promotion, newest last (what `rollback` walks back)
+    candidates/<version>/   model.onnx (+ .sha256), metadata.json (digest, data hash, params, metrics)
+    history.json            every promotion and rollback, newest last: the source of truth
+    production -> candidates/<version>   a symlink derived from the top of history (for serving)
+    .lock                   held (flock) by every operation that writes
+
+Every write (register, promote, rollback, recover) holds the lock across its read-modify-write;
+history is replaced atomically (a per-process temporary file, fsync, rename) before the symlink
+moves, and each operation first re-derives a symlink that lags history (a crash between the
+two). Production is always the top of history. Promotion and rollback check their target the
+same way (integrity, it loads and runs, its serving contract matches production's) before
+anything moves.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
 import subprocess
+import threading
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +34,10 @@ from typing import Any
 import numpy as np
 
 from pruneops.errors import PruneOpsError
+from pruneops.integrity import IntegrityError, file_sha256, recorded_checksum, verify_file, write_checksum
 from pruneops.io import Layout, dump_json, read_json
 from pruneops.onnx_utils import INPUT_NAME
+from pruneops.registry.contract import contract_differences, serving_contract
 
 REFERENCE_STATS = "reference_stats.json"
 TOKENIZER = "tokenizer.json"  # a text model's tokenizer, kept beside it: serving tokenises with it
@@ -56,6 +72,7 @@ class ServableModel:
     metadata: dict[str, Any]
     reference_stats: dict | None
     encoder: object | None = None  # a text model's `TextEncoder` (its tokenizer.json); None for arrays
+    contract: dict[str, Any] | None = None  # `serving_contract`: what requests it serves
 
     @property
     def version(self) -> str:
@@ -70,17 +87,38 @@ class ServableModel:
         return e / e.sum(axis=1, keepdims=True)
 
 
-def check_servable(path: Path, threads: int = 1) -> ServableModel:
-    """Loads a version directory in ONNX Runtime, runs one sample and checks its reference statistics.
+def verify_version_files(path: Path) -> None:
+    """Checks a version's model (and tokenizer) against the digests recorded when it was registered.
 
     Raises:
-        RegistryError: Metadata, model or statistics unreadable; the model does not run on its
-            declared input shape or gives other than finite (batch, classes) logits.
+        RegistryError: No digest recorded, or the bytes differ.
+    """
+    try:
+        metadata = read_json(path / "metadata.json")
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"{path / 'metadata.json'}: unreadable ({type(exc).__name__})") from None
+    if not isinstance(metadata, dict):
+        raise RegistryError(f"{path / 'metadata.json'}: not a JSON object")
+    try:
+        verify_file(path / "model.onnx", metadata.get("sha256"), error=RegistryError)
+        if (path / TOKENIZER).exists() or metadata.get("tokenizer_sha256"):
+            verify_file(path / TOKENIZER, metadata.get("tokenizer_sha256"), error=RegistryError)
+    except IntegrityError as exc:
+        raise RegistryError(str(exc)) from None
+
+
+def check_servable(path: Path, threads: int = 1) -> ServableModel:
+    """Checks a version directory's digests, loads it in ONNX Runtime, runs one sample, reads its statistics.
+
+    Raises:
+        RegistryError: A digest mismatch; metadata, model or statistics unreadable; the model does
+            not run on its declared input shape or gives other than finite (batch, classes) logits.
     """
     from pruneops.drift import parse_reference
     from pruneops.onnx_utils import make_session
 
     path = Path(path)
+    verify_version_files(path)
     try:
         metadata = read_json(path / "metadata.json")
         reference = read_json(path / REFERENCE_STATS) if (path / REFERENCE_STATS).exists() else None
@@ -96,10 +134,16 @@ def check_servable(path: Path, threads: int = 1) -> ServableModel:
             feed = {i.name: np.ones((1, *input_shape), dtype=np.int64) for i in inputs}
         out = session.run(None, feed)[0]
     except Exception as exc:  # ONNX Runtime and a malformed JSON raise many types
-        raise RegistryError(f"{path}: cannot serve this model ({type(exc).__name__}: {exc})") from None
+        raise RegistryError(f"{path}: cannot serve this model ({type(exc).__name__}: {str(exc)[:200]})") from None
     if out.ndim != 2 or not np.isfinite(out).all():
         raise RegistryError(f"{path}: model output has shape {out.shape} or non-finite values, expected logits")
-    return ServableModel(path, session, input_shape, int(out.shape[1]), metadata, reference)
+    contract = serving_contract(
+        [(i.name, i.type, list(i.shape[1:])) for i in inputs],
+        int(out.shape[1]),
+        metadata,
+        metadata.get("tokenizer_sha256"),
+    )
+    return ServableModel(path, session, input_shape, int(out.shape[1]), metadata, reference, contract=contract)
 
 
 @dataclass(frozen=True)
@@ -125,6 +169,30 @@ def git_revision(cwd: Path) -> str | None:
     return out.stdout.strip() or None
 
 
+def served_stack(history: list[dict[str, Any]]) -> list[str]:
+    """Production versions as a stack: each promotion pushes, each rollback pops."""
+    stack: list[str] = []
+    for entry in history:
+        if entry["action"] in ("promote", "recover"):
+            stack.append(entry["version"])
+        elif entry["action"] == "rollback" and stack:
+            stack.pop()
+    return stack
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unique_tmp(directory: Path, stem: str) -> Path:
+    """A temporary name no other process or thread uses."""
+    return directory / f".{stem}.{os.getpid()}.{threading.get_ident()}.{uuid.uuid4().hex[:8]}.tmp"
+
+
 class ModelRegistry:
     """Candidates, production and its history under one directory.
 
@@ -138,6 +206,17 @@ class ModelRegistry:
         self.production_link = self.root / "production"
         self.history_file = self.root / "history.json"
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Holds the registry's exclusive lock (processes and threads alike) for one operation."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
     def register(
         self,
         model_file: Path,
@@ -146,7 +225,7 @@ class ModelRegistry:
         reference_stats: Path | None = None,
         tokenizer: Path | None = None,
     ) -> ModelVersion:
-        """Copies `model_file` in as a new candidate version (written aside, then renamed).
+        """Copies `model_file` in as a new candidate version (written aside, digests recorded, then renamed).
 
         Args:
             model_file: The ONNX model.
@@ -156,32 +235,42 @@ class ModelRegistry:
                 beside the model so that drift is measured against the data this model saw.
             tokenizer: A text model's `tokenizer.json`, kept beside it for serving.
         """
-        version = version or time.strftime("v%Y%m%d-%H%M%S") + f"-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-        final = self.candidates / version
-        if final.exists():
-            raise RegistryError(f"version {version!r} is already registered")
-        tmp = self.candidates / f".{version}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        shutil.copyfile(model_file, tmp / "model.onnx")
-        if reference_stats is not None:
-            shutil.copyfile(reference_stats, tmp / REFERENCE_STATS)
-        if tokenizer is not None:
-            shutil.copyfile(tokenizer, tmp / TOKENIZER)
-        dump_json({"version": version, "registered_at": time.time(), **metadata}, tmp / "metadata.json")
-        os.replace(tmp, final)
+        version = version or time.strftime("v%Y%m%d-%H%M%S") + f"-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        with self._locked():
+            final = self.candidates / version
+            if final.exists():
+                raise RegistryError(f"version {version!r} is already registered")
+            tmp = _unique_tmp(self.candidates, version)
+            tmp.mkdir(parents=True)
+            try:
+                shutil.copyfile(model_file, tmp / "model.onnx")
+                digests = {"sha256": write_checksum(tmp / "model.onnx")}
+                if reference_stats is not None:
+                    shutil.copyfile(reference_stats, tmp / REFERENCE_STATS)
+                if tokenizer is not None:
+                    shutil.copyfile(tokenizer, tmp / TOKENIZER)
+                    digests["tokenizer_sha256"] = file_sha256(tmp / TOKENIZER)
+                record = {"version": version, "registered_at": time.time(), **metadata, **digests}
+                dump_json(record, tmp / "metadata.json")
+                os.replace(tmp, final)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise RegistryError(f"cannot register {version!r}: {exc.strerror or exc}") from None
         return self.get(version)
 
     def register_pipeline_model(self, project: Path, metadata: dict[str, Any]) -> ModelVersion:
         """Registers what the pipeline in `project` deploys, with its drift reference statistics.
 
         Raises:
-            RegistryError: The pipeline has not produced its model yet.
+            RegistryError: The pipeline has not produced its model yet, or it changed since export.
         """
         layout = Layout(Path(project))
         model = pipeline_model(layout)
         if not model.is_file():
             raise RegistryError(f"{model}: no pipeline output to register; run `dvc repro` first")
+        if recorded_checksum(model) is None:
+            raise RegistryError(f"{model}: no recorded checksum; rerun `pruneops export` (or `dvc repro`)")
+        verify_file(model, error=RegistryError)
         reference = pipeline_reference_stats(layout)
         tokenizer = layout.stage_dir("validate") / TOKENIZER
         return self.register(
@@ -192,89 +281,231 @@ class ModelRegistry:
         )
 
     def get(self, version: str) -> ModelVersion:
-        """The registered `version`."""
+        """The registered `version`.
+
+        Raises:
+            RegistryError: No such version, or its metadata is unreadable.
+        """
         path = self.candidates / version
         if not (path / "metadata.json").exists():
             raise RegistryError(f"no model version {version!r} in {self.candidates}")
-        return ModelVersion(version, path, read_json(path / "metadata.json"))
+        try:
+            return ModelVersion(version, path, read_json(path / "metadata.json"))
+        except (OSError, ValueError) as exc:
+            raise RegistryError(f"{path / 'metadata.json'}: unreadable ({type(exc).__name__})") from None
 
     def versions(self) -> list[str]:
-        """Registered versions, oldest first."""
+        """Registered versions whose metadata reads, oldest first."""
         if not self.candidates.exists():
             return []
-        found = [p for p in self.candidates.iterdir() if p.is_dir() and not p.name.startswith(".")]
-        return [p.name for p in sorted(found, key=lambda p: read_json(p / "metadata.json")["registered_at"])]
-
-    def production(self) -> ModelVersion | None:
-        """The production model, or None before the first promotion."""
-        if not self.production_link.is_symlink():
-            return None
-        return self.get(Path(os.readlink(self.production_link)).name)
+        found = []
+        for p in self.candidates.iterdir():
+            if p.is_dir() and not p.name.startswith("."):
+                with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+                    found.append((float(read_json(p / "metadata.json")["registered_at"]), p.name))
+        return [name for _, name in sorted(found)]
 
     def history(self) -> list[dict[str, Any]]:
-        """Promotions, oldest first."""
-        return read_json(self.history_file) if self.history_file.exists() else []
-
-    def _point_production_at(self, version: str) -> None:
-        # A new symlink beside the old one, then one rename: readers see the old or the new.
-        tmp = self.root / f".production.{os.getpid()}.tmp"
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        os.symlink(Path("candidates") / version, tmp)
-        os.replace(tmp, self.production_link)
-
-    def _record(self, entry: dict[str, Any]) -> None:
-        history = self.history()
-        history.append({"at": time.time(), **entry})
-        tmp = self.history_file.with_suffix(".tmp")
-        dump_json(history, tmp)
-        os.replace(tmp, self.history_file)
-
-    def promote(self, version: str, reason: str = "") -> ModelVersion:
-        """Makes `version` production (atomically) and records it, once it is checked to serve.
+        """Promotions and rollbacks, oldest first.
 
         Raises:
-            RegistryError: Unknown version, or one that does not load and run (`check_servable`).
+            RegistryError: `history.json` is unreadable (`pruneops recover` rebuilds it).
         """
-        target = self.get(version)
-        check_servable(target.path)
-        previous = self.production()
-        self._point_production_at(version)
-        self._record(
-            {
-                "action": "promote",
-                "version": version,
-                "previous": previous.version if previous else None,
-                "reason": reason,
-            }
-        )
-        return target
+        if not self.history_file.exists():
+            return []
+        try:
+            history = json.loads(self.history_file.read_text(encoding="utf-8"))
+            if not isinstance(history, list) or not all(isinstance(e, dict) and "action" in e for e in history):
+                raise ValueError("not a list of entries")
+        except (OSError, ValueError) as exc:
+            raise RegistryError(
+                f"{self.history_file}: unreadable ({type(exc).__name__}); "
+                "`pruneops recover` rebuilds a consistent registry from the candidates"
+            ) from None
+        return history
 
     def served_stack(self) -> list[str]:
         """Production versions as a stack: each promotion pushes, each rollback pops."""
-        stack: list[str] = []
-        for entry in self.history():
-            if entry["action"] == "promote":
-                stack.append(entry["version"])
-            elif entry["action"] == "rollback" and stack:
-                stack.pop()
-        return stack
+        return served_stack(self.history())
 
-    def rollback(self) -> ModelVersion:
-        """Restores the production model that preceded the current one.
+    def production(self) -> ModelVersion | None:
+        """The production model (the top of history), or None before the first promotion."""
+        stack = self.served_stack()
+        return self.get(stack[-1]) if stack else None
+
+    def declared_contract_change(self, version: str) -> bool:
+        """Whether the entry that made `version` production declared a change of serving contract."""
+        history = self.history()
+        for entry in reversed(history):
+            if entry.get("version") == version and entry["action"] in ("promote", "rollback", "recover"):
+                return bool(entry.get("contract_change"))
+        return False
+
+    def _write_history(self, history: list[dict[str, Any]]) -> None:
+        tmp = _unique_tmp(self.root, "history")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(history, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.history_file)
+            _fsync_dir(self.root)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise RegistryError(
+                f"{self.history_file}: cannot write ({exc.strerror or exc}); production is unchanged"
+            ) from None
+
+    def _derive_production_link(self, history: list[dict[str, Any]]) -> None:
+        """Points the symlink at the top of history (a new link beside it, then one rename)."""
+        stack = served_stack(history)
+        want = str(Path("candidates") / stack[-1]) if stack else None
+        have = os.readlink(self.production_link) if self.production_link.is_symlink() else None
+        if want == have:
+            return
+        if want is None:
+            self.production_link.unlink(missing_ok=True)
+            return
+        tmp = _unique_tmp(self.root, "production")
+        try:
+            os.symlink(want, tmp)
+            os.replace(tmp, self.production_link)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise RegistryError(
+                f"{self.production_link}: cannot move ({exc.strerror or exc}); history says {stack[-1]}: "
+                "the next registry operation moves it"
+            ) from None
+
+    def _commit(self, history: list[dict[str, Any]], entry: dict[str, Any]) -> None:
+        """Appends `entry` durably, then moves the symlink to match."""
+        self._write_history([*history, {"at": time.time(), **entry}])
+        self._derive_production_link([*history, entry])
+
+    def _checked_target(
+        self, version: str, served: str | None, history: list, allow_contract_change: bool
+    ) -> tuple[ModelVersion, dict[str, Any], bool]:
+        """The target, checked to serve; its contract; whether that differs from the served one's.
 
         Raises:
-            RegistryError: There is no earlier production model.
+            RegistryError: Unknown, corrupt or unservable; or a contract that differs from
+                production's without `allow_contract_change`.
         """
-        stack = self.served_stack()
-        if not stack:
-            raise RegistryError("nothing is in production; nothing to roll back")
-        if len(stack) < 2:
-            raise RegistryError(f"{stack[-1]} is the first production model; nothing to roll back to")
-        version = stack[-2]
-        self._point_production_at(version)
-        self._record({"action": "rollback", "version": version, "previous": stack[-1]})
-        return self.get(version)
+        target = self.get(version)
+        candidate = check_servable(target.path)
+        if served is None or served == version:
+            return target, candidate.contract, False
+        current = self._contract_of(served, history)
+        differences = contract_differences(candidate.contract, current) if current is not None else []
+        if differences and not allow_contract_change:
+            raise RegistryError(
+                f"{version}: serves other requests than production {served} ({'; '.join(differences)}); "
+                "nothing moved. Pass --allow-contract-change to make it production deliberately "
+                "(the server then switches to it and clients must follow)"
+            )
+        return target, candidate.contract, bool(differences)
+
+    def _contract_of(self, version: str, history: list) -> dict[str, Any] | None:
+        """The contract recorded when `version` became production (checked again if none was)."""
+        for entry in reversed(history):
+            if entry.get("version") == version and entry.get("contract"):
+                return entry["contract"]
+        try:
+            return check_servable(self.get(version).path).contract
+        except RegistryError:
+            return None  # production itself is broken: nothing to stay compatible with
+
+    def promote(self, version: str, reason: str = "", *, allow_contract_change: bool = False) -> ModelVersion:
+        """Makes `version` production once it is checked to serve, and records it.
+
+        Raises:
+            RegistryError: Unknown version; one that fails its digest, does not load and run
+                (`check_servable`), or serves other requests than production (unless allowed).
+        """
+        with self._locked():
+            history = self.history()
+            self._derive_production_link(history)
+            stack = served_stack(history)
+            served = stack[-1] if stack else None
+            target, contract, changed = self._checked_target(version, served, history, allow_contract_change)
+            entry = {"action": "promote", "version": version, "previous": served, "reason": reason}
+            self._commit(history, {**entry, "contract": contract, "contract_change": changed})
+        return target
+
+    def rollback(self, reason: str = "", *, allow_contract_change: bool = False) -> ModelVersion:
+        """Restores the production model that preceded the current one, checked as promote checks.
+
+        Raises:
+            RegistryError: There is no earlier production model, or it cannot serve (nothing moves).
+        """
+        with self._locked():
+            history = self.history()
+            self._derive_production_link(history)
+            stack = served_stack(history)
+            if not stack:
+                raise RegistryError("nothing is in production; nothing to roll back")
+            if len(stack) < 2:
+                raise RegistryError(f"{stack[-1]} is the first production model; nothing to roll back to")
+            version = stack[-2]
+            try:
+                target, contract, changed = self._checked_target(version, stack[-1], history, allow_contract_change)
+            except RegistryError as exc:
+                raise RegistryError(f"cannot roll back to {version}: {exc}") from None
+            entry = {"action": "rollback", "version": version, "previous": stack[-1], "reason": reason}
+            self._commit(history, {**entry, "contract": contract, "contract_change": changed})
+        return target
+
+    def recover(self) -> dict[str, Any]:
+        """Rebuilds a consistent registry: readable history, symlink at its top, no leftovers.
+
+        An unreadable history is kept aside (`history.json.corrupt-<time>`) and replaced by one
+        `recover` entry for the version the symlink pointed at when it still serves, else the
+        newest version that does.
+
+        Returns:
+            What was done: `{"history", "production", "removed"}`.
+        """
+        with self._locked():
+            removed = [p.name for p in self._sweep_leftovers()]
+            try:
+                history, rebuilt = self.history(), None
+            except RegistryError:
+                rebuilt = self.history_file.with_name(f"history.json.corrupt-{int(time.time())}")
+                os.replace(self.history_file, rebuilt)
+                history = self._rebuilt_history()
+                self._write_history(history)
+            self._derive_production_link(history)
+            stack = served_stack(history)
+        return {
+            "history": f"rebuilt (the unreadable one kept as {rebuilt.name})" if rebuilt else "readable, kept",
+            "production": stack[-1] if stack else None,
+            "removed": removed,
+        }
+
+    def _sweep_leftovers(self) -> list[Path]:
+        """Temporary files and half-registered versions of finished operations (called under the lock)."""
+        leftovers = list(self.root.glob(".*.tmp")) + (
+            list(self.candidates.glob(".*.tmp")) if self.candidates.exists() else []
+        )
+        for path in leftovers:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        return leftovers
+
+    def _rebuilt_history(self) -> list[dict[str, Any]]:
+        linked = Path(os.readlink(self.production_link)).name if self.production_link.is_symlink() else None
+        candidates = ([linked] if linked else []) + list(reversed(self.versions()))
+        for version in candidates:
+            try:
+                contract = check_servable(self.get(version).path).contract
+            except RegistryError:
+                continue
+            reason = "recovered: history was unreadable"
+            return [
+                {"at": time.time(), "action": "recover", "version": version, "reason": reason, "contract": contract}
+            ]
+        return []
 
 
 def registry_from_params(
@@ -309,6 +540,7 @@ def publish_pipeline_model(
     registry_dir: str | None = None,
     *,
     force_promote: bool = False,
+    allow_contract_change: bool = False,
     reason: str = "publish",
 ) -> dict[str, Any]:
     """Registers the pipeline's model of `root` and promotes it if nothing is in production.
@@ -338,5 +570,9 @@ def publish_pipeline_model(
     )
     promoted = force_promote or not had_production
     if promoted:
-        registry.promote(version.version, reason + (" (forced)" if had_production else " (first model)"))
+        registry.promote(
+            version.version,
+            reason + (" (forced)" if had_production else " (first model)"),
+            allow_contract_change=allow_contract_change,
+        )
     return {"version": version.version, "promoted": promoted, "path": str(version.path)}

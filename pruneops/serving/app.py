@@ -28,7 +28,7 @@ from pruneops.config import ServeConfig
 from pruneops.drift import DriftMonitor
 from pruneops.errors import ConfigError
 from pruneops.io import Layout, read_json
-from pruneops.registry.store import ServableModel, pipeline_reference_stats
+from pruneops.registry.store import ModelRegistry, RegistryError, ServableModel, pipeline_reference_stats
 from pruneops.serving.limits import BodyLimit
 from pruneops.serving.model import ModelHolder
 
@@ -185,11 +185,8 @@ class ServingState:
             model.version, str(model.metadata.get("sparsity", "")), str(m.get("params", "")), str(m.get("macs", ""))
         ).set(1)
         self.metrics.last_reprune.set(model.metadata.get("registered_at", 0))
-        history = self.config.production.parent / "history.json"
-        if history.exists():
-            promotions = [e["at"] for e in read_json(history) if e["action"] in ("promote", "rollback")]
-            if promotions:
-                self.metrics.last_promotion.set(promotions[-1])
+        with contextlib.suppress(RegistryError, IndexError, KeyError):
+            self.metrics.last_promotion.set(ModelRegistry(self.config.production.parent).history()[-1]["at"])
 
     def predict(self, model: ServableModel, x: np.ndarray | dict, texts: list[str] | None = None) -> PredictResponse:
         """Runs the model, tracks latency and drift, and remembers each input for feedback.

@@ -8,6 +8,7 @@ import os
 import threading
 from pathlib import Path
 
+from pruneops.registry.contract import contract_differences
 from pruneops.registry.store import TOKENIZER, ModelRegistry, RegistryError, ServableModel, check_servable
 
 log = logging.getLogger("pruneops.serving")
@@ -85,10 +86,7 @@ class ModelHolder:
             self._target = target
             try:
                 loaded = load_version(Path(target), self.threads)
-                if self.current is not None and loaded.input_shape != self.current.input_shape:
-                    raise ValueError(
-                        f"input shape {loaded.input_shape} differs from the served {self.current.input_shape}"
-                    )
+                self._check_contract(loaded)
             except ValueError as exc:
                 self.reload_errors += 1
                 log.error(
@@ -100,6 +98,25 @@ class ModelHolder:
             self.current, self.fallback_from = loaded, None
             log.info("serving model %s", loaded.version)
             return True
+
+    def _check_contract(self, loaded: ServableModel) -> None:
+        """Refuses a model that serves other requests than the served one, unless its promotion declared it.
+
+        Raises:
+            ValueError: The contracts differ and the registry's history does not declare the change.
+        """
+        if self.current is None:
+            return
+        differences = contract_differences(loaded.contract, self.current.contract)
+        if not differences:
+            return
+        try:
+            declared = ModelRegistry(self.production.parent).declared_contract_change(loaded.version)
+        except RegistryError:
+            declared = False
+        if not declared:
+            raise ValueError(f"it serves other requests than {self.current.version}: {'; '.join(differences)}")
+        log.warning("serving contract changes with %s, as its promotion declared: %s", loaded.version, differences)
 
     def _fall_back(self, broken: str) -> bool:
         """With nothing served yet (a restart), serves the newest earlier production version that loads."""

@@ -11,6 +11,7 @@ import numpy as np
 from pruneops.config import BenchmarkConfig
 from pruneops.data import load_prepared
 from pruneops.errors import DataError
+from pruneops.integrity import verify_file
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import file_size, make_session, ort_accuracy
 from pruneops.plots import plot_frontier
@@ -109,6 +110,8 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
     if not (export_dir / "manifest.json").is_file():
         raise DataError(f"{export_dir / 'manifest.json'}: not found; run `pruneops export` first")
     manifest = read_json(export_dir / "manifest.json")
+    for m in manifest["models"].values():  # a file changed since export is refused, never measured
+        verify_file(export_dir / m["file"], m.get("sha256"))
     sessions = {name: make_session(export_dir / m["file"], config.threads) for name, m in manifest["models"].items()}
     samples = measure_latencies(sessions, test.x, config)
     models: dict[str, dict] = {}

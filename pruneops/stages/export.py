@@ -15,6 +15,7 @@ from pruneops.config import ExportConfig
 from pruneops.data import load_prepared
 from pruneops.errors import ParityError
 from pruneops.inputs import as_tensors, rows, run_model
+from pruneops.integrity import write_checksum
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
 from pruneops.plugins import Registry
@@ -158,6 +159,8 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
                 )
         else:
             trt = {"all": {"status": "skipped", "reason": "disabled by export.tensorrt: false"}}
+        for entry in manifest.values():  # what benchmark, publish and serving check before trusting a file
+            entry["sha256"] = write_checksum(tmp / entry["file"])
         first = next(iter(trt.values()))
         trt_line = "built" if first["status"] == "built" else f"{first['status']} — {first.get('reason', '')}"
         dump_json(

@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
-from pruneops.checkpoint import file_sha256, load_checkpoint
+from pruneops.checkpoint import load_checkpoint
 from pruneops.config import AUTO_FORM, BenchmarkConfig, LatencyConfig, PruneConfig, QuantizeConfig
 from pruneops.data import load_prepared
 from pruneops.errors import DataError
 from pruneops.inputs import head_tensors
+from pruneops.integrity import file_sha256
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.planning.forms import FORMS_FILE, planned_forms, screen_forms, timed_forms
 from pruneops.planning.latency_model import LatencyModel, build_latency_model

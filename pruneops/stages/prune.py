@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pruneops.checkpoint import check_recorded_accuracy, file_sha256, load_checkpoint, save_checkpoint
+from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.distillation import Distillation, with_teacher_outputs
 from pruneops.errors import DataError
 from pruneops.inputs import head_tensors
+from pruneops.integrity import file_sha256
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.planning.loop import (
     LatencyLoop,

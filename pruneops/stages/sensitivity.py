@@ -10,9 +10,10 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from pruneops.checkpoint import check_recorded_accuracy, file_sha256, load_checkpoint
+from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint
 from pruneops.config import PruneConfig, SensitivityConfig
 from pruneops.data import load_prepared
+from pruneops.integrity import file_sha256
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.planning.allocation import chance_drop, cost_of
 from pruneops.planning.sensitivity import (

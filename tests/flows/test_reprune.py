@@ -15,6 +15,7 @@ import flows.reprune as reprune_module
 from flows.drift import drift_check
 from flows.reprune import reprune
 from pruneops.cli import main as cli_main
+from pruneops.integrity import write_checksum
 from pruneops.io import Layout
 from pruneops.registry.store import ModelRegistry
 from tests.conftest import digits_onnx
@@ -60,6 +61,7 @@ def stub_pipeline(monkeypatch, onnx_models, tmp_path):
         exp = tmp_path / "experiments" / name
         (exp / "artifacts/export").mkdir(parents=True)
         shutil.copyfile(root / f"{choice['model']}.onnx", exp / "artifacts/export/pruned_deployed.onnx")
+        write_checksum(exp / "artifacts/export/pruned_deployed.onnx")
         shutil.copytree(data_dir, exp / "artifacts/validate")
         shutil.copy(Path(project_dir) / "params.yaml", exp / "params.yaml")
         return FakeExperiment(name, exp)

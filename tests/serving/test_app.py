@@ -1,6 +1,7 @@
 """The serving app: validation, predictions, feedback, metrics, hot reload and refusal."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -216,7 +217,8 @@ def test_broken_reference_statistics_then_a_good_promotion_serves_within_three_i
         assert client.post("/predict", json={"inputs": x}).json()["model_version"] == "v1"
         # `promote` refuses such a version now; point production at it the way an old promoter did.
         registry.register(root / "good.onnx", {}, version="v2", reference_stats=broken)
-        registry._point_production_at("v2")
+        os.symlink("candidates/v2", tmp_path / "models/.link")
+        os.replace(tmp_path / "models/.link", registry.production_link)
         assert not _wait_for_version(client, x, "v2", 3 * interval)  # refused: v1 keeps serving
         registry.promote(registry.register(root / "good.onnx", {}, version="v3").version)
         assert _wait_for_version(client, x, "v3", 3 * interval), "the watcher stopped reloading"

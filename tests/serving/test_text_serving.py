@@ -15,6 +15,7 @@ from pruneops.config import ValidateConfig  # noqa: E402
 from pruneops.data import load_prepared  # noqa: E402
 from pruneops.data.text import load_tokenizer, read_text_table, tokenize  # noqa: E402
 from pruneops.inputs import text_inputs  # noqa: E402
+from pruneops.integrity import write_checksum
 from pruneops.io import Layout, read_json  # noqa: E402
 from pruneops.onnx_utils import export_onnx_file  # noqa: E402
 from pruneops.registry.store import ModelRegistry  # noqa: E402
@@ -44,6 +45,7 @@ def served(tmp_path_factory):
     export = layout.stage_dir("export")
     export.mkdir(parents=True)
     export_onnx_file(model, text_inputs(), export / "pruned_deployed.onnx", 18, sizes={"seq": 16})
+    write_checksum(export / "pruned_deployed.onnx")  # as the export stage records it
     registry = ModelRegistry(root / "models")
     registry.promote(registry.register_pipeline_model(root, {"sparsity": 0.0}).version)
     serving = ServingConfig(
