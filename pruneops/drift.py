@@ -7,6 +7,8 @@ averaged per feature group (image rows, table columns), over a sliding window of
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -14,6 +16,32 @@ from dataclasses import dataclass
 import numpy as np
 
 EPS = 1e-4
+# One-sided 99 %: a window of inputs drawn from the reference itself scores under the thresholds
+# 99 times in 100, so an alert on a full window is drift, not sampling noise.
+NOISE_Z = 2.326
+KS_CRITICAL_1PCT = 1.628  # Kolmogorov: P(sqrt(n) D > 1.628) = 1 % for large n
+
+log = logging.getLogger("pruneops.drift")
+
+
+def chi2_quantile(dof: int, z: float = NOISE_Z) -> float:
+    """The chi-square quantile at standard-normal score `z` (Wilson-Hilferty; within 1 % from 3 dof)."""
+    k = max(dof, 1)
+    return k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3
+
+
+def noise_bounded_samples(ref_hist: np.ndarray, psi_threshold: float, ks_threshold: float) -> int:
+    """The fewest live samples whose PSI and KS stay under the thresholds on in-distribution inputs.
+
+    With n samples from the reference distribution, a feature's PSI is about chi-square with
+    (occupied bins - 1) degrees of freedom over n, and its KS D about Kolmogorov's over sqrt(n);
+    the count is taken at the 99th percentile of the feature with the most occupied bins, so
+    the averages the alerts read are bounded as well.
+    """
+    occupied = int((np.asarray(ref_hist) > EPS).sum(axis=-1).max()) if np.size(ref_hist) else 1
+    n_psi = chi2_quantile(occupied - 1) / psi_threshold
+    n_ks = (KS_CRITICAL_1PCT / ks_threshold) ** 2
+    return int(math.ceil(max(n_psi, n_ks)))
 
 
 def psi(expected: np.ndarray, actual: np.ndarray, eps: float = EPS) -> np.ndarray:
@@ -116,12 +144,25 @@ class DriftMonitor:
         reference: The `reference_stats.json` mapping written by `validate`; None scores nothing
             until `set_reference` gives one.
         window: How many recent samples to keep.
-        min_samples: No scores below this many samples: a handful of inputs makes PSI noisy
-            enough to raise false alerts.
+        min_samples: No scores below this many samples; None derives it from the reference's
+            bins and the thresholds (`noise_bounded_samples`), since a handful of inputs makes
+            PSI noisy enough to raise false alerts.
+        psi_threshold: The PSI the alerts compare with (for the derived sample size).
+        ks_threshold: The KS statistic the alerts compare with.
     """
 
-    def __init__(self, reference: dict | None, window: int = 1000, min_samples: int = 50):
-        self.min_samples = min_samples
+    def __init__(
+        self,
+        reference: dict | None,
+        window: int = 1000,
+        min_samples: int | None = None,
+        psi_threshold: float = 0.2,
+        ks_threshold: float = 0.3,
+    ):
+        self.explicit_min_samples = min_samples
+        self.min_samples = min_samples or 1
+        self.window = window
+        self.thresholds = (psi_threshold, ks_threshold)
         self.reference: dict | None = None
         self._inputs: deque[np.ndarray] = deque(maxlen=window)
         self._preds: deque[int] = deque(maxlen=window)
@@ -144,6 +185,19 @@ class DriftMonitor:
             self.edges, self.ref_hist, self.levels, self.quantiles, self.classes, self.class_freq, self.groups = parsed
             self._inputs.clear()
             self._preds.clear()
+            self.min_samples = self.explicit_min_samples or noise_bounded_samples(self.ref_hist, *self.thresholds)
+        if self.min_samples > self.window:
+            log.error(
+                "drift is not scored: %d samples are needed for scores above sampling noise, the window keeps %d "
+                "(raise serve.drift_window)",
+                self.min_samples,
+                self.window,
+            )
+
+    @property
+    def samples(self) -> int:
+        """Inputs in the window now."""
+        return len(self._inputs)
 
     def observe(self, x: np.ndarray, predictions: np.ndarray) -> None:
         """Adds a batch of model inputs (any shape per sample) and their predicted classes."""
@@ -157,7 +211,7 @@ class DriftMonitor:
     def scores(self) -> DriftScores | None:
         """Drift of the current window, or None without a reference or below `min_samples`."""
         with self._lock:
-            if self.reference is None or len(self._inputs) < max(self.min_samples, 1):
+            if self.reference is None or len(self._inputs) < self.min_samples:
                 return None
             x = np.stack(self._inputs)
             preds = np.asarray(self._preds)

@@ -419,7 +419,7 @@ class ServeConfig(StageConfig):
     """`serve` (not a DVC stage): the serving app's drift window, thresholds and feedback store."""
 
     drift_window: Annotated[int, Field(ge=10, le=1_000_000)] = 1000
-    drift_min_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 50
+    drift_min_samples: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     psi_threshold: Annotated[float, Field(gt=0.0, le=1e6)] = 0.2
     ks_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3
     accuracy_window: Annotated[int, Field(ge=1, le=1_000_000)] = 500

@@ -22,7 +22,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from pruneops.config import ServeConfig
 from pruneops.drift import DriftMonitor
@@ -37,6 +37,10 @@ log = logging.getLogger("pruneops.serving")
 # Millisecond-scale inference: buckets from 50 us to 1 s.
 LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 KNOWN_ENDPOINTS = ("predict", "feedback", "healthz", "readyz", "metrics")
+# How far below the served model's test accuracy the rolling accuracy may fall from sampling
+# noise alone, in standard errors: at 3, a model that has not changed raises no accuracy alert
+# (one-sided 0.13 % per evaluation).
+ACCURACY_ALERT_Z = 3.0
 
 
 class ServingConfig(ServeConfig):
@@ -54,6 +58,10 @@ class ServingConfig(ServeConfig):
     reference_stats: Path | None = pipeline_reference_stats(Layout())
     feedback_path: Path | None = None
     threads: Annotated[int, Field(ge=1, le=256)] = 1
+    # `reprune.accuracy_tolerance`: how far below its test accuracy the served model may fall.
+    accuracy_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.005
+    # `reprune.latency_slo_ms`: the latency alert's threshold.
+    latency_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] = 1.0
 
 
 class PredictRequest(BaseModel):
@@ -81,14 +89,15 @@ class FeedbackRequest(BaseModel):
     """The true label of an earlier prediction."""
 
     prediction_id: Annotated[str, Field(max_length=64)]
-    label: int | Annotated[str, Field(max_length=1000)]  # a class index, or its name where the data named them
+    # A class index (a JSON integer: not true/false, not 1.0), or its name where the data named them.
+    label: StrictInt | Annotated[str, Field(max_length=1000)]
 
 
 class FeedbackResponse(BaseModel):
     """Rolling accuracy over the labelled window."""
 
-    rolling_accuracy: float
-    window: int
+    rolling_accuracy: float | None  # None when the prediction came from a version no longer served
+    window: int  # distinct predictions of the served model labelled in the window
 
 
 class StatusResponse(BaseModel):
@@ -104,7 +113,7 @@ class ErrorResponse(BaseModel):
     error: str
 
 
-ERRORS = {status: {"model": ErrorResponse} for status in (404, 413, 422, 500, 503)}
+ERRORS = {status: {"model": ErrorResponse} for status in (404, 408, 409, 413, 422, 500, 503)}
 
 
 class Metrics:
@@ -123,13 +132,34 @@ class Metrics:
         self.requests = Counter(
             "pruneops_requests_total", "Requests by endpoint and status", ["endpoint", "status"], registry=r
         )
-        self.accuracy = Gauge("pruneops_accuracy", "Rolling accuracy from feedback", registry=r)
+        # Labelled by the served version and absent until its first label: no reading is not 0.
+        self.accuracy = Gauge("pruneops_accuracy", "Rolling accuracy from feedback", ["model_version"], registry=r)
+        self.accuracy_samples = Gauge(
+            "pruneops_accuracy_samples",
+            "Distinct labelled predictions behind pruneops_accuracy",
+            ["model_version"],
+            registry=r,
+        )
+        self.accuracy_threshold = Gauge(
+            "pruneops_accuracy_threshold",
+            "Accuracy alert threshold: the model's test accuracy - reprune.accuracy_tolerance - 3 standard errors",
+            ["model_version"],
+            registry=r,
+        )
         self.feedback = Counter("pruneops_feedback_total", "Labelled feedback received", registry=r)
+        self.feedback_refused = Counter(
+            "pruneops_feedback_refused_total", "Feedback refused (duplicate, unknown)", ["reason"], registry=r
+        )
         self.drift = Gauge("pruneops_drift_score", "Input drift (PSI) per feature group", ["group"], registry=r)
         self.drift_ks = Gauge("pruneops_drift_ks", "Input drift (KS D) per feature group", ["group"], registry=r)
         self.drift_threshold = Gauge(
             "pruneops_drift_threshold", "Alert thresholds from params.yaml", ["stat"], registry=r
         )
+        self.drift_min_samples = Gauge(
+            "pruneops_drift_min_samples", "Inputs needed before drift is scored (above sampling noise)", registry=r
+        )
+        self.drift_samples = Gauge("pruneops_drift_samples", "Inputs in the drift window", registry=r)
+        self.latency_slo = Gauge("pruneops_latency_slo_seconds", "reprune.latency_slo_ms, for the alert", registry=r)
         self.prediction_drift = Gauge("pruneops_prediction_drift_psi", "Drift of predicted classes (PSI)", registry=r)
         self.model_info = Gauge(
             "pruneops_model_info", "The served model", ["version", "sparsity", "params", "macs"], registry=r
@@ -157,14 +187,20 @@ class ServingState:
         self.holder = ModelHolder(config.production, config.threads)
         fallback = config.reference_stats
         reference = read_json(fallback) if fallback is not None and fallback.exists() else None
-        self.monitor = DriftMonitor(reference, config.drift_window, config.drift_min_samples)
+        self.monitor = DriftMonitor(
+            reference, config.drift_window, config.drift_min_samples, config.psi_threshold, config.ks_threshold
+        )
         self.lock = threading.Lock()
-        self.recent: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
+        # prediction id -> (input, predicted class, version); a labelled id moves to `labelled_ids`.
+        self.recent: OrderedDict[str, tuple[np.ndarray, int, str]] = OrderedDict()
+        self.labelled_ids: OrderedDict[str, None] = OrderedDict()
         self.correct: deque[int] = deque(maxlen=config.accuracy_window)
         self.labelled: deque[tuple[np.ndarray, int]] = deque(maxlen=50_000)
         self.since_flush = 0
+        self.expected_accuracy: tuple[float, int] | None = None
         self.metrics.drift_threshold.labels("psi").set(config.psi_threshold)
         self.metrics.drift_threshold.labels("ks").set(config.ks_threshold)
+        self.metrics.latency_slo.set(config.latency_slo_ms / 1e3)
 
     def refresh(self) -> None:
         """Swaps in a newly promoted model (a refused one is counted; the old one keeps serving)."""
@@ -185,6 +221,12 @@ class ServingState:
             model.version, str(model.metadata.get("sparsity", "")), str(m.get("params", "")), str(m.get("macs", ""))
         ).set(1)
         self.metrics.last_reprune.set(model.metadata.get("registered_at", 0))
+        with self.lock:  # the rolling accuracy is the served model's own: a new one starts empty
+            self.correct.clear()
+            self.expected_accuracy = expected_accuracy(model.metadata)
+        for gauge in (self.metrics.accuracy, self.metrics.accuracy_samples, self.metrics.accuracy_threshold):
+            gauge.clear()
+        self.metrics.drift_min_samples.set(self.monitor.min_samples)
         with contextlib.suppress(RegistryError, IndexError, KeyError):
             self.metrics.last_promotion.set(ModelRegistry(self.config.production.parent).history()[-1]["at"])
 
@@ -205,8 +247,8 @@ class ServingState:
         ids = [uuid.uuid4().hex for _ in range(len(kept))]
         with self.lock:
             for pid, xi, ci in zip(ids, kept, classes, strict=True):
-                self.recent[pid] = (xi, int(ci))
-            while len(self.recent) > 10 * self.config.drift_window:
+                self.recent[pid] = (xi, int(ci), model.version)
+            while len(self.recent) > self.prediction_cache:
                 self.recent.popitem(last=False)
         names = model.metadata.get("input", {}).get("class_names")
         return PredictResponse(
@@ -217,27 +259,52 @@ class ServingState:
             class_names=[names[c] if c < len(names) else str(c) for c in classes] if names else None,
         )
 
-    def feedback(self, prediction_id: str, label: int) -> FeedbackResponse:
-        """Records a true label; every `feedback_flush_every` labels the store is written.
+    @property
+    def prediction_cache(self) -> int:
+        """How many recent predictions accept feedback (older ids expire)."""
+        return 10 * self.config.drift_window
+
+    def feedback(self, prediction_id: str, label: int, served: str | None) -> FeedbackResponse:
+        """Records the one true label of a prediction; every `feedback_flush_every` labels the store is written.
+
+        A label counts towards the rolling accuracy of the version that made the prediction while
+        it is served; it is kept for re-pruning whichever version made it.
 
         Raises:
-            HTTPException: 404 for an unknown id.
+            HTTPException: 404 for an unknown or expired id, 409 for an id already labelled.
         """
         with self.lock:
-            item = self.recent.get(prediction_id)
+            item = self.recent.pop(prediction_id, None)
             if item is None:
-                raise HTTPException(404, f"unknown or expired prediction_id {prediction_id!r}")
-            x, predicted = item
-            self.correct.append(int(predicted == label))
+                duplicate = prediction_id in self.labelled_ids
+                self.metrics.feedback_refused.labels("duplicate" if duplicate else "unknown").inc()
+                if duplicate:
+                    raise HTTPException(409, "this prediction_id is already labelled: a prediction takes one label")
+                raise HTTPException(404, f"unknown or expired prediction_id {prediction_id[:64]!r}")
+            self.labelled_ids[prediction_id] = None
+            while len(self.labelled_ids) > self.prediction_cache:
+                self.labelled_ids.popitem(last=False)
+            x, predicted, version = item
+            if version == served:
+                self.correct.append(int(predicted == label))
             self.labelled.append((x, label))
             self.since_flush += 1
             due = self.since_flush >= self.config.feedback_flush_every
-            accuracy, window = sum(self.correct) / len(self.correct), len(self.correct)
+            window = len(self.correct)
+            accuracy = sum(self.correct) / window if window else None
         if due:
             self.flush_feedback()
-        self.metrics.accuracy.set(accuracy)
         self.metrics.feedback.inc()
+        if accuracy is not None and served is not None:
+            self._export_accuracy(served, accuracy, window)
         return FeedbackResponse(rolling_accuracy=accuracy, window=window)
+
+    def _export_accuracy(self, version: str, accuracy: float, window: int) -> None:
+        self.metrics.accuracy.labels(version).set(accuracy)
+        self.metrics.accuracy_samples.labels(version).set(window)
+        threshold = accuracy_threshold(self.expected_accuracy, window, self.config.accuracy_tolerance)
+        if threshold is not None:
+            self.metrics.accuracy_threshold.labels(version).set(threshold)
 
     def flush_feedback(self) -> None:
         """Writes the labelled samples where `reprune` looks for them (NPZ, 80/20 split).
@@ -281,6 +348,7 @@ class ServingState:
 
     def export_drift(self) -> None:
         """Sets the drift gauges from the current window (nothing below `drift_min_samples`)."""
+        self.metrics.drift_samples.set(self.monitor.samples)
         scores = self.monitor.scores()
         if scores is None:
             return
@@ -291,6 +359,33 @@ class ServingState:
         self.metrics.drift.labels("overall").set(scores.psi_overall)
         self.metrics.drift_ks.labels("overall").set(scores.ks_overall)
         self.metrics.prediction_drift.set(scores.prediction_psi)
+
+
+def expected_accuracy(metadata: dict) -> tuple[float, int] | None:
+    """The served model's accuracy on held-out data and over how many samples, from its benchmark metrics."""
+    deployed = (metadata.get("metrics") or {}).get("models", {}).get("pruned_deployed", {})
+    accuracy = deployed.get("test_accuracy")
+    if not isinstance(accuracy, int | float) or not 0 < accuracy <= 1:
+        return None
+    samples = deployed.get("test_samples")
+    return float(accuracy), int(samples) if isinstance(samples, int) and samples > 0 else 0
+
+
+def accuracy_threshold(expected: tuple[float, int] | None, window: int, tolerance: float) -> float | None:
+    """The rolling accuracy below which the model has changed, not just the sample.
+
+    Its held-out accuracy minus the tolerance and `ACCURACY_ALERT_Z` standard errors of the
+    difference between a `window` of labels and the held-out figure (its own sample included
+    where its size is known). None without a held-out figure, or while the window is too small
+    for that normal approximation (fewer than 30 labels, or than 5 expected errors).
+    """
+    if expected is None:
+        return None
+    accuracy, held_out = expected
+    if window < max(30, 5 / max(1 - accuracy, 1e-6)):
+        return None
+    variance = accuracy * (1 - accuracy) * (1 / window + (1 / held_out if held_out else 0))
+    return accuracy - tolerance - ACCURACY_ALERT_Z * variance**0.5
 
 
 def parse_inputs(body: PredictRequest, model: ServableModel, max_batch: int) -> np.ndarray | dict[str, np.ndarray]:
@@ -420,7 +515,8 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
 
     @app.post("/feedback", responses=ERRORS)
     def feedback(body: FeedbackRequest) -> FeedbackResponse:
-        return state.feedback(body.prediction_id, feedback_label(body.label, state.holder.current))
+        served = state.holder.current
+        return state.feedback(body.prediction_id, feedback_label(body.label, served), served and served.version)
 
     @app.get("/healthz")
     def healthz() -> StatusResponse:
@@ -498,6 +594,8 @@ def app_from_params(
             production=registry / "production",
             reference_stats=Path(reference) if reference else pipeline_reference_stats(Layout(Path(root))),
             feedback_path=Path(root) / reprune.feedback_dir / "feedback.npz",
+            accuracy_tolerance=reprune.accuracy_tolerance,
+            latency_slo_ms=reprune.latency_slo_ms,
             **settings,
         )
     )

@@ -123,6 +123,7 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
             "macs": m["macs"],
             "size_bytes": file_size(export_dir / m["file"]),
             "test_accuracy": ort_accuracy(sessions[name], test.x, test.y),
+            "test_samples": len(test),
             "latency": latency,
         }
     dense = models["dense_fp32"]["latency"]

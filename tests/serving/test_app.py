@@ -50,7 +50,8 @@ def test_predict_feedback_and_metrics(setup, tmp_path):
         text = client.get("/metrics").text
         assert 'pruneops_requests_total{endpoint="predict",status="200"} 2.0' in text
         assert 'pruneops_inference_latency_seconds_bucket{le="0.001",model_version="v1"}' in text
-        assert f"pruneops_accuracy {expected}" in text
+        assert f'pruneops_accuracy{{model_version="v1"}} {expected}' in text
+        assert 'pruneops_accuracy_samples{model_version="v1"} 20.0' in text
         assert 'pruneops_drift_score{group="overall"}' in text and 'pruneops_drift_score{group="row_03"}' in text
         assert 'pruneops_model_info{macs="",params="",sparsity="0.0",version="v1"} 1.0' in text
         assert 'pruneops_drift_threshold{stat="psi"} 0.2' in text
@@ -175,10 +176,10 @@ def test_concurrent_feedback_while_flushing_loses_and_breaks_nothing(setup, tmp_
             for f in flushes:
                 f.result()
         assert statuses == [200] * 200
-        assert client.post("/feedback", json={"prediction_id": ids[0], "label": 3}).status_code == 200
+        assert client.post("/feedback", json={"prediction_id": ids[0], "label": 3}).status_code == 409  # once
     with np.load(tmp_path / "feedback.npz") as saved:  # the final flush holds every label, in order of arrival
         labels = np.concatenate([saved["y_train"], saved["y_test"]])
-        assert len(labels) == 201 and saved["x_train"].shape[1:] == (1, 8, 8)
+        assert len(labels) == 200 and saved["x_train"].shape[1:] == (1, 8, 8)
     assert not list(tmp_path.glob("*.tmp.npz"))
 
 
