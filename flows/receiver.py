@@ -11,6 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+
+
+def api_url() -> str:
+    """The Prefect API the receiver starts runs on: `PREFECT_API_URL`, from the environment or the profile."""
+    from prefect.settings import PREFECT_API_URL
+
+    return os.environ.get("PREFECT_API_URL") or (PREFECT_API_URL.value() or "")
 
 
 def run_reprune_deployment(alert: dict, deployment: str = "reprune/reprune") -> str:
@@ -35,7 +43,17 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8010)
     args = parser.parse_args()
-    app = create_receiver(os.environ.get("PRUNEOPS_RECEIVER_TOKEN", ""), run_reprune_deployment)
+    token = os.environ.get("PRUNEOPS_RECEIVER_TOKEN", "")
+    needed = (("PRUNEOPS_RECEIVER_TOKEN", token), ("PREFECT_API_URL", api_url()))
+    missing = [name for name, value in needed if not value]
+    if missing:
+        # Without an API URL Prefect would start a private ephemeral server, without auth, that
+        # outlives the receiver and that no worker watches.
+        print(
+            f"flows.receiver: error: set {' and '.join(missing)} (re-prunes start on that Prefect API)", file=sys.stderr
+        )
+        sys.exit(2)
+    app = create_receiver(token, run_reprune_deployment)
     uvicorn.run(app, host=args.host, port=args.port)
 
 

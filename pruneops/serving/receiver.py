@@ -2,11 +2,15 @@
 
 Bearer token from the environment (401 for a missing, wrong or malformed header, on every
 endpoint but /healthz), `resolved` notifications ignored (they clear the alert's fingerprint),
-repeats of a firing alert de-duplicated by fingerprint, and one re-prune per `cooldown_s` whatever
-fires (drift and accuracy alerts in one burst give one run). The trigger is injected
+repeats of an alert that triggered de-duplicated by fingerprint until it resolves, and one
+re-prune per `cooldown_s` whatever fires (drift and accuracy alerts in one burst give one run).
+An alert that arrives during the cooldown is answered "cooldown" and not remembered, so that
+Alertmanager's next repeat of it, once the cooldown is over, triggers. The trigger is injected
 (flows/receiver.py starts the Prefect deployment) and must return only once the re-prune is
 confirmed (e.g. the flow run was created): if it raises, the receiver answers 503, forgets the
-alert and keeps no cooldown, so Alertmanager's retry triggers it again.
+alert and keeps no cooldown, so Alertmanager's retry triggers it again. While one trigger is in
+flight, a delivery that would trigger is answered 503 as well (retried), never acknowledged and
+then lost with a trigger that fails.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class Counts(BaseModel):
     cooldown: int = 0
 
 
+IN_FLIGHT = "in flight"  # `classify`'s answer while another trigger is unconfirmed
+
+
 class ReceiverState:
     """Firing fingerprints, the last confirmed trigger and the decision log, behind one lock."""
 
@@ -67,6 +74,7 @@ class ReceiverState:
         self.cooldown_s = cooldown_s
         self.firing: dict[str, float] = {}
         self.last_trigger = 0.0
+        self.in_flight = False
         self.decisions: deque[dict[str, Any]] = deque(maxlen=1000)
         self.lock = threading.Lock()
 
@@ -84,7 +92,10 @@ class ReceiverState:
         log.info("alert %s (%s, %s): %s %s", entry["alertname"], entry["fingerprint"], alert.status, action, detail)
 
     def classify(self, alert: Alert, counts: Counts) -> str | None:
-        """Records a resolved, repeated or cooled-down alert; returns its key when it is to trigger."""
+        """Records a resolved, repeated or cooled-down alert; returns its key when it is to trigger.
+
+        Returns `IN_FLIGHT` when it would trigger while another trigger is unconfirmed.
+        """
         key = alert.fingerprint or str(sorted(alert.labels.items()))
         with self.lock:
             if alert.status == "resolved":
@@ -96,20 +107,29 @@ class ReceiverState:
                 counts.duplicates += 1
                 self.decide(alert, "duplicate", "a re-prune was already triggered for this alert")
                 return None
+            if self.in_flight:
+                self.decide(alert, "retry", "another re-prune trigger is in flight: answered 503")
+                return IN_FLIGHT
             if time.time() - self.last_trigger < self.cooldown_s:
-                self.firing[key] = time.time()
-                counts.cooldown += 1
+                counts.cooldown += 1  # not remembered: its repeat after the cooldown triggers
                 self.decide(alert, "cooldown", "a re-prune was triggered less than cooldown_s ago")
                 return None
             # Claimed now so that a concurrent delivery of the same burst does not trigger twice.
-            self.firing[key] = self.last_trigger = time.time()
+            self.firing[key] = time.time()
+            self.in_flight = True
             return key
+
+    def confirm(self) -> None:
+        """The claimed trigger is confirmed: the cooldown starts."""
+        with self.lock:
+            self.last_trigger = time.time()
+            self.in_flight = False
 
     def release(self, key: str) -> None:
         """Forgets a claimed alert whose trigger failed, so that a retry triggers it."""
         with self.lock:
             self.firing.pop(key, None)
-            self.last_trigger = 0.0
+            self.in_flight = False
 
 
 def _authorized(token: str):
@@ -154,12 +174,17 @@ def create_receiver(token: str, trigger: Callable[[dict], str], cooldown_s: floa
             key = state.classify(alert, counts)
             if key is None:
                 continue
+            if key == IN_FLIGHT:
+                raise HTTPException(status_code=503, detail="another re-prune trigger is in flight; retry")
             try:
                 run = await asyncio.to_thread(trigger, alert.model_dump())
             except Exception as exc:  # noqa: BLE001 - not confirmed: let Alertmanager's retry trigger it
                 state.release(key)
-                state.decide(alert, "trigger failed", f"{type(exc).__name__}: {exc}")
-                raise HTTPException(status_code=503, detail=f"re-prune trigger not confirmed: {exc}") from None
+                state.decide(alert, "trigger failed", f"{type(exc).__name__}: {str(exc)[:200]}")
+                raise HTTPException(
+                    status_code=503, detail=f"re-prune trigger not confirmed: {str(exc)[:200]}"
+                ) from None
+            state.confirm()
             counts.triggered += 1
             state.decide(alert, "triggered", str(run))
         return counts
