@@ -34,8 +34,7 @@ def main() -> None:
     """Entry point: `python -m flows.receiver [--port 8010]` (binds 127.0.0.1)."""
     import logging
 
-    import uvicorn
-
+    from pruneops.serving.limits import run_server
     from pruneops.serving.receiver import create_receiver
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -54,7 +53,7 @@ def main() -> None:
         )
         sys.exit(2)
     app = create_receiver(token, run_reprune_deployment)
-    uvicorn.run(app, host=args.host, port=args.port)
+    run_server(app, args.host, args.port, read_timeout_s=10.0)
 
 
 if __name__ == "__main__":

@@ -73,9 +73,8 @@ def _launch_data_parallel(args: argparse.Namespace) -> int | None:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
-
     from pruneops.serving.app import app_from_params
+    from pruneops.serving.limits import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = app_from_params(
@@ -85,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
         reload_interval_s=args.reload_interval,
         reference=args.reference_stats,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    run_server(app, args.host, args.port, app.state.serving.config.read_timeout_s)
     return 0
 
 

@@ -425,6 +425,7 @@ class ServeConfig(StageConfig):
     accuracy_window: Annotated[int, Field(ge=1, le=1_000_000)] = 500
     max_batch: Annotated[int, Field(ge=1, le=65_536)] = 256
     max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 8 * 1024 * 1024
+    read_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
     reload_interval_s: Annotated[float, Field(ge=0.05, le=3600.0)] = 2.0
     feedback_flush_every: Annotated[int, Field(ge=1, le=1_000_000)] = 100
 

@@ -409,13 +409,16 @@ def parse_inputs(body: PredictRequest, model: ServableModel, max_batch: int) -> 
 def _parse_numbers(inputs: list, model: ServableModel, max_batch: int) -> np.ndarray:
     if len(inputs) > max_batch:
         raise HTTPException(422, f"batch size must be 1..{max_batch}, got {len(inputs)}")
+    deepest = len(model.input_shape) + 1  # a batch of inputs
+    if _nesting_depth(inputs, deepest) > deepest:
+        raise HTTPException(422, f"inputs are nested deeper than a batch of {list(model.input_shape)} arrays")
     try:
         raw = np.asarray(inputs, dtype=object)
         # Only numbers: JSON true/false (or text) would otherwise be read as 1/0 without a word.
         if not set(map(type, raw.flat)) <= {int, float}:
             raise TypeError
         x = raw.astype(np.float32)
-    except (ValueError, TypeError, OverflowError):
+    except (ValueError, TypeError, OverflowError, RuntimeError, RecursionError):
         raise HTTPException(422, "inputs must be a (nested) list of numbers with a regular shape") from None
     if x.ndim == len(model.input_shape):
         x = x[None]
@@ -426,6 +429,18 @@ def _parse_numbers(inputs: list, model: ServableModel, max_batch: int) -> np.nda
     if not np.isfinite(x).all():
         raise HTTPException(422, "inputs must be finite (no NaN or infinity)")
     return x
+
+
+def _nesting_depth(value: object, limit: int) -> int:
+    """How deep lists nest in `value`, counted up to `limit` + 1 (deeper levels are not looked at)."""
+    depth, level = 0, [value]
+    while depth <= limit:
+        lists = [v for v in level if isinstance(v, list)]
+        if not lists:
+            return depth
+        depth += 1
+        level = [item for v in lists for item in v]
+    return depth
 
 
 def _parse_texts(texts: list[str], model: ServableModel, max_batch: int) -> dict[str, np.ndarray]:

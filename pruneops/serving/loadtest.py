@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ class LoadResult:
     versions: Counter = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    last_version: str | None = None  # the version that answered the last successful request
 
     @property
     def errors(self) -> int:
@@ -38,13 +40,22 @@ class LoadResult:
             "throughput_rps": float(len(lat) / self.wall_s) if self.wall_s else None,
             "statuses": {str(k): v for k, v in self.statuses.items()},
             "versions": dict(self.versions),
+            "last_version": self.last_version,
         }
 
 
-def run_load(url: str, inputs: np.ndarray, total: int, concurrency: int, timeout_s: float = 10.0) -> LoadResult:
+def run_load(
+    url: str,
+    inputs: np.ndarray,
+    total: int,
+    concurrency: int,
+    timeout_s: float = 10.0,
+    on_response: Callable[[str], None] | None = None,
+) -> LoadResult:
     """Sends `total` single-sample /predict requests from `concurrency` threads (keep-alive).
 
-    The loop is bounded by `total`; each request by `timeout_s`.
+    The loop is bounded by `total`; each request by `timeout_s`. `on_response` is called with
+    the model version of each successful answer (e.g. to act once a promotion is served).
     """
     import httpx
 
@@ -74,6 +85,9 @@ def run_load(url: str, inputs: np.ndarray, total: int, concurrency: int, timeout
                     if status == 200:
                         result.latencies_ms.append(elapsed)
                         result.versions[version] += 1
+                        result.last_version = version
+                if status == 200 and on_response is not None:
+                    on_response(version)
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:

@@ -14,7 +14,8 @@ pytest.importorskip("httpx", reason="httpx is not installed")
 
 
 @pytest.mark.slow
-def test_load_with_hot_reload_loses_no_request(served_project):
+def test_load_with_a_promotion_and_a_rollback_loses_no_request(served_project):
+    """5,000 requests at 4 clients (about 20 s here: the acceptance load of the reliability issue)."""
     project, test = served_project
     port = free_port()
     server = start_serving(project, port, "--reload-interval", "0.2")
@@ -22,18 +23,29 @@ def test_load_with_hot_reload_loses_no_request(served_project):
         wait_http(f"http://127.0.0.1:{port}/readyz")
         registry = ModelRegistry(project / "models")
         shutil.copy(ROOT / "params.yaml", project / "params.yaml")
+        served_v2 = threading.Event()
 
-        def promote_soon():
-            time.sleep(0.8)
+        def promote_then_roll_back():
+            time.sleep(1.0)
             registry.promote(registry.register(registry.get("v1").model_file, {}, version="v2").version)
+            served_v2.wait(30)
+            time.sleep(1.0)
+            registry.rollback("back during the load")
 
-        promoter = threading.Thread(target=promote_soon)
-        promoter.start()
-        result = run_load(f"http://127.0.0.1:{port}", test.x, total=2000, concurrency=8)
-        promoter.join()
+        changer = threading.Thread(target=promote_then_roll_back)
+        changer.start()
+
+        def on_response(version: str) -> None:
+            if version == "v2":
+                served_v2.set()
+
+        result = run_load(f"http://127.0.0.1:{port}", test.x, total=5000, concurrency=4, on_response=on_response)
+        changer.join()
         summary = result.summary()
-        assert summary["requests"] == 2000 and summary["errors"] == 0, result.failures[:3]
-        assert set(summary["versions"]) == {"v1", "v2"}  # the swap happened during the load
+        print(f"load: {summary}")
+        assert summary["requests"] == 5000 and summary["errors"] == 0, result.failures[:3]
+        assert summary["versions"]["v2"] > 0 and summary["versions"]["v1"] > 0
+        assert summary["last_version"] == "v1"  # the rollback was served before the load ended
         assert 0 < summary["p50_ms"] <= summary["p99_ms"]
     finally:
         server.terminate()
