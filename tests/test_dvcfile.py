@@ -141,3 +141,48 @@ def test_a_read_key_inside_a_null_block_names_the_block(tmp_path):
     write_params(tmp_path, tiny_params(prune={"target": {"kind": "ratio", "value": 0.5}}))
     latency = render(tmp_path)["stages"]["latency"]["params"]
     assert "prune.target.kind" in latency and "prune.target.form" not in latency and "prune.target" not in latency
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("models/minilm", "excluded by .dvcignore"),  # the model registry
+        ("state/assets/minilm", "excluded by .dvcignore"),
+        ("data/feedback/minilm", "excluded by .dvcignore"),
+        (".dvc/minilm", "inside .dvc/"),
+    ],
+)
+def test_a_user_file_dvc_would_ignore_is_refused_by_dvc_yaml_and_by_the_stage(tmp_path, monkeypatch, where, why):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / ".dvcignore").write_text((ROOT / ".dvcignore").read_text())
+    (tmp_path / where).mkdir(parents=True)
+    write_params(tmp_path, tiny_params(train={"init_weights": f"{where}/w.safetensors"}))
+    with pytest.raises(ConfigError, match=rf"^train.init_weights: {where}/w.safetensors .*{why}"):
+        render(tmp_path)
+    with pytest.raises(ConfigError, match=rf"^train.init_weights: .*{why}"):
+        run_stage("train", tmp_path / "params.yaml", tmp_path)
+
+
+def test_a_user_file_through_a_symlink_into_an_ignored_folder_is_refused_and_a_loop_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".dvcignore").write_text("/models/\n")
+    (tmp_path / "models/m").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "models/m")
+    write_params(tmp_path, tiny_params(train={"init_weights": "link/w.safetensors"}))
+    with pytest.raises(ConfigError, match="excluded by .dvcignore"):
+        render(tmp_path)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    write_params(tmp_path, tiny_params(validate={"dataset": "npz", "path": "loop"}))
+    with pytest.raises(ConfigError, match="^validate.path: loop is a symlink loop$"):
+        render(tmp_path)
+
+
+def test_the_guides_example_paths_lie_where_dvc_tracks_them():
+    import re
+
+    rules = (ROOT / ".dvcignore").read_text().split()
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for path in re.findall(r"(?:pretrained|tokenizer|init_weights|path): ([\w./-]+)", doc.read_text()):
+            top = "/" + path.split("/")[0] + "/"
+            assert top not in rules, f"{doc.name}: {path} lies in {top}, which .dvcignore excludes"

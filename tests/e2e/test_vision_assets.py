@@ -24,7 +24,7 @@ from pruneops.stages.validate import ValidateConfig, validate_dataset
 from tests.conftest import ROOT, tiny_params
 from tests.test_pipeline_dvc import repro_new_project
 
-WEIGHTS = ROOT / "state/assets/mobilenet_v2-b0353104.pth"
+WEIGHTS = ROOT / "assets/mobilenet_v2-b0353104.pth"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 needs_assets = pytest.mark.skipif(
     not (WEIGHTS.is_file() and FASHION.is_dir()),

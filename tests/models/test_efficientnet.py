@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 pytest.importorskip(
     "efficientnet_lite_pytorch", reason="efficientnet-lite-pytorch (the `vision` extra) is not installed"
 )
-WEIGHTS = ROOT / "state/assets/efficientnet-lite0-57934424.pth"
+WEIGHTS = ROOT / "assets/efficientnet-lite0-57934424.pth"
 needs_weights = pytest.mark.skipif(
     not WEIGHTS.is_file(), reason="EfficientNet-Lite0 weights absent (make vision-assets)"
 )

