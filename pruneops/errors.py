@@ -1,17 +1,22 @@
 """Error types that the CLI turns into one-line messages and exit codes."""
 
+MAX_MESSAGE = 600  # characters of one error line
+
 
 class PruneOpsError(Exception):
     """Base class of every error a stage reports to the user (exit code 1).
 
     The message is kept to one line: line breaks from user input (a key, a value, a file's text)
-    are written as an escaped backslash-n.
+    are written as an escaped backslash-n, and it is cut at `MAX_MESSAGE` characters.
     """
 
     exit_code = 1
 
     def __init__(self, message: str = "", *args: object):
-        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"), *args)
+        text = str(message).replace("\r", "\\r").replace("\n", "\\n")
+        if len(text) > MAX_MESSAGE:  # a value or a file's text inside the message is cut, not echoed whole
+            text = f"{text[: MAX_MESSAGE - 40]}… ({len(text) - MAX_MESSAGE + 40} more characters)"
+        super().__init__(text, *args)
 
 
 class ConfigError(PruneOpsError):

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from pruneops.config.base import IMPORT_PATH
 from pruneops.errors import ConfigError, PruneOpsError
 from pruneops.io import Layout, read_json
 from pruneops.params import read_params
@@ -113,6 +114,33 @@ def project_lock(root: Path, holder: str) -> Iterator[None]:
         lock.unlink(missing_ok=True)
 
 
+def refuse_code(key: str, value: Any) -> None:
+    """Refuses an override that names code (`package.module:callable`).
+
+    Overrides come from whoever can start a flow run; code that a stage imports and calls is
+    named in `params.yaml` only, which is reviewed and versioned with the project. Registry names
+    (`prune.method: channel`) stay allowed: they choose among code already installed.
+
+    Raises:
+        ConfigError: (exit 2) The value, or a string inside it, has the form `module:callable`.
+    """
+    strings = [value] if isinstance(value, str) else _strings_in(value)
+    if any(IMPORT_PATH.match(s) for s in strings):
+        raise ConfigError(
+            f"override {key!r}: a value naming code (package.module:callable) is read from params.yaml only"
+        )
+
+
+def _strings_in(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [*_strings_in(k), *_strings_in(v)]]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings_in(v)]
+    return []
+
+
 def apply_overrides(params: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """A copy of `params` with dotted overrides set, validated as a whole.
 
@@ -124,6 +152,7 @@ def apply_overrides(params: dict[str, Any], overrides: dict[str, Any]) -> dict[s
     """
     out = copy.deepcopy(params)
     for key, value in overrides.items():
+        refuse_code(key, value)
         section, *path = key.split(".")
         if not path or not all(path):
             raise ConfigError(f"override {key!r}: expected section.key")

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pruneops.config import EXTRA_SECTIONS, StageConfig
+from pruneops.config.base import IMPORT_PATH
 from pruneops.errors import ConfigError
 
 C = TypeVar("C", bound=StageConfig)
@@ -38,7 +39,9 @@ def environment_overrides(text: str) -> dict[str, Any]:
         try:
             overrides[key] = yaml.safe_load(value)
         except yaml.YAMLError:
-            raise ConfigError(f"PRUNEOPS_SET: {key}: value {value!r} is not valid YAML") from None
+            raise ConfigError(f"PRUNEOPS_SET: {key}: value {value[:80]!r} is not valid YAML") from None
+        if isinstance(overrides[key], str) and IMPORT_PATH.match(overrides[key]):
+            raise ConfigError(f"PRUNEOPS_SET: {key}: a value naming code (package.module:callable) is refused")
     return overrides
 
 
@@ -96,7 +99,13 @@ def _describe(section: str, error: dict[str, Any], cls: type[StageConfig]) -> st
         return f"{section}.{msg}"
     if error["type"] == "value_error" and isinstance(error.get("input"), dict):  # across a nested block's keys
         return f"{key}.{msg}"
-    return f"{key}: {msg} (got {error.get('input')!r})"
+    return f"{key}: {msg} (got {_short(error.get('input'))})"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A value as an error message shows it: its repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
 
 
 def parse_section(section: str, raw: Any, cls: type[C]) -> C:

@@ -250,3 +250,16 @@ def test_a_latency_target_batch_must_be_one_the_latency_table_measures():
         load_configs(params)
     params["benchmark"]["batch_sizes"] = [1, 32]
     assert load_configs(params)["prune"].target.batch == 32
+
+
+def test_an_empty_section_is_refused_rather_than_run_on_defaults():
+    params = read_params(ROOT / "params.yaml")
+    params["train"] = None
+    with pytest.raises(ConfigError, match="^train: the section is empty"):
+        load_configs(params)
+
+
+def test_a_huge_value_is_not_echoed_back_whole():
+    with pytest.raises(ConfigError) as raised:
+        parse_section("train", {"epochs": list(range(10_000))}, TrainConfig)
+    assert len(str(raised.value)) < 300 and "characters)" in str(raised.value)

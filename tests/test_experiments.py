@@ -4,8 +4,9 @@ import subprocess
 
 import pytest
 
-from pruneops.errors import PruneOpsError
-from pruneops.experiments import _make_worktree, tool_env
+from pruneops.errors import ConfigError, PruneOpsError
+from pruneops.experiments import _make_worktree, apply_overrides, tool_env
+from tests.conftest import ROOT
 
 
 def _git(cwd, *args: str) -> str:
@@ -47,3 +48,46 @@ def test_an_override_sets_a_key_inside_a_nested_block_and_keeps_its_siblings():
         apply_overrides(params, {"prune.steps.x": 1})
     with pytest.raises(ConfigError, match=r"override 'prune': expected section.key"):
         apply_overrides(params, {"prune": 1})
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"train.model": "os:system"},
+        {"train.model_kwargs": {"factory": "subprocess:run"}},
+        {"prune.target": {"kind": "macs", "value": 0.5, "reference": ["pathlib:Path"]}},
+    ],
+)
+def test_an_override_that_names_code_is_refused_with_exit_2(overrides):
+    from pruneops.params import read_params
+
+    with pytest.raises(ConfigError, match="a value naming code .* is read from params.yaml only") as raised:
+        apply_overrides(read_params(ROOT / "params.yaml"), overrides)
+    assert raised.value.exit_code == 2
+
+
+def test_prunops_set_refuses_a_value_that_names_code():
+    from pruneops.params import environment_overrides
+
+    with pytest.raises(ConfigError, match="PRUNEOPS_SET: reprune.drift_source: a value naming code"):
+        environment_overrides("reprune.drift_source=os:system")
+    assert environment_overrides("reprune.drift_source=http://prometheus:9090") == {
+        "reprune.drift_source": "http://prometheus:9090"
+    }
+
+
+def test_validating_a_user_factory_neither_imports_nor_calls_it(tmp_path, monkeypatch):
+    from pruneops.config import TrainConfig
+    from pruneops.models import ModelSpec, create_model
+    from pruneops.params import parse_section
+
+    marker = tmp_path / "imported"
+    (tmp_path / "side_effects.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n"
+        "from tests.models.factories import tiny_linear as build\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = parse_section("train", {"model": "side_effects:build"}, TrainConfig)
+    assert config.model == "side_effects:build" and not marker.exists()
+    create_model(ModelSpec(config.model, [4], 3))  # the stage imports it
+    assert marker.exists()

@@ -22,6 +22,7 @@ from pruneops.config.base import (
     StageConfig,
     Text,
     Threads,
+    importable,
     lookup,
     registered,
 )
@@ -221,6 +222,8 @@ class TrainConfig(FitParams):
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str) -> str:
+        if ":" in v:  # the user's own factory: imported by the stage that builds the model, not here
+            return importable(v)
         return registered("pruneops.models.registry:resolve_factory", v)
 
     @model_validator(mode="after")

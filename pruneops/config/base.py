@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +51,32 @@ def lookup(target: str, name: str) -> Any:
         return found(name) if callable(found) and not hasattr(found, "get") else found.get(name)
     except ConfigError as exc:
         raise ValueError(str(exc).removeprefix("train.model: ")) from None
+
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+def importable(name: str) -> str:
+    """`package.module:callable`, checked without running it: the syntax, and that the module exists.
+
+    The module is neither imported nor called here (a config is validated before any stage
+    runs, and an import runs the module's code); the stage that builds the model imports it.
+
+    Raises:
+        ValueError: Not `package.module:callable`, or no such module.
+    """
+    if not IMPORT_PATH.match(name):
+        raise ValueError(f"{name!r} is not package.module:callable")
+    module = name.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        found, why = None, str(exc)
+    else:
+        why = f"no module named {module!r}"
+    if found is None:
+        raise ValueError(f"cannot import factory {name!r} ({why})")
+    return name
 
 
 def registered(registry: str, name: str) -> str:

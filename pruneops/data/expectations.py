@@ -129,7 +129,10 @@ def run_suite(
         ),
         "class_counts": (
             class_counts,
-            [gxe.ExpectColumnValuesToBeBetween(column="count", min_value=balance_floor)],
+            [
+                gxe.ExpectColumnValuesToBeBetween(column="count", min_value=balance_floor),
+                gxe.ExpectColumnUniqueValueCountToBeBetween(column="label", min_value=2),  # a classifier needs two
+            ],
         ),
         "test_leakage": (
             test_rows,
@@ -246,7 +249,13 @@ def run_text_suite(
                 gxe.ExpectColumnValuesToBeInSet(column="label", value_set=classes),
             ],
         ),
-        "class_counts": (class_counts, [gxe.ExpectColumnValuesToBeBetween(column="count", min_value=floor)]),
+        "class_counts": (
+            class_counts,
+            [
+                gxe.ExpectColumnValuesToBeBetween(column="count", min_value=floor),
+                gxe.ExpectColumnUniqueValueCountToBeBetween(column="label", min_value=2),
+            ],
+        ),
         "train_duplicates": (
             pd.DataFrame({"repeats_earlier": repeats}),
             [

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from pruneops.config import ValidateConfig
-from pruneops.data.text import TextTable, read_text_table
+from pruneops.data.text import TextTable, describe_columns, read_text_table
 from pruneops.errors import ConfigError, DataError
 from pruneops.plugins import Registry
 
@@ -320,11 +320,11 @@ def load_table(config: ValidateConfig) -> RawData:
     except Exception as exc:  # pandas raises many unrelated types for unreadable files
         raise DataError(f"{path}: cannot read table ({type(exc).__name__}: {exc})") from None
     if config.label_column not in frame.columns:
-        raise DataError(f"{path}: label column {config.label_column!r} not found; columns: {list(frame.columns)}")
+        raise DataError(f"{path}: label column {config.label_column!r} not found; {describe_columns(frame.columns)}")
     features = config.feature_columns or [str(c) for c in frame.columns if c != config.label_column]
     present = [c for c in features if c in frame.columns]
     if not present or len(frame) < 2:
-        raise DataError(f"{path}: needs feature columns and at least 2 rows; columns: {list(frame.columns)[:10]}")
+        raise DataError(f"{path}: needs feature columns and at least 2 rows; {describe_columns(frame.columns)}")
     numeric = frame[present].apply(pd.to_numeric, errors="coerce")
     _refuse_text(frame[present], numeric, path)
     x = as_inputs(numeric.to_numpy(dtype=np.float64), f"{path}: features")

@@ -45,6 +45,19 @@ class TextTable:
     dropped: dict[str, int]
 
 
+def describe_columns(columns) -> str:
+    """The columns a table was read with, for an error message, without echoing a file's first line.
+
+    A file that is not a table reads as one column named by its whole first line (a key, a
+    password): that is never shown, and names are cut to 24 characters, at most 10 of them.
+    """
+    names = [str(c) for c in columns]
+    if len(names) < 2:
+        return "the file reads as a single column (is it a CSV/TSV table with a header line?)"
+    shown = [n if len(n) <= 24 else n[:23] + "…" for n in names[:10]]
+    return f"columns: {shown}" + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
+
+
 def _format(path: Path) -> tuple[str, str | None]:
     suffixes = [s.lower() for s in path.suffixes]
     compression = COMPRESSIONS.get(suffixes[-1]) if suffixes else None
@@ -104,7 +117,7 @@ def read_text_table(
     frame.columns = [str(c) for c in frame.columns]
     for column in (text_column, label_column):
         if column not in frame.columns:
-            raise DataError(f"{path}: column {column!r} not found; columns: {list(frame.columns)[:20]}")
+            raise DataError(f"{path}: column {column!r} not found; {describe_columns(frame.columns)}")
     labels = frame[label_column]
     missing = labels.isna() | (labels.astype(str).str.strip() == "")
     dropped = {"empty label": int(missing.sum())}

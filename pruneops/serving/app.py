@@ -525,7 +525,9 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
     def predict(body: PredictRequest) -> PredictResponse:
         model = state.holder.current
         if model is None:
-            raise HTTPException(503, "no model is being served yet")
+            raise HTTPException(
+                503, "no model is being served yet: publish one with `pruneops publish` (after `dvc repro`)"
+            )
         return state.predict(model, parse_inputs(body, model, state.config.max_batch), body.texts)
 
     @app.post("/feedback", responses=ERRORS)

@@ -256,6 +256,10 @@ def load_configs(params: dict[str, Any], sections: tuple[str, ...] | None = None
             raise ConfigError(
                 f"{name}: section missing from the params file (every stage needs its own){_defaults_hint(name)}"
             )
+        if name in params and params[name] is None:  # `train:` with nothing under it
+            raise ConfigError(
+                f"{name}: the section is empty (a key lost its indentation?); write its keys{_defaults_hint(name)}"
+            )
         configs[name] = parse_section(name, params.get(name), SECTIONS[name])
     _check_target_batch(configs)
     return configs

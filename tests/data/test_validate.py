@@ -253,3 +253,18 @@ def test_class_imbalance_beyond_the_declared_ratio_fails(tmp_path):
     with pytest.raises(DataValidationError) as exc:
         validate_dataset(tight, Layout(tmp_path / "tight"))
     assert any("count" in line and "1 unexpected" in line for line in exc.value.details)
+
+
+def test_a_label_column_with_one_class_fails_the_suite(tmp_path):
+    _npz(tmp_path / "one.npz", classes=1)
+    with pytest.raises(DataValidationError, match="expect_column_unique_value_count_to_be_between"):
+        validate_dataset(ValidateConfig(dataset="npz", path=str(tmp_path / "one.npz")), Layout(tmp_path))
+
+
+def test_a_file_that_is_not_a_table_does_not_have_its_first_line_echoed(tmp_path):
+    secret = tmp_path / "credentials"
+    secret.write_text("AKIA-very-secret-key-0123456789\nsecond line\n")
+    with pytest.raises(DataError) as raised:
+        validate_dataset(ValidateConfig(dataset="table", path=str(secret)), Layout(tmp_path))
+    assert "secret" not in str(raised.value).replace(str(tmp_path), "")
+    assert "single column" in str(raised.value)
