@@ -1,7 +1,9 @@
 """An adversarial sweep of every entry point, one bad input per case, tallied.
 
-Entry points: params, data files (NPZ, CSV, image folders), checkpoints, the model registry,
-HTTP bodies (arrays and base64 images) and headers, alert payloads, and a stage killed with SIGKILL.
+Entry points: params, data files (NPZ, CSV, image folders), checkpoints, exported and published
+ONNX files, the model registry (races, faults, contract changes), HTTP bodies (arrays and base64
+images), headers and slow clients, feedback, alert payloads and trigger timing, lineage (files DVC
+would ignore), code named by overrides, monitoring thresholds, and a stage killed with SIGKILL.
 
 python scripts/adversarial_sweep.py [--workdir DIR]
 
@@ -36,6 +38,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS: list[tuple[str, str, str, str]] = []
+MAX_ERROR_LINE = 700  # an error line longer than this echoes input back
 
 
 def record(entry: str, case: str, outcome: str, detail: str) -> None:
@@ -75,6 +78,8 @@ def classify_cli(
         record(entry, case, "silent", "accepted (exit 0)")
     elif wrote:
         record(entry, case, "silent", f"exit {result.returncode} but outputs written")
+    elif lines and len(lines[0]) > MAX_ERROR_LINE:
+        record(entry, case, "silent", f"exit {result.returncode}: an error line of {len(lines[0])} characters")
     elif lines and lines[0].startswith(f"pruneops {stage}: error: "):
         record(entry, case, "handled", f"exit {result.returncode}: {lines[0][len(stage) + 17 :]}")
     else:
@@ -140,6 +145,8 @@ PARAM_CASES: list[tuple[str, str, Callable[[dict], object]]] = [
     ("train.epochs 0 without weights", "train", lambda p: p["train"].update(epochs=0)),
     ("validate.max_class_imbalance 0.5", "validate", lambda p: p["validate"].update(max_class_imbalance=0.5)),
     ("validate image_folder without path", "validate", lambda p: p["validate"].update(dataset="image_folder")),
+    ("an empty train section", "train", lambda p: p.update(train=None)),
+    ("train.epochs a 10,000-item list", "train", lambda p: p["train"].update(epochs=list(range(10_000)))),
 ]
 
 RAW_PARAM_FILES: list[tuple[str, bytes]] = [
@@ -212,6 +219,7 @@ DATA_CASES: list[tuple[str, str, bytes]] = [
     ("csv: one row", "table", b"label,a\n0,1\n"),
     ("csv: no label column", "table", b"a,b\n" + b"1,2\n3,4\n" * 10),
     ("csv: inf values", "table", b"label,a\n" + b"0,inf\n1,-inf\n" * 20),
+    ("csv: one class only", "table", b"label,a\n" + b"0,1\n0,2\n" * 20),
 ]
 
 
@@ -598,6 +606,385 @@ def sweep_kill(work: Path, pipeline: Path) -> None:
     )
 
 
+# --- Reliability, round two: integrity, the registry under faults, feedback, lineage, code by name ---
+
+
+def _exported(work: Path) -> Path:
+    """A project where every stage ran on digits with tiny settings (the tests' `pipeline_dir`)."""
+    from tests.conftest import tiny_params, write_params
+
+    root = work / "exported"
+    root.mkdir()
+    write_params(root, tiny_params())
+    for stage in ("validate", "train", "sensitivity", "latency", "prune", "finetune", "quantize", "export"):
+        assert cli(root, stage).returncode == 0, stage
+    return root
+
+
+def _copy_project(src: Path, work: Path) -> Path:
+    root = Path(tempfile.mkdtemp(dir=work))
+    for part in ("artifacts", "metrics", "params.yaml"):
+        if (src / part).is_dir():
+            shutil.copytree(src / part, root / part)
+        elif (src / part).exists():
+            shutil.copy(src / part, root / part)
+    return root
+
+
+def _flip(path: Path, n: int) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(max(len(data) - n, 0), len(data)):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def sweep_artifacts(work: Path, exported: Path) -> None:
+    """A served or published file changed on disk: benchmark and publish refuse it, nothing is registered."""
+    deployed = "artifacts/export/pruned_deployed.onnx"
+    cases: list[tuple[str, Callable[[Path], None]]] = [
+        ("2,000 flipped bytes in the deployed ONNX", lambda r: _flip(r / deployed, 2000)),
+        ("one flipped byte in the dense ONNX", lambda r: _flip(r / "artifacts/export/dense_fp32.onnx", 1)),
+        ("deployed ONNX truncated", lambda r: (r / deployed).write_bytes((r / deployed).read_bytes()[:500])),
+        ("deployed checksum removed", lambda r: Path(f"{r / deployed}.sha256").unlink()),
+    ]
+    for case, damage in cases:
+        for command in ("benchmark", "publish"):
+            root = _copy_project(exported, work)
+            damage(root)
+            before = snapshot(root)
+            result = cli(root, command)
+            registered = (root / "models/candidates").exists() and any((root / "models/candidates").iterdir())
+            wrote = snapshot(root) != before or registered
+            if command == "publish" and "dense" in case:  # publish reads the deployed model only
+                ok = result.returncode == 0 and registered
+                record("artifacts", f"{case}: publish", "handled" if ok else "silent", f"exit {result.returncode}")
+                continue
+            classify_cli("artifacts", f"{case}: {command}", root, result, command, wrote)
+
+
+def _registry_with(work: Path, *versions: tuple[str, int, int]):
+    from pruneops.registry.store import ModelRegistry
+    from tests.conftest import tiny_onnx
+
+    root = Path(tempfile.mkdtemp(dir=work))
+    registry = ModelRegistry(root / "models")
+    for name, seed, features in versions:
+        registry.register(tiny_onnx(root / f"{name}.onnx", seed, features=features), {}, version=name)
+    return registry
+
+
+def _production_is(registry, version: str) -> bool:
+    linked = Path(os.readlink(registry.production_link)).name if registry.production_link.is_symlink() else None
+    return registry.production().version == version == linked
+
+
+def _expect_refusal(entry: str, case: str, action: Callable[[], object], intact: Callable[[], bool]) -> None:
+    from pruneops.errors import PruneOpsError
+
+    try:
+        action()
+        record(entry, case, "silent", "accepted")
+    except PruneOpsError as exc:
+        record(entry, case, "handled" if intact() else "silent", str(exc)[:100])
+    except Exception as exc:  # noqa: BLE001
+        record(entry, case, "internal", f"{type(exc).__name__}: {str(exc)[:80]}")
+
+
+def sweep_registry_faults(work: Path) -> None:
+    """Races, contract changes, unreadable metadata and history, a full disk, a lagging symlink."""
+    race = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/registry_race.py"), "--repetitions", "3", "--operations", "100"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    tally = race.stdout.strip().splitlines()[-1] if race.stdout.strip() else race.stderr[-100:]
+    record("registry", "2 processes x 100 operations, 3 races", "handled" if race.returncode == 0 else "silent", tally)
+
+    registry = _registry_with(work, ("v1", 1, 4), ("wide", 2, 64))
+    registry.promote("v1")
+    _expect_refusal(
+        "registry",
+        "promote a model with another input shape",
+        lambda: registry.promote("wide"),
+        lambda: _production_is(registry, "v1"),
+    )
+
+    registry = _registry_with(work, ("v1", 1, 4), ("v2", 2, 4))
+    registry.promote("v1")
+    registry.promote("v2")
+    (registry.get("v1").path / "metadata.json").write_text("{corrupt")
+    _expect_refusal(
+        "registry", "rollback onto corrupt metadata", registry.rollback, lambda: _production_is(registry, "v2")
+    )
+
+    registry = _registry_with(work, ("v1", 1, 4), ("v2", 2, 4))
+    registry.promote("v1")
+    _flip(registry.get("v2").model_file, 200)
+    _expect_refusal(
+        "registry",
+        "promote a candidate whose ONNX changed",
+        lambda: registry.promote("v2"),
+        lambda: _production_is(registry, "v1"),
+    )
+
+    registry = _registry_with(work, ("v1", 1, 4), ("v2", 2, 4))
+    registry.promote("v1")
+    real_replace = os.replace
+
+    def full_disk(src, dst):
+        if Path(dst).name == "history.json":
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    os.replace = full_disk
+    try:
+        _expect_refusal(
+            "registry", "promote on a full disk", lambda: registry.promote("v2"), lambda: _production_is(registry, "v1")
+        )
+    finally:
+        os.replace = real_replace
+
+    registry = _registry_with(work, ("v1", 1, 4), ("v2", 2, 4))
+    registry.promote("v1")
+    registry.promote("v2")
+    registry.history_file.write_text('[{"action": "prom')
+    _expect_refusal("registry", "operation on an unreadable history", lambda: registry.promote("v1"), lambda: True)
+    try:
+        done = registry.recover()
+        ok = done["production"] == "v2" and _production_is(registry, "v2")
+        record("registry", "recover rebuilds it from the candidates", "handled" if ok else "silent", json.dumps(done))
+    except Exception as exc:  # noqa: BLE001
+        record("registry", "recover rebuilds it from the candidates", "internal", f"{type(exc).__name__}: {exc}")
+
+    registry = _registry_with(work, ("v1", 1, 4), ("v2", 2, 4))
+    registry.promote("v1")
+    registry.promote("v2")
+    os.symlink("candidates/v1", registry.root / ".stale")
+    os.replace(registry.root / ".stale", registry.production_link)
+    registry.promote("v1")
+    ok = registry.served_stack() == ["v1", "v2", "v1"] and _production_is(registry, "v1")
+    record("registry", "a symlink that lags history", "handled" if ok else "silent", str(registry.served_stack()))
+
+
+def sweep_feedback_and_startup(work: Path) -> None:
+    """Replayed and non-integer labels, deep nesting, a restart onto a changed model file."""
+    client, test = _serving(work)
+    with client:
+        x = test.x[:1].tolist()
+        pid = client.post("/predict", json={"inputs": x}).json()["prediction_ids"][0]
+        first = client.post("/feedback", json={"prediction_id": pid, "label": int(test.y[0])})
+        replays = [client.post("/feedback", json={"prediction_id": pid, "label": 9}).status_code for _ in range(200)]
+        ok = first.status_code == 200 and set(replays) == {409}
+        record("feedback", "one id labelled 200 more times", "handled" if ok else "silent", f"{set(replays)}")
+        pid = client.post("/predict", json={"inputs": x}).json()["prediction_ids"][0]
+        for case, label in (("label true", True), ("label 1.0", 1.0), ("label null", None)):
+            _http_case(client, "feedback", case, "/feedback", {"json": {"prediction_id": pid, "label": label}})
+        for depth in (33, 40, 64):
+            body = b'{"inputs": ' + b"[" * depth + b"1" + b"]" * depth + b"}"
+            _http_case(
+                client,
+                "http",
+                f"inputs nested {depth} deep",
+                "/predict",
+                {"content": body, "headers": {"content-type": "application/json"}},
+            )
+    from pruneops.registry.store import ModelRegistry
+    from pruneops.serving.app import ServingConfig, create_app
+    from tests.conftest import tiny_onnx
+
+    root = Path(tempfile.mkdtemp(dir=work))
+    registry = ModelRegistry(root / "models")
+    for n in (1, 2):
+        registry.promote(registry.register(tiny_onnx(root / f"m{n}.onnx", n), {}, version=f"v{n}").version)
+    _flip(registry.get("v2").model_file, 100)
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(ServingConfig(production=registry.production_link, reference_stats=None))) as c:
+        served = c.get("/readyz").json().get("model_version")
+    ok = served != "v2"
+    record("serving", "restart onto a production ONNX that changed", "handled" if ok else "silent", f"serves {served}")
+
+
+def sweep_slow_clients() -> None:
+    """Half-open connections against a real server with a read deadline."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from pruneops.serving.limits import read_timeout_protocol
+    from pruneops.serving.receiver import create_receiver
+    from tests.conftest import free_port, wait_http
+
+    port = free_port()
+    config = uvicorn.Config(
+        create_receiver("t", lambda a: "run"),
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        http=read_timeout_protocol(1.0),
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_http(f"http://127.0.0.1:{port}/healthz")
+    kinds = {
+        "200 connections sending nothing": b"",
+        "200 connections with half their headers": b"POST /alerts HTTP/1.1\\r\\nHost: x\\r\\n",
+        "200 bodies declared, never sent": b"POST /alerts HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 900000\\r\\n\\r\\n{",
+    }
+    try:
+        for case, first in kinds.items():
+            socks = []
+            for _ in range(200):
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.sendall(first)
+                socks.append(sock)
+            deadline = time.perf_counter() + 5.0
+            held = 0
+            for sock in socks:
+                sock.settimeout(max(deadline - time.perf_counter(), 0.01))
+                try:
+                    while sock.recv(65536):
+                        pass
+                except ConnectionResetError:
+                    pass
+                except TimeoutError:
+                    held += 1
+                sock.close()
+            record("http", case, "handled" if held == 0 else "silent", f"{held} still held after 5 s")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def sweep_receiver_triggers() -> None:
+    """An alert during the cooldown, and one during an unconfirmed trigger, are never lost."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from pruneops.serving.receiver import create_receiver
+
+    auth = {"Authorization": "Bearer t"}
+    runs: list[str] = []
+    client = TestClient(create_receiver("t", lambda a: runs.append(a["fingerprint"]) or "run", cooldown_s=0.3))
+
+    def alert(fp: str) -> dict:
+        return {"alerts": [{"status": "firing", "fingerprint": fp, "labels": {"alertname": fp}}]}
+
+    client.post("/alerts", json=alert("a"), headers=auth)
+    client.post("/alerts", json=alert("b"), headers=auth)  # cooldown
+    time.sleep(0.4)
+    repeat = client.post("/alerts", json=alert("b"), headers=auth).json()
+    ok = repeat.get("triggered") == 1 and runs == ["a", "b"]
+    record("receiver", "alert during the cooldown, repeated after it", "handled" if ok else "silent", str(repeat))
+
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def slow_failing(a: dict) -> str:
+        calls.append(a["fingerprint"])
+        if len(calls) == 1:
+            started.set()
+            release.wait(5)
+            raise ConnectionError("Prefect down")
+        return "run"
+
+    client = TestClient(create_receiver("t", slow_failing, cooldown_s=600), raise_server_exceptions=False)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/alerts", json=alert("a"), headers=auth)
+        started.wait(5)
+        during = client.post("/alerts", json=alert("b"), headers=auth).status_code
+        release.set()
+        first.result()
+    retried = client.post("/alerts", json=alert("b"), headers=auth).json()
+    ok = during == 503 and retried.get("triggered") == 1
+    record("receiver", "alert during a trigger that then fails", "handled" if ok else "silent", f"{during}, {retried}")
+
+
+def sweep_lineage_and_code(work: Path) -> None:
+    """Files DVC would ignore, a symlink loop, a secret file as the data, code named by an override."""
+    for case, key, value in (
+        ("pretrained weights inside models/ (the registry)", "init_weights", "models/mine/w.safetensors"),
+        ("weights inside state/", "init_weights", "state/w.safetensors"),
+    ):
+        root = Path(tempfile.mkdtemp(dir=work))
+        (root / ".dvc").mkdir()
+        shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")
+        (root / value).parent.mkdir(parents=True, exist_ok=True)
+        params = base_params()
+        params["train"][key] = value
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
+        for command in ("dvc-yaml", "train"):
+            run_and_classify("lineage", f"{case}: {command}", root, command)
+    root = Path(tempfile.mkdtemp(dir=work))
+    (root / "loop").symlink_to(root / "loop")
+    params = base_params()
+    params["validate"].update(dataset="npz", path="loop")
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    for command in ("dvc-yaml", "validate"):
+        run_and_classify("lineage", f"dataset path a symlink loop: {command}", root, command)
+
+    root = Path(tempfile.mkdtemp(dir=work))
+    (root / "secret.txt").write_text("hunter2-api-key-0123456789abcdef\\n")
+    params = base_params()
+    params["validate"].update(dataset="table", path="secret.txt")
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    result = cli(root, "validate")
+    leaked = "hunter2" in result.stderr
+    if leaked:
+        record("data", "a secret file named as the table", "silent", "its first line is in the error")
+    else:
+        classify_cli("data", "a secret file named as the table", root, result, "validate", False)
+
+    from pruneops.errors import ConfigError
+    from pruneops.experiments import apply_overrides
+
+    for case, overrides in (
+        ("flow override train.model os:system", {"train.model": "os:system"}),
+        ("flow override hiding code in a mapping", {"train.model_kwargs": {"f": "subprocess:run"}}),
+    ):
+        try:
+            apply_overrides(base_params(), overrides)
+            record("code", case, "silent", "accepted")
+        except ConfigError as exc:
+            record("code", case, "handled" if exc.exit_code == 2 else "silent", str(exc)[:100])
+    root = Path(tempfile.mkdtemp(dir=work))
+    (root / "params.yaml").write_text(yaml.safe_dump(base_params()))
+    env = {**os.environ, "PRUNEOPS_SET": "reprune.drift_source=os:system"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pruneops.cli", "--root", str(root), "validate"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env=env,
+    )
+    classify_cli("code", "PRUNEOPS_SET naming code", root, result, "validate", False)
+
+
+def sweep_monitoring_fit() -> None:
+    """A 73-78 % model served with defaults raises no alert on in-distribution traffic."""
+    from fastapi.testclient import TestClient
+
+    import tests.serving.test_monitoring_fit as fit
+    from pruneops.serving.app import create_app
+
+    class Factory:
+        def mktemp(self, name: str) -> Path:
+            return Path(tempfile.mkdtemp(prefix=name))
+
+    config, test, accuracy = fit.weak_model.__wrapped__(Factory())
+    with TestClient(create_app(config)) as client:
+        scrapes = fit._serve_traffic(client, test, 800, lambda j, _: int(test.y[j]))
+    fired = sorted({alert for text in scrapes for alert, on in fit._alerts(text).items() if on})
+    armed = bool(fit._gauges(scrapes[-1], "pruneops_accuracy_threshold"))
+    outcome = "handled" if not fired and armed else "silent"
+    record("monitoring", f"{100 * accuracy:.0f} % model, defaults, 800 requests", outcome, f"alerts: {fired or 'none'}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=None)
@@ -615,6 +1002,13 @@ def main() -> int:
     sweep_http(work)
     sweep_receiver()
     sweep_kill(work, pipeline)
+    sweep_artifacts(work, _exported(work))
+    sweep_registry_faults(work)
+    sweep_feedback_and_startup(work)
+    sweep_slow_clients()
+    sweep_receiver_triggers()
+    sweep_lineage_and_code(work)
+    sweep_monitoring_fit()
     totals = Counter(outcome for _, _, outcome, _ in RESULTS)
     by_entry = Counter(entry for entry, _, _, _ in RESULTS)
     print(
