@@ -25,12 +25,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: run test test-slow test-all install install-dev repo lint format reference docs clean help prefect-server deploy \
-	monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets
+	sweep monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
 	@echo "make test   - install dev extras, then pytest without the slow group"
 	@echo "make test-slow - the slow group: full pipelines through DVC, bench, family runs, real assets"
+	@echo "make sweep - the adversarial sweep: bad inputs, faults and races at every entry point"
 	@echo "make lint   - ruff check + format check"
 	@echo "make reference - regenerate docs/reference, docs/results.md and the README's results table"
 	@echo "make docs   - build the docs site (MkDocs Material) into site/ with --strict"
@@ -75,6 +76,11 @@ test: install-dev
 
 test-slow: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+# Every entry point fed bad input, faults and races (about 10 min on 2 cores); exit 1 on any case
+# not handled.
+sweep: install-dev
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/adversarial_sweep.py
 
 test-all: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
