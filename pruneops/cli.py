@@ -164,6 +164,25 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_decoder(args: argparse.Namespace) -> int:
+    import logging
+    import shlex
+    import tempfile
+
+    from pruneops.bench.decoder import load_bench_config, run_decoder_bench
+
+    logging.basicConfig(level=logging.INFO, format="pruneops bench-decoder: %(message)s")
+    config = load_bench_config(Path(args.config))
+    work = Path(tempfile.mkdtemp(prefix="bench-decoder-", dir=args.work_dir))
+    command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
+    results = run_decoder_bench(config, Path(args.out_dir), work, command)
+    where = Path(args.out_dir) / config.bench / config.workload
+    pick = results["decoder_selected"]
+    print(f"pruneops bench-decoder: selected {pick['name'] if pick else 'none within the perplexity budget'}")
+    print(f"pruneops bench-decoder: wrote {where / 'report.md'} (results.json and frontier.png beside it)")
+    return 0
+
+
 def _dvc_yaml(args: argparse.Namespace) -> int:
     from pruneops.dvcfile import check_dvc_yaml, write_dvc_yaml
 
@@ -204,6 +223,7 @@ def _methods(_: argparse.Namespace) -> int:
 TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
     "methods": _methods,
     "bench": _bench,
+    "bench-decoder": _bench_decoder,
     "serve": _serve,
     "loadtest": _loadtest,
     "publish": _publish,
@@ -261,6 +281,15 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
         help="run only these variants (with the dense ones and those they match)",
     )
     bench.add_argument("--out-dir", default=None, help="write the report here instead of the config's out_dir")
+    decoder = sub.add_parser(
+        "bench-decoder",
+        help="a decoder LLM's perplexity-decode-time frontier: ours, uniform width, depth, INT8/INT4 (llm extra)",
+        description="Cuts a causal LM to each decode-time target (ours, uniform MLP width, depth), exports "
+        "every model with onnxruntime-genai, times them interleaved and scores their perplexity.",
+    )
+    decoder.add_argument("--config", default="benchmarks/llm.yaml", help="decoder bench definition (YAML)")
+    decoder.add_argument("--out-dir", default="docs/results", help="reports go to <out-dir>/<bench>/<workload>/")
+    decoder.add_argument("--work-dir", default=None, help="scratch space for exported models (default: system temp)")
     dvc = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage table (deps = what each stage imports)")
     dvc.add_argument("--check", action="store_true", help="only check dvc.yaml; exit 1 naming what is stale")
     ref = sub.add_parser(

@@ -34,6 +34,7 @@ from pruneops.models.decoders import (
     set_weight_out_in_,
     weight_out_in,
 )
+from pruneops.models.decoders import mlp_width as current_mlp_width
 from pruneops.plugins import Registry
 
 RIDGE = 1e-3  # ridge of the least-squares solve, relative to the mean input energy
@@ -312,3 +313,40 @@ def rebuild(model: nn.Module) -> nn.Module:
     fresh = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
     fresh.load_state_dict(model.state_dict(), strict=True)
     return fresh.eval()
+
+
+def prune_to_shape_(
+    model: nn.Module,
+    layers: int,
+    mlp_width: int,
+    kv_groups: int,
+    queries_per_group: int,
+    calibration: Calibration | None,
+    importance: str = "activation",
+    reconstruct: bool = True,
+) -> list[int]:
+    """Cuts a causal LM to a uniform shape: heads, then MLP neurons, then the least influential layers.
+
+    Every cut reads the one calibration pass of the unpruned model (layers are dropped last, so
+    its per-layer statistics still index the layers they were gathered on).
+
+    Returns:
+        The indices (in the unpruned model) of the layers removed.
+
+    Raises:
+        ConfigError: A shape wider than the model, or a cut the layout cannot express.
+    """
+    layout = layout_of(model)
+    config = model.config
+    heads = getattr(config, layout.heads_key)
+    dense_groups = getattr(config, layout.kv_heads_key) if layout.kv_heads_key else heads
+    if (kv_groups, queries_per_group) != (dense_groups, heads // dense_groups):
+        prune_heads_(model, kv_groups, queries_per_group, calibration, reconstruct)
+    if mlp_width != current_mlp_width(model):
+        prune_mlp_(model, mlp_width, calibration, importance, reconstruct)
+    dropped = len(layout.decoder_layers(model)) - layers
+    if dropped < 0:
+        raise ConfigError(f"prune: {layers} layers is more than the model's {len(layout.decoder_layers(model))}")
+    if dropped and calibration is None:
+        raise ConfigError("prune: a depth cut ranks layers by block influence and needs a calibration pass")
+    return drop_layers_(model, calibration, dropped) if dropped else []

@@ -60,3 +60,15 @@ def test_a_folder_the_builder_cannot_read_is_one_line(tmp_path):
         build_genai_model(tmp_path / "hf", tmp_path / "out")
     with pytest.raises(PruneOpsError, match="not one of"):
         build_genai_model(tmp_path / "hf", tmp_path / "out", precision="int3")
+
+
+def test_exported_perplexity_matches_torch_in_fp32(built):
+    from transformers import AutoModelForCausalLM
+
+    from pruneops.models.language import block_losses
+    from pruneops.timing.decode import exported_block_losses
+
+    hf, onnx = built
+    blocks = random_blocks(3, 20, seed=7)
+    expected = block_losses(AutoModelForCausalLM.from_pretrained(hf).eval(), blocks)
+    np.testing.assert_allclose(exported_block_losses(onnx, blocks.numpy()), expected, rtol=1e-4)
