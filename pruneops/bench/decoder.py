@@ -16,7 +16,8 @@ model's measured time per token at batch 1):
 Every model is exported with onnxruntime-genai's builder, timed interleaved in one process (time
 to first token at `prompt_length`, time per output token at each batch), and scored by its own
 exported logits: perplexity on held-out blocks with a paired bootstrap interval against dense,
-on out-of-domain text, and the zero-shot check. No recovery training runs here.
+on out-of-domain text, and the zero-shot check. With `recovery_tokens`, ours is distilled from the
+dense model within that budget after its cut (the cut-only model stays a row); the baselines are not.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pruneops.models.language import (
 )
 from pruneops.planning.decoder import DecoderShape, feasible_plans, fit_cost_model, shape_of, width_step
 from pruneops.pruning import decoder as cuts
+from pruneops.recovery import RecoverySettings, recover_
 from pruneops.timing.decode import build_genai_model, exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
 
@@ -90,6 +92,10 @@ class DecoderBenchConfig(BaseModel):
     perplexity_budget: Annotated[float, Field(gt=0.0, le=10.0)] = 0.15
     quantize_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = 0.05
     precisions: list[str] = ["int8", "int4"]
+    # Distillation from the dense model after ours is cut (0: none); the cut-only model stays a row.
+    recovery_tokens: Annotated[int, Field(ge=0, le=10**10)] = 0
+    recovery_lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-4
+    recovery_batch_blocks: Annotated[int, Field(ge=1, le=1024)] = 4
     prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
     new_tokens: Annotated[int, Field(ge=2, le=4096)] = 32
     batches: list[Annotated[int, Field(ge=1, le=256)]] = [1, 8]
@@ -128,6 +134,7 @@ def load_bench_config(path: Path) -> DecoderBenchConfig:
 
 @dataclass
 class _Data:
+    train: np.ndarray
     val: np.ndarray
     test: np.ndarray
     search: np.ndarray
@@ -152,6 +159,7 @@ def _data(config: DecoderBenchConfig, tokenizer: object) -> _Data:
         examples = [rows[i] for i in order]
     log.info("corpus: %s documents, %s tokens", splits.documents, splits.tokens)
     return _Data(
+        train=splits.train,
         val=splits.val[: config.val_blocks],
         test=splits.test[: config.test_blocks],
         search=splits.val[-config.search_blocks :],
@@ -246,6 +254,34 @@ def _zero_shot(model, tokenizer, config: DecoderBenchConfig, examples) -> tuple[
     )
 
 
+def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
+    """Distils the dense model into the cut one within the token budget; returns what it spent."""
+    settings = RecoverySettings(
+        max_tokens=config.recovery_tokens,
+        batch_blocks=config.recovery_batch_blocks,
+        lr=config.recovery_lr,
+        seed=config.seed,
+    )
+    every = max(1, config.recovery_tokens // 10)
+    marks = iter(range(every, 10 * every + 1, every))
+    mark = [next(marks)]
+
+    def progress(used: int, loss: float) -> None:
+        if used >= mark[0]:
+            log.info("recovery: %d / %d tokens, loss %.4f", used, config.recovery_tokens, loss)
+            mark[0] = next(marks, 10**18)
+
+    result = recover_(model, dense, data.train, settings, progress)
+    return {
+        "tokens": result.tokens,
+        "steps": result.steps,
+        "wall_s": result.wall_s,
+        "lr": config.recovery_lr,
+        "first_loss": result.losses[0],
+        "last_loss": result.losses[-1],
+    }
+
+
 def _rows_for(model, tokenizer, config, work: Path, name: str, kind: str, shape, precisions, **extra) -> list[Row]:
     folders = _export(model, tokenizer, work / name.replace(" ", "-"), precisions, config.threads)
     return [Row(f"{name} {p}", kind, p, shape, folder, **extra) for p, folder in folders.items()]
@@ -294,26 +330,22 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     log.info("cost model: %s; dense %.2f ms/token", cost, dense_ms)
     zero = {"dense": _zero_shot(dense, tokenizer, config, data.zero_shot)}
     rows = _rows_for(dense, tokenizer, config, work, "dense", "dense", base, ["fp32", *config.precisions])
-    plans = {}
+    plans, recovery = {}, {}
     for target in config.targets:
         target_ms = target * dense_ms
         shape, tried = _plan(config, dense, data, calibration, cost, target_ms)
         plans[target] = tried
         model = _cut(dense, shape, calibration, "activation", True)
         name = f"ours {target:g}"
+        extra = {"target": target, "predicted_tpot_ms": cost.predict(shape)}
+        if config.recovery_tokens:
+            zero[f"{name} cut only"] = _zero_shot(model, tokenizer, config, data.zero_shot)
+            rows += _rows_for(
+                model, tokenizer, config, work, f"{name} cut only", "ours, cut only", shape, ["fp32"], **extra
+            )
+            recovery[str(target)] = _recover(config, model, dense, data)
         zero[name] = _zero_shot(model, tokenizer, config, data.zero_shot)
-        rows += _rows_for(
-            model,
-            tokenizer,
-            config,
-            work,
-            name,
-            "ours",
-            shape,
-            ["fp32", *config.precisions],
-            target=target,
-            predicted_tpot_ms=cost.predict(shape),
-        )
+        rows += _rows_for(model, tokenizer, config, work, name, "ours", shape, ["fp32", *config.precisions], **extra)
         for kind, other in _baselines(config, dense, calibration, cost, target_ms).items():
             model = _cut(dense, other, calibration, "magnitude", False)
             name = f"{kind} {target:g}"
@@ -332,6 +364,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
             )
     _measure(config, rows, data, base.vocab)
     results = _results(config, rows, zero, cost, table, plans, base, command)
+    results["recovery"] = recovery
     results["wall_s"] = time.perf_counter() - started
     where = Path(out_dir) / config.bench / config.workload
     where.mkdir(parents=True, exist_ok=True)
@@ -392,25 +425,27 @@ def _deployed(results: list[dict], target: float, tolerance: float) -> dict | No
     return min(within, key=lambda r: r["tpot_b1_ms"])
 
 
-def _head_to_head(rows: list[Row], results: list[dict], target: float) -> list[dict]:
-    """Ours (fp32) against each baseline at the same target: test perplexity ratio, paired interval."""
-    ours = next(r for r in rows if r.kind == "ours" and r.target == target and r.precision == "fp32")
+def _head_to_head(rows: list[Row], target: float) -> list[dict]:
+    """Ours (fp32, and cut only) against each baseline at the same target: test perplexity ratio, paired."""
     out = []
-    for other in (r for r in rows if r.kind in ("uniform width", "depth") and r.target == target):
-        ratio, low, high = paired_ratio_interval(
-            perplexity_from_losses(ours.figures["test_nll"], 0), perplexity_from_losses(other.figures["test_nll"], 0)
-        )
-        speed = other.figures["tpot_b1_ms"] / ours.figures["tpot_b1_ms"]
-        out.append(
-            {
-                "target": target,
-                "baseline": other.name,
-                "test_ppl_ratio": ratio,
-                "ci": [low, high],
-                "ours_faster_by": speed,
-                "lower_beyond_interval": high < 1.0,
-            }
-        )
+    for ours in (r for r in rows if r.kind.startswith("ours") and r.target == target and r.precision == "fp32"):
+        for other in (r for r in rows if r.kind in ("uniform width", "depth") and r.target == target):
+            ratio, low, high = paired_ratio_interval(
+                perplexity_from_losses(ours.figures["test_nll"], 0),
+                perplexity_from_losses(other.figures["test_nll"], 0),
+            )
+            speed = other.figures["tpot_b1_ms"] / ours.figures["tpot_b1_ms"]
+            out.append(
+                {
+                    "target": target,
+                    "ours": ours.name,
+                    "baseline": other.name,
+                    "test_ppl_ratio": ratio,
+                    "ci": [low, high],
+                    "ours_faster_by": speed,
+                    "lower_beyond_interval": high < 1.0,
+                }
+            )
     return out
 
 
@@ -429,7 +464,7 @@ def _results(config, rows: list[Row], zero, cost, table, plans, base: DecoderSha
         "decoder_selected": selected,
         "deployed": {str(t): d["name"] for t, d in deployed.items()},
         "rows": results,
-        "head_to_head": [h for t in config.targets for h in _head_to_head(rows, results, t)],
+        "head_to_head": [h for t in config.targets for h in _head_to_head(rows, t)],
         "cost_model": {
             **asdict(cost),
             "untouchable_share": cost.untouchable_share(base),
@@ -440,5 +475,4 @@ def _results(config, rows: list[Row], zero, cost, table, plans, base: DecoderSha
             for s, t in table
         ],
         "plans": {str(t): [{**p, "shape": p["shape"].describe()} for p in tried] for t, tried in plans.items()},
-        "recovery": {"tokens": 0, "wall_s": 0.0, "note": "no recovery training in this benchmark"},
     }

@@ -79,10 +79,27 @@ def _verdicts(results: dict) -> list[str]:
     for h in results["head_to_head"]:
         verdict = "lower, beyond its interval" if h["lower_beyond_interval"] else "**not** lower beyond its interval"
         lines.append(
-            f"- at target {h['target']:g}: ours fp32 / {h['baseline']}: test perplexity ratio {h['test_ppl_ratio']:.3f}"
+            f"- at target {h['target']:g}: {h['ours']} / {h['baseline']}: "
+            f"test perplexity ratio {h['test_ppl_ratio']:.3f}"
             f"{_interval(h['ci'], 1, '{:.3f}')} ({verdict}); ours decodes {h['ours_faster_by']:.2f}× its speed"
         )
     return lines
+
+
+def _recovery_text(results: dict) -> str:
+    spent = results.get("recovery") or {}
+    if not spent:
+        return "**No recovery training** ran (0 tokens): every figure is of the cut alone."
+    parts = [
+        f"target {float(t):g}: {r['tokens']:,} tokens in {r['wall_s'] / 60:.1f} min "
+        f"({r['tokens'] / r['wall_s']:.0f} tokens/s, lr {r['lr']:g}; distillation loss {r['first_loss']:.3f} → "
+        f"{r['last_loss']:.3f})"
+        for t, r in spent.items()
+    ]
+    return (
+        "Recovery of ours by distillation from dense fp32 on training blocks (the baselines get none; "
+        "the `cut only` rows are ours before it): " + "; ".join(parts) + "."
+    )
 
 
 def write_decoder_report(results: dict) -> str:
@@ -105,8 +122,7 @@ def write_decoder_report(results: dict) -> str:
         f"({config['val_blocks']} blocks) chooses, test ({config['test_blocks']} blocks, documents never seen by "
         "calibration or plan search) reports, with a bootstrap interval over blocks; Δ is paired against dense "
         f"fp32 on the same blocks. Out-of-domain: `{Path(config['out_of_domain'] or '-').name}`. Calibration: "
-        f"{config['calibration_blocks']} training blocks. **No recovery training** ran (0 tokens): every figure is "
-        "of the cut alone.",
+        f"{config['calibration_blocks']} training blocks. {_recovery_text(results)}",
         "",
         "![frontier](frontier.png)",
         "",
@@ -154,7 +170,7 @@ def plot_decoder_frontier(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    markers = {"dense": "s", "ours": "o", "uniform width": "^", "depth": "v"}
+    markers = {"dense": "s", "ours": "o", "ours, cut only": "D", "uniform width": "^", "depth": "v"}
     for kind, marker in markers.items():
         rows = [r for r in results["rows"] if r["kind"] == kind]
         if not rows:

@@ -46,7 +46,7 @@ def test_bench_decoder_writes_a_report_with_every_row_measured(tmp_path, monkeyp
                       "answers": {"fresh": "good", "rotten": "bad"}, "samples": 10},
         "block_length": 16, "calibration_blocks": 4, "search_blocks": 2, "val_blocks": 4, "test_blocks": 6,
         "ood_blocks": 4, "targets": [0.85], "max_layers_dropped": 2, "precisions": ["int8"],
-        "prompt_length": 8, "new_tokens": 6, "batches": [1, 2], "rounds": 1,
+        "prompt_length": 8, "new_tokens": 6, "batches": [1, 2], "rounds": 1, "recovery_tokens": 48,
     }  # fmt: skip
     (tmp_path / "bench.yaml").write_text(yaml.safe_dump(bench))
     out = tmp_path / "results"
@@ -64,8 +64,9 @@ def test_bench_decoder_writes_a_report_with_every_row_measured(tmp_path, monkeyp
     assert ours["predicted_tpot_b1_ms"] <= 0.85 * results["latency_table"][0]["tpot_ms"] + 1e-9
     assert ours["zero_shot"] is not None and 0 <= ours["zero_shot"][0] <= 1
     assert results["deployed"]["0.85"].startswith("ours 0.85")
+    assert results["recovery"]["0.85"]["tokens"] == 48 and "ours, cut only" in kinds
     report = (where / "report.md").read_text()
-    assert "ours 0.85 fp32" in report and "No recovery training" in report and (where / "frontier.png").stat().st_size
+    assert "ours 0.85 fp32" in report and "48 tokens" in report and (where / "frontier.png").stat().st_size
 
 
 def test_a_bad_bench_file_is_one_line(tmp_path, capsys):

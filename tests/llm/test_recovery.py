@@ -1,0 +1,63 @@
+"""Recovery by distillation within a token budget, on a tiny Llama cut in half."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from pruneops.errors import ConfigError  # noqa: E402
+from pruneops.models.language import block_losses  # noqa: E402
+from pruneops.pruning import decoder as D  # noqa: E402
+from pruneops.recovery import RecoverySettings, distillation_loss, recover_  # noqa: E402
+from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
+
+
+def _kl_to(teacher, student, blocks):
+    with torch.inference_mode():
+        return float(distillation_loss(student(input_ids=blocks).logits, teacher(input_ids=blocks).logits, 1.0))
+
+
+def test_distillation_loss_is_zero_for_equal_logits_and_positive_otherwise():
+    logits = torch.randn(2, 5, 11)
+    assert float(distillation_loss(logits, logits, 2.0)) == pytest.approx(0.0, abs=1e-6)
+    assert float(distillation_loss(logits, logits.flip(-1), 2.0)) > 0
+
+
+def test_recovery_spends_exactly_its_budget_and_brings_the_student_closer_to_the_teacher():
+    teacher = tiny_decoder("llama")
+    student = copy.deepcopy(teacher)
+    train, held_out = random_blocks(32, 16, seed=1), random_blocks(8, 16, seed=2)
+    D.prune_mlp_(student, 16, D.calibrate(teacher, train[:8]), "activation", reconstruct=False)
+    before = _kl_to(teacher, student, held_out)
+    seen = []
+    result = recover_(
+        student,
+        teacher,
+        train,
+        RecoverySettings(max_tokens=120 * 16 + 5, batch_blocks=4, lr=3e-3),
+        progress=lambda used, loss: seen.append(used),
+    )
+    # whole blocks up to the budget: 120 blocks and one more for the 5 tokens left
+    assert result.tokens == 121 * 16 and seen[-1] == result.tokens and result.steps == 31
+    after = _kl_to(teacher, student, held_out)
+    assert after < 0.8 * before, (before, after)
+    assert not student.training
+
+
+def test_recovery_never_touches_the_teacher():
+    teacher = tiny_decoder("qwen2")
+    student = copy.deepcopy(teacher)
+    blocks = random_blocks(4, 12)
+    reference = block_losses(teacher, blocks)
+    recover_(student, teacher, blocks, RecoverySettings(max_tokens=48, lr=1e-2))
+    assert (block_losses(teacher, blocks) == reference).all()
+
+
+def test_a_budget_below_one_block_is_refused():
+    model = tiny_decoder("llama")
+    with pytest.raises(ConfigError, match="less than one 16-token block"):
+        recover_(model, model, random_blocks(4, 16), RecoverySettings(max_tokens=8))
