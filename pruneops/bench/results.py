@@ -34,11 +34,14 @@ class WorkloadResult:
     date: str
     budget_points: float | None
     selected: dict | None
+    decoder: dict | None = None  # a decoder workload's pick (`pruneops bench-decoder`), or {} for none
 
     def cells(self, link_prefix: str) -> list[str]:
         """The table row: workload, machine and date, selected point, accuracy, speed-ups."""
         link = f"[{self.bench} / {self.workload}]({link_prefix}{self.report.as_posix()})"
         where = f"{self.cpu}, {self.date}"
+        if self.decoder is not None:
+            return [link, where, *_decoder_cells(self.decoder)]
         pick = self.selected
         if pick is None:
             budget = f"{self.budget_points:g} pt" if self.budget_points is not None else "the budget"
@@ -56,8 +59,21 @@ class WorkloadResult:
         ]
 
 
+def _decoder_cells(pick: dict) -> list[str]:
+    """A decoder's pick: perplexity change instead of accuracy, decode (per-token) speed-up."""
+    if not pick:
+        return ["none within the perplexity budget on validation", "–", "–", "–"]
+    low, high = pick["test_ratio_ci"]
+    return [
+        f"`{pick['name']}`",
+        f"perplexity {100 * (pick['test_ratio'] - 1):+.1f} % [{100 * (low - 1):+.1f}, {100 * (high - 1):+.1f}]",
+        f"{pick['speedup_b1']:.2f}× per generated token",
+        "–",
+    ]
+
+
 HEADER = [
-    "| workload | machine, date | selected (on validation) | Δ test acc. (pts) [95% CI] "
+    "| workload | machine, date | selected (on validation) | Δ test acc. (pts) or perplexity [95% CI] "
     "| batch-1 speed-up vs dense fp32 | fewer MACs |",
     "|---|---|---|---|---|---|",
 ]
@@ -79,6 +95,7 @@ def read_results(docs: Path) -> list[WorkloadResult]:
                 date=machine.get("date", "undated"),
                 budget_points=data.get("budget_points"),
                 selected=data.get("selected"),
+                decoder=(data.get("decoder_selected") or {}) if "decoder_selected" in data else None,
             )
         )
     return found
@@ -119,7 +136,7 @@ def results_page(docs: Path) -> str:
 
 def headline_table(docs: Path, link_prefix: str = "docs/") -> str:
     """The README's table: the same rows, linked from the repository root."""
-    rows = ["| " + " | ".join(r.cells(link_prefix)) + " |" for r in read_results(docs) if r.selected is not None]
+    rows = ["| " + " | ".join(r.cells(link_prefix)) + " |" for r in read_results(docs) if r.selected or r.decoder]
     return "\n".join([HEADLINE_START, *HEADER, *rows, HEADLINE_END])
 
 
