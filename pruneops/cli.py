@@ -287,7 +287,7 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
         description="Cuts a causal LM to each decode-time target (ours, uniform MLP width, depth), exports "
         "every model with onnxruntime-genai, times them interleaved and scores their perplexity.",
     )
-    decoder.add_argument("--config", default="benchmarks/llm.yaml", help="decoder bench definition (YAML)")
+    decoder.add_argument("--config", default="benchmarks/decoders/llm.yaml", help="decoder bench definition (YAML)")
     decoder.add_argument("--out-dir", default="docs/results", help="reports go to <out-dir>/<bench>/<workload>/")
     decoder.add_argument("--work-dir", default=None, help="scratch space for exported models (default: system temp)")
     dvc = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage table (deps = what each stage imports)")

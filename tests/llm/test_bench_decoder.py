@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
 
 from pruneops.cli import main  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
 from tests.llm.decoder_helpers import save_tiny, speeches  # noqa: E402
 
 
@@ -74,3 +75,11 @@ def test_a_bad_bench_file_is_one_line(tmp_path, capsys):
     assert main(["bench-decoder", "--config", str(tmp_path / "bench.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "targets.0" in err[0]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "decoders").glob("*.yaml")), ids=lambda p: p.name)
+def test_committed_decoder_bench_files_are_valid(path):
+    from pruneops.bench.decoder import load_bench_config
+
+    config = load_bench_config(path)
+    assert config.targets and all(0 < t < 1 for t in config.targets)
