@@ -94,6 +94,23 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_decoder(args: argparse.Namespace) -> int:
+    import logging
+
+    from pruneops.serving.generate import DecoderService, create_decoder_app, prompt_reference
+    from pruneops.serving.limits import run_server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service = DecoderService(Path(args.model), None)
+    if args.reference:
+        from pruneops.data.corpus import read_documents
+
+        documents = read_documents(args.reference, args.text_column)
+        service.watch_prompts(prompt_reference([service.encode(d) for d in documents]))
+    run_server(create_decoder_app(service), args.host, args.port, args.read_timeout)
+    return 0
+
+
 def _loadtest(args: argparse.Namespace) -> int:
     import json
 
@@ -224,6 +241,7 @@ TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
     "methods": _methods,
     "bench": _bench,
     "bench-decoder": _bench_decoder,
+    "serve-decoder": _serve_decoder,
     "serve": _serve,
     "loadtest": _loadtest,
     "publish": _publish,
@@ -241,6 +259,16 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--reload-interval", type=float, default=None, help="override serve.reload_interval_s")
     serve.add_argument("--reference-stats", default=None, help="drift reference until a model brings its own")
+    serve_decoder = sub.add_parser(
+        "serve-decoder",
+        help="serve a decoder LLM (onnxruntime-genai folder): /generate, /feedback, /metrics (llm, serve extras)",
+    )
+    serve_decoder.add_argument("--model", required=True, help="an onnxruntime-genai model folder")
+    serve_decoder.add_argument("--reference", default=None, help="a corpus file: prompt drift is measured against it")
+    serve_decoder.add_argument("--text-column", default="text", help="the corpus's text column (tables)")
+    serve_decoder.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve_decoder.add_argument("--port", type=int, default=8001)
+    serve_decoder.add_argument("--read-timeout", type=float, default=10.0, help="seconds to read a request")
     publish = sub.add_parser(
         "publish",
         help="register the pipeline's deployed model; promote it if nothing is in production",

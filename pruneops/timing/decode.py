@@ -152,27 +152,7 @@ def exported_block_losses(model_folder: str | Path, blocks: np.ndarray, threads:
         blocks: (n, length) token ids.
         threads: ONNX Runtime intra-op threads.
     """
-    import onnxruntime as ort
+    from pruneops.serving.scoring import open_scorer, prefill_losses
 
-    folder = Path(model_folder)
-    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(folder / decoder["filename"]), options, providers=["CPUExecutionProvider"])
-    inputs = {i.name: i for i in session.get_inputs()}
-    cache_dim = decoder["head_size"]
-    losses = []
-    for block in np.asarray(blocks, dtype=np.int64):
-        ids = block[None, :]
-        feed: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        if "position_ids" in inputs:
-            feed["position_ids"] = np.arange(ids.shape[1], dtype=np.int64)[None, :]
-        for name, spec in inputs.items():
-            if name.startswith("past_key_values"):
-                dtype = np.float16 if "float16" in spec.type else np.float32
-                feed[name] = np.zeros((1, decoder["num_key_value_heads"], 0, cache_dim), dtype=dtype)
-        logits = session.run(["logits"], feed)[0][0, :-1].astype(np.float64)
-        logits -= logits.max(-1, keepdims=True)
-        log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-        losses.append(-log_probs[np.arange(len(block) - 1), block[1:]].mean())
-    return np.asarray(losses)
+    session, decoder = open_scorer(Path(model_folder), threads)
+    return np.asarray([prefill_losses(session, decoder, block).mean() for block in np.asarray(blocks)])

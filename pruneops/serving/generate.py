@@ -1,0 +1,278 @@
+"""Torch-free serving of a decoder LLM: /generate, /feedback, /healthz and /metrics.
+
+The model is an onnxruntime-genai folder (what `pruneops bench-decoder` and the builder export):
+its generator decodes with the KV cache, greedy or seeded sampling, and stops at end-of-sequence
+or `max_new_tokens`. Every request is timed where it runs: time to first token (prefill and the
+first step) and time per further output token go to Prometheus histograms, beside generated-token
+counters and requests by status. Prompts are watched for drift: the frequency of the reference
+corpus's most common tokens (and all others as one bin) in the recent prompts' tokens, as a PSI,
+published once the window holds enough tokens to be above sampling noise. `/feedback` takes a
+prompt and a reference continuation and feeds a rolling perplexity gauge, scored by the same
+ONNX model's logits (ONNX Runtime, prefill with an empty cache). Needs the `llm` and `serve` extras.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import Counter as TokenCounter
+from collections import deque
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from pruneops.drift import psi
+from pruneops.errors import ConfigError
+from pruneops.serving.scoring import open_scorer, prefill_losses
+
+TOKEN_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 3e-2, 5e-2, 7.5e-2, 0.1, 0.15, 0.25, 0.5, 1.0)
+FIRST_TOKEN_BUCKETS = (1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOP_TOKENS = 63  # reference tokens with a bin of their own; every other token shares one
+ENDPOINTS = ("generate", "feedback", "healthz", "metrics")
+MIN_TOKENS_PER_BIN = 20  # prompt drift is published once the window holds this many tokens per bin
+
+
+class EmptyText(ValueError):
+    """A prompt or continuation that holds no token of the model's vocabulary."""
+
+
+class GenerateRequest(BaseModel):
+    """A prompt and how to continue it."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: Annotated[str, Field(min_length=1, max_length=100_000)]
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
+    do_sample: bool = False
+    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    top_k: Annotated[int, Field(ge=0, le=100_000)] = 50
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+
+
+class GenerateResponse(BaseModel):
+    """The continuation and what it cost."""
+
+    text: str
+    tokens: int
+    finish_reason: str  # eos | length
+    ttft_ms: float
+    tpot_ms: float | None
+
+
+class FeedbackRequest(BaseModel):
+    """A prompt and the continuation it should have had (a reference answer)."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: Annotated[str, Field(min_length=1, max_length=100_000)]
+    continuation: Annotated[str, Field(min_length=1, max_length=100_000)]
+
+
+def prompt_reference(token_lists: list[list[int]]) -> dict:
+    """The reference of prompt drift: the most frequent tokens of a corpus and every bin's share."""
+    counts = TokenCounter(t for tokens in token_lists for t in tokens)
+    total = sum(counts.values())
+    if not total:
+        raise ConfigError("serve-decoder: the reference corpus holds no tokens")
+    top = [t for t, _ in counts.most_common(TOP_TOKENS)]
+    shares = [counts[t] / total for t in top]
+    return {"tokens": top, "shares": [*shares, max(0.0, 1.0 - sum(shares))], "total": total}
+
+
+class PromptDrift:
+    """Token-frequency PSI of the last `window` prompt tokens against the reference."""
+
+    def __init__(self, reference: dict, window: int):
+        self.index = {t: i for i, t in enumerate(reference["tokens"])}
+        self.expected = np.asarray(reference["shares"], dtype=float)
+        self.recent: deque[int] = deque(maxlen=window)
+        self.min_tokens = MIN_TOKENS_PER_BIN * len(self.expected)
+
+    def add(self, tokens: list[int]) -> float | None:
+        """Adds a prompt's tokens; returns the PSI once the window holds `min_tokens`, else None."""
+        other = len(self.expected) - 1
+        self.recent.extend(self.index.get(t, other) for t in tokens)
+        if len(self.recent) < self.min_tokens:
+            return None
+        actual = np.bincount(np.fromiter(self.recent, dtype=np.int64), minlength=len(self.expected)) / len(self.recent)
+        return float(psi(self.expected[None, :], actual[None, :])[0])
+
+
+class DecoderMetrics:
+    """Prometheus metrics of the decoder app (own registry, `pruneops_` prefix)."""
+
+    def __init__(self, version: str) -> None:
+        r = self.registry = CollectorRegistry()
+        self.version = version
+        self.requests = Counter(
+            "pruneops_requests_total", "Requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.ttft = Histogram(
+            "pruneops_time_to_first_token_seconds", "Prefill and first token", buckets=FIRST_TOKEN_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "pruneops_time_per_output_token_seconds", "Each further generated token", buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.generated = Counter("pruneops_generated_tokens_total", "Tokens generated", registry=r)
+        self.prompt_tokens = Counter("pruneops_prompt_tokens_total", "Prompt tokens received", registry=r)
+        # Labelled by the served model and absent until measured: no reading is not 0.
+        self.drift = Gauge(
+            "pruneops_prompt_drift_psi", "Token-frequency PSI of recent prompts", ["model_version"], registry=r
+        )
+        self.perplexity = Gauge(
+            "pruneops_feedback_perplexity",
+            "Rolling perplexity of reference continuations",
+            ["model_version"],
+            registry=r,
+        )
+        self.feedback_tokens = Gauge(
+            "pruneops_feedback_tokens", "Tokens behind pruneops_feedback_perplexity", ["model_version"], registry=r
+        )
+
+
+class DecoderService:
+    """The generator, its tokenizer, the scorer and the rolling windows, behind one lock."""
+
+    def __init__(self, folder: Path, reference: dict | None, drift_window: int = 20_000, feedback_window: int = 50_000):
+        import onnxruntime_genai as og
+
+        self.folder = Path(folder)
+        if not (self.folder / "genai_config.json").is_file():
+            raise ConfigError(
+                f"serve-decoder: {folder} is not an onnxruntime-genai model folder (no genai_config.json)"
+            )
+        from tokenizers import Tokenizer
+
+        self.model = og.Model(str(self.folder))
+        self.vocab = int(json.loads((self.folder / "genai_config.json").read_text())["model"]["vocab_size"])
+        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        self.metrics = DecoderMetrics(self.folder.name)
+        self.drift_window = drift_window
+        self.drift = PromptDrift(reference, drift_window) if reference else None
+        self.feedback: deque[float] = deque(maxlen=feedback_window)
+        self.lock = threading.Lock()
+        self._scorer: tuple[object, dict] | None = None
+
+    def watch_prompts(self, reference: dict) -> None:
+        """Measures prompt drift against `reference` (from `prompt_reference`) from now on."""
+        self.drift = PromptDrift(reference, self.drift_window)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a text (no special tokens added), as the corpus blocks were made."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids, special tokens left out."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def generate(self, request: GenerateRequest) -> GenerateResponse:
+        """Decodes one continuation, timing its first and every further token."""
+        import onnxruntime_genai as og
+
+        prompt = self.encode(request.prompt)
+        if not prompt:
+            raise EmptyText("the prompt holds no tokens")
+        params = og.GeneratorParams(self.model)
+        options = {"max_length": len(prompt) + request.max_new_tokens, "do_sample": request.do_sample}
+        if request.do_sample:
+            top_k = min(request.top_k, self.vocab)  # 0: the whole vocabulary
+            options.update(temperature=request.temperature, top_k=top_k, top_p=request.top_p)
+            if request.seed is not None:
+                options["random_seed"] = request.seed
+        params.set_search_options(**options)
+        with self.lock:
+            generator = og.Generator(self.model, params)
+            start = time.perf_counter()
+            generator.append_tokens(np.asarray(prompt, dtype=np.int32))
+            generator.generate_next_token()
+            first = time.perf_counter() - start
+            tokens, steps = [int(generator.get_next_tokens()[0])], []
+            while not generator.is_done():
+                tick = time.perf_counter()
+                generator.generate_next_token()
+                steps.append(time.perf_counter() - tick)
+                tokens.append(int(generator.get_next_tokens()[0]))
+            drift = self.drift.add(prompt) if self.drift else None
+        self._record(len(prompt), first, steps, len(tokens), drift)
+        finish = "length" if len(tokens) >= request.max_new_tokens else "eos"
+        text = self.decode(tokens)
+        return GenerateResponse(
+            text=text,
+            tokens=len(tokens),
+            finish_reason=finish,
+            ttft_ms=1000 * first,
+            tpot_ms=1000 * float(np.mean(steps)) if steps else None,
+        )
+
+    def _record(
+        self, prompt_tokens: int, first: float, steps: list[float], generated: int, drift: float | None
+    ) -> None:
+        m = self.metrics
+        m.prompt_tokens.inc(prompt_tokens)
+        m.ttft.observe(first)
+        for step in steps:
+            m.tpot.observe(step)
+        m.generated.inc(generated)
+        if drift is not None:
+            m.drift.labels(m.version).set(drift)
+
+    def score(self, request: FeedbackRequest) -> float:
+        """Adds a reference continuation's token losses to the rolling perplexity; returns its own."""
+        prompt, continuation = self.encode(request.prompt), self.encode(request.continuation)
+        if not prompt or not continuation:
+            raise EmptyText("the prompt and the continuation must each hold a token")
+        with self.lock:
+            if self._scorer is None:
+                self._scorer = open_scorer(self.folder)
+            losses = prefill_losses(*self._scorer, np.asarray(prompt + continuation))[len(prompt) - 1 :]
+            self.feedback.extend(float(x) for x in losses)
+            rolling = math.exp(float(np.mean(self.feedback)))
+        self.metrics.perplexity.labels(self.metrics.version).set(rolling)
+        self.metrics.feedback_tokens.labels(self.metrics.version).set(len(self.feedback))
+        return math.exp(float(np.mean(losses)))
+
+
+def create_decoder_app(service: DecoderService) -> FastAPI:
+    """The FastAPI app over a loaded `DecoderService`."""
+    app = FastAPI(title="PruneOps decoder serving")
+    m = service.metrics
+
+    @app.middleware("http")  # every response counted, refusals (422) and errors (500) included
+    async def count(request, call_next):  # noqa: ANN001, ANN202
+        response = await call_next(request)
+        endpoint = request.url.path.strip("/")
+        m.requests.labels(endpoint if endpoint in ENDPOINTS else "other", str(response.status_code)).inc()
+        return response
+
+    @app.post("/generate", response_model=GenerateResponse)
+    def generate(request: GenerateRequest) -> GenerateResponse:
+        try:
+            return service.generate(request)
+        except EmptyText as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+        except RuntimeError as exc:  # the runtime's error is a 500 with its line
+            raise HTTPException(status_code=500, detail=f"generation failed: {str(exc)[:300]}") from exc
+
+    @app.post("/feedback")
+    def feedback(request: FeedbackRequest) -> dict:
+        try:
+            perplexity = service.score(request)
+        except EmptyText as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+        return {"perplexity": perplexity, "rolling_tokens": len(service.feedback)}
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok", "model": str(service.folder)}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,47 @@
+"""Scoring text with an exported decoder (ONNX Runtime alone: no torch, no web framework).
+
+Used by serving's `/feedback` and by the benchmark, so a quantised model is judged by its own
+logits where it serves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarray:
+    """Next-token NLL at every position of one sequence under an exported decoder (empty KV cache).
+
+    Args:
+        session: An ONNX Runtime session of the builder's `model.onnx`.
+        decoder: The `model.decoder` block of its `genai_config.json`.
+        ids: (length,) token ids.
+
+    Returns:
+        (length - 1,) losses: position i is the NLL of token i + 1.
+    """
+    ids = np.asarray(ids, dtype=np.int64)[None, :]
+    feed: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    for spec in session.get_inputs():
+        if spec.name == "position_ids":
+            feed["position_ids"] = np.arange(ids.shape[1], dtype=np.int64)[None, :]
+        elif spec.name.startswith("past_key_values"):
+            dtype = np.float16 if "float16" in spec.type else np.float32
+            feed[spec.name] = np.zeros((1, decoder["num_key_value_heads"], 0, decoder["head_size"]), dtype=dtype)
+    logits = session.run(["logits"], feed)[0][0, :-1].astype(np.float64)
+    logits -= logits.max(-1, keepdims=True)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return -log_probs[np.arange(ids.shape[1] - 1), ids[0, 1:]]
+
+
+def open_scorer(folder: Path, threads: int = 1) -> tuple[object, dict]:
+    """An ONNX Runtime session over a genai folder's decoder, and its config block."""
+    import onnxruntime as ort
+
+    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(folder / decoder["filename"]), options, providers=["CPUExecutionProvider"]), decoder

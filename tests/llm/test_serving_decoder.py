@@ -1,0 +1,116 @@
+"""Decoder serving on a tiny Llama exported by onnxruntime-genai: /generate, /feedback, drift, metrics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from pruneops.serving.generate import DecoderService, create_decoder_app, prompt_reference  # noqa: E402
+from pruneops.timing.decode import build_genai_model, greedy_tokens  # noqa: E402
+from tests.llm.decoder_helpers import WORDS, save_tiny, speeches, tiny_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-decoder")
+    hf = save_tiny("llama", root / "hf")
+    return hf, build_genai_model(hf, root / "onnx", "fp32", threads=1)
+
+
+def _service(folders, reference_texts=None):
+    tok = tiny_tokenizer()
+    reference = None
+    if reference_texts:
+        reference = prompt_reference([tok(t, add_special_tokens=False)["input_ids"] for t in reference_texts])
+    return DecoderService(folders[1], reference, drift_window=2000)
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_greedy_generation_is_the_exported_models_and_is_timed(folders):
+    service = _service(folders)
+    client = TestClient(create_decoder_app(service))
+    prompt = "the people of our nation work"
+    response = client.post("/generate", json={"prompt": prompt, "max_new_tokens": 12})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    ids = np.asarray([service.encode(prompt)], dtype=np.int32)
+    expected = greedy_tokens(folders[1], ids, 12)[0]
+    eos = tiny_tokenizer().eos_token_id
+    cut = list(expected).index(eos) + 1 if eos in expected else 12  # greedy stops at end-of-sequence
+    assert body["tokens"] == cut and body["finish_reason"] == ("length" if cut == 12 else "eos")
+    assert body["text"] == service.decode(expected[:cut].tolist())
+    assert body["ttft_ms"] > 0
+    metrics = client.get("/metrics").text
+    assert _metric(metrics, "pruneops_time_to_first_token_seconds_count") == 1
+    assert _metric(metrics, "pruneops_time_per_output_token_seconds_count") == cut - 1
+    assert _metric(metrics, "pruneops_generated_tokens_total") == cut
+    assert _metric(metrics, 'pruneops_requests_total{endpoint="generate",status="200"}') == 1
+
+
+def test_seeded_sampling_repeats_and_bad_requests_are_counted_refusals(folders):
+    client = TestClient(create_decoder_app(_service(folders)))
+    ask = {"prompt": "thank you", "max_new_tokens": 10, "do_sample": True, "temperature": 1.5, "seed": 7}
+    first, again = client.post("/generate", json=ask).json(), client.post("/generate", json=ask).json()
+    assert first["text"] == again["text"]
+    for bad in ({"prompt": ""}, {"prompt": "x", "max_new_tokens": 0}, {"prompt": "x", "temperature": -1}, {"nope": 1}):
+        assert client.post("/generate", json=bad).status_code == 422
+    assert _metric(client.get("/metrics").text, 'pruneops_requests_total{endpoint="generate",status="422"}') == 4
+
+
+def test_prompt_drift_is_absent_until_enough_tokens_then_separates_shifted_prompts(folders):
+    reference = speeches(80, seed=1)
+    in_domain, shifted = _service(folders, reference), _service(folders, reference)
+    needed = in_domain.drift.min_tokens
+    assert needed == 20 * len(in_domain.drift.expected)
+    client_a, client_b = TestClient(create_decoder_app(in_domain)), TestClient(create_decoder_app(shifted))
+    for text in speeches(60, seed=2):
+        client_a.post("/generate", json={"prompt": text, "max_new_tokens": 1})
+    assert len(in_domain.drift.recent) >= needed
+    for _ in range(40):  # prompts of two words only: the token mix is nothing like the reference
+        client_b.post("/generate", json={"prompt": " ".join(["awful film"] * 20), "max_new_tokens": 1})
+    low = _metric(client_a.get("/metrics").text, "pruneops_prompt_drift_psi")
+    high = _metric(client_b.get("/metrics").text, "pruneops_prompt_drift_psi")
+    assert low is not None and high is not None
+    assert low < 0.2 < high, (low, high)  # the PSI alert threshold of the classifier path
+    fresh = TestClient(create_decoder_app(_service(folders, reference)))
+    fresh.post("/generate", json={"prompt": "the nation", "max_new_tokens": 1})
+    assert _metric(fresh.get("/metrics").text, "pruneops_prompt_drift_psi") is None
+
+
+def test_feedback_perplexity_is_the_continuations_under_the_model(folders):
+    from transformers import AutoModelForCausalLM
+
+    service = _service(folders)
+    client = TestClient(create_decoder_app(service))
+    prompt, continuation = "the people of", "our nation work jobs family"
+    body = client.post("/feedback", json={"prompt": prompt, "continuation": continuation}).json()
+    p_ids, c_ids = service.encode(prompt), service.encode(continuation)
+    ids = torch.tensor([p_ids + c_ids])
+    with torch.inference_mode():
+        logits = AutoModelForCausalLM.from_pretrained(folders[0]).eval()(input_ids=ids).logits[0]
+    nll = torch.nn.functional.cross_entropy(logits[len(p_ids) - 1 : -1], ids[0, len(p_ids) :])
+    assert body["perplexity"] == pytest.approx(math.exp(float(nll)), rel=1e-4)
+    assert body["rolling_tokens"] == len(c_ids)
+    assert _metric(client.get("/metrics").text, "pruneops_feedback_perplexity") == pytest.approx(body["perplexity"])
+    assert WORDS  # the tokenizer's words are what the prompts use
+
+
+def test_a_folder_that_is_not_an_exported_model_is_refused(tmp_path):
+    from pruneops.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not an onnxruntime-genai model folder"):
+        DecoderService(tmp_path, None)
