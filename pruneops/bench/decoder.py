@@ -143,7 +143,8 @@ class _Data:
     zero_shot: list[tuple[str, str]]
 
 
-def _data(config: DecoderBenchConfig, tokenizer: object) -> _Data:
+def workload_data(config: DecoderBenchConfig, tokenizer: object) -> _Data:
+    """The workload's blocks: train, validation (reported and plan search apart), test, out-of-domain."""
     splits = build_corpus(
         read_documents(config.corpus, config.text_column), tokenizer, config.block_length, seed=config.seed
     )
@@ -169,7 +170,8 @@ def _data(config: DecoderBenchConfig, tokenizer: object) -> _Data:
     )
 
 
-def _cut(dense: torch.nn.Module, shape: DecoderShape, calibration, importance: str, reconstruct: bool):
+def cut_to_shape(dense: torch.nn.Module, shape: DecoderShape, calibration, importance: str, reconstruct: bool):
+    """A copy of `dense` cut to `shape` (the dense model is left as it is)."""
     model = copy.deepcopy(dense)
     cuts.prune_to_shape_(
         model,
@@ -203,7 +205,7 @@ def _cost_model(config, dense, calibration, tokenizer, work: Path):
         grid.append(DecoderShape(**{**asdict(base), "kv_groups": base.kv_groups - 1}))
     folders = {}
     for index, shape in enumerate(grid):
-        model = dense if shape == base else _cut(dense, shape, calibration, "magnitude", False)
+        model = dense if shape == base else cut_to_shape(dense, shape, calibration, "magnitude", False)
         folders[f"shape{index}"] = _export(model, tokenizer, work / f"table{index}", ["fp32"], config.threads)["fp32"]
     prompt = np.random.default_rng(config.seed).integers(0, base.vocab, (1, config.prompt_length))
     timings = time_generation(folders, prompt, config.new_tokens, config.rounds)
@@ -220,7 +222,7 @@ def _plan(config, dense, data: _Data, calibration, cost, target_ms: float) -> tu
         raise ConfigError(f"bench-decoder: no uniform shape is predicted to decode in {target_ms:.2f} ms")
     tried = []
     for shape in plans:
-        losses = block_losses(_cut(dense, shape, calibration, "activation", True), data.search)
+        losses = block_losses(cut_to_shape(dense, shape, calibration, "activation", True), data.search)
         tried.append({"shape": shape, "search_nll": float(losses.mean()), "predicted_ms": cost.predict(shape)})
         log.info("plan %s: search perplexity %.2f", shape.describe(), np.exp(losses.mean()))
     best = min(tried, key=lambda t: t["search_nll"])
@@ -322,7 +324,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     started = time.perf_counter()
     torch.set_num_threads(2)
     dense, tokenizer = load_causal_lm(config.model)
-    data = _data(config, tokenizer)
+    data = workload_data(config, tokenizer)
     calibration = cuts.calibrate(dense, data.calibration)
     base = shape_of(dense.config)
     cost, table = _cost_model(config, dense, calibration, tokenizer, work)
@@ -335,7 +337,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
         target_ms = target * dense_ms
         shape, tried = _plan(config, dense, data, calibration, cost, target_ms)
         plans[target] = tried
-        model = _cut(dense, shape, calibration, "activation", True)
+        model = cut_to_shape(dense, shape, calibration, "activation", True)
         name = f"ours {target:g}"
         extra = {"target": target, "predicted_tpot_ms": cost.predict(shape)}
         if config.recovery_tokens:
@@ -347,7 +349,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
         zero[name] = _zero_shot(model, tokenizer, config, data.zero_shot)
         rows += _rows_for(model, tokenizer, config, work, name, "ours", shape, ["fp32", *config.precisions], **extra)
         for kind, other in _baselines(config, dense, calibration, cost, target_ms).items():
-            model = _cut(dense, other, calibration, "magnitude", False)
+            model = cut_to_shape(dense, other, calibration, "magnitude", False)
             name = f"{kind} {target:g}"
             zero[name] = _zero_shot(model, tokenizer, config, data.zero_shot)
             rows += _rows_for(
