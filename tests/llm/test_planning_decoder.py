@@ -1,0 +1,65 @@
+"""Decode-time planning: shapes from configs, the fitted cost, the widest feasible plans."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pruneops.errors import ConfigError
+from pruneops.planning.decoder import DecoderShape, feasible_plans, fit_cost_model, shape_of, width_step
+
+SMOL = DecoderShape(layers=30, mlp_width=1536, kv_groups=3, queries_per_group=3, hidden=576, head_dim=64, vocab=49152)
+
+
+def test_weights_per_token_of_a_smollm2_shape():
+    # q and o: 576 x 576 each; k and v: 576 x 192 each; MLP: 3 x 576 x 1536
+    assert SMOL.attention_weights == 576 * (2 * 576 + 2 * 192)
+    assert SMOL.mlp_weights == 3 * 576 * 1536
+    assert SMOL.layer_weights == 30 * (SMOL.attention_weights + SMOL.mlp_weights)
+    share = SMOL.output_weights / (SMOL.output_weights + SMOL.layer_weights)
+    assert share == pytest.approx(0.21, abs=0.01)  # the tied output layer: ~21 % of what a token reads
+
+
+def test_a_linear_cost_is_recovered_exactly_and_predicts_unseen_shapes():
+    def truth(shape):
+        return 4.0 + 3e-7 * shape.layer_weights
+
+    timed = [(s, truth(s)) for s in (SMOL, replace(SMOL, layers=18), replace(SMOL, mlp_width=768))]
+    model = fit_cost_model(timed)
+    assert model.intercept_ms == pytest.approx(4.0) and model.slope_ms == pytest.approx(3e-7)
+    assert model.residual_ms == pytest.approx(0.0, abs=1e-9)
+    unseen = replace(SMOL, layers=24, mlp_width=1024, kv_groups=2)
+    assert model.predict(unseen) == pytest.approx(truth(unseen))
+    assert model.untouchable_share(SMOL) == pytest.approx(4.0 / truth(SMOL))
+
+
+def test_noise_that_inverts_the_cost_is_refused():
+    with pytest.raises(ConfigError, match="does not fall"):
+        fit_cost_model([(SMOL, 30.0), (replace(SMOL, layers=10), 31.0)])
+    with pytest.raises(ConfigError, match="two timed shapes"):
+        fit_cost_model([(SMOL, 30.0), (SMOL, 31.0)])
+
+
+def test_feasible_plans_are_the_widest_meeting_the_target_at_each_depth():
+    model = fit_cost_model(
+        [(SMOL, 4.0 + 3e-7 * SMOL.layer_weights), (replace(SMOL, layers=10), 4.0 + 1e-7 * SMOL.layer_weights)]
+    )
+    target = 0.7 * model.predict(SMOL)
+    plans = feasible_plans(SMOL, model, target, max_layers_dropped=12, kv_group_options=[3, 2], depth_step=2)
+    assert plans and all(model.predict(p) <= target for p in plans)
+    assert all(p.mlp_width % width_step(SMOL.mlp_width) == 0 for p in plans)
+    for plan in plans:  # one step wider misses the target (unless already at the dense width)
+        if plan.mlp_width < SMOL.mlp_width:
+            assert model.predict(replace(plan, mlp_width=plan.mlp_width + 64)) > target
+    assert {SMOL.layers - p.layers for p in plans} <= set(range(0, 13, 2))
+    assert feasible_plans(SMOL, model, 1.0, 0, [3]) == []  # nothing is that fast
+
+
+def test_shape_of_reads_every_family_config():
+    from tests.llm.decoder_helpers import FAMILIES, tiny_decoder
+
+    for family in FAMILIES:
+        shape = shape_of(tiny_decoder(family).config)
+        assert shape.layers == 4 and shape.mlp_width == 48, family
+        assert shape.mlp_projections == (2 if family in ("gpt2", "gpt_neox") else 3)
