@@ -370,11 +370,11 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     results["wall_s"] = time.perf_counter() - started
     where = Path(out_dir) / config.bench / config.workload
     where.mkdir(parents=True, exist_ok=True)
+    dump_json(results, where / "results.json")  # first: the figures survive a failure of what follows
     from pruneops.bench.decoder_report import plot_decoder_frontier, write_decoder_report
 
-    plot_decoder_frontier(results, where / "frontier.png")
     (where / "report.md").write_text(write_decoder_report(results))
-    dump_json(results, where / "results.json")
+    plot_decoder_frontier(results, where / "frontier.png")
     shutil.rmtree(work, ignore_errors=True)
     return results
 
