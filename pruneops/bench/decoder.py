@@ -26,7 +26,7 @@ import copy
 import logging
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -199,10 +199,10 @@ def _cost_model(config, dense, calibration, tokenizer, work: Path):
     step = width_step(base.mlp_width)
     half = max(step, base.mlp_width // 2 // step * step)
     deep = max(1, base.layers - max(config.max_layers_dropped, 2))
-    grid = [base, DecoderShape(**{**asdict(base), "layers": deep}), DecoderShape(**{**asdict(base), "mlp_width": half})]
-    grid.append(DecoderShape(**{**asdict(base), "layers": deep, "mlp_width": half}))
+    grid = [base, replace(base, layers=deep), replace(base, mlp_width=half)]
+    grid.append(replace(base, layers=deep, mlp_width=half))
     if base.kv_groups > 1:
-        grid.append(DecoderShape(**{**asdict(base), "kv_groups": base.kv_groups - 1}))
+        grid.append(replace(base, kv_groups=base.kv_groups - 1))
     folders = {}
     for index, shape in enumerate(grid):
         model = dense if shape == base else cut_to_shape(dense, shape, calibration, "magnitude", False)
@@ -234,9 +234,9 @@ def _baselines(config, dense, calibration, cost, target_ms: float) -> dict[str, 
     width = feasible_plans(base, cost, target_ms, 0, [base.kv_groups], min_width_fraction=1 / base.mlp_width)
     depth = next(
         (
-            DecoderShape(**{**asdict(base), "layers": base.layers - d})
+            replace(base, layers=base.layers - d)
             for d in range(base.layers)
-            if cost.predict(DecoderShape(**{**asdict(base), "layers": base.layers - d})) <= target_ms
+            if cost.predict(replace(base, layers=base.layers - d)) <= target_ms
         ),
         None,
     )
