@@ -97,7 +97,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_decoder(args: argparse.Namespace) -> int:
     import logging
 
-    from pruneops.serving.generate import DecoderService, create_decoder_app, prompt_reference
+    from pruneops.drift import prompt_reference
+    from pruneops.serving.generate import DecoderService, create_decoder_app
     from pruneops.serving.limits import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

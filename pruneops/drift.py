@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import Counter as TokenCounter
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+
+from pruneops.errors import DataError
 
 EPS = 1e-4
 # One-sided 99 %: a window of inputs drawn from the reference itself scores under the thresholds
@@ -258,3 +261,17 @@ def text_drift_features(ids: np.ndarray, mask: np.ndarray, max_length: int, unkn
     return np.stack([np.minimum(length / max(max_length, 1), 1.0), unknown / np.maximum(length, 1)], axis=1).astype(
         np.float32
     )
+
+
+TOP_TOKENS = 63  # reference tokens with a bin of their own; every other token shares one
+
+
+def prompt_reference(token_lists: list[list[int]]) -> dict:
+    """The reference of prompt drift: the most frequent tokens of a corpus and every bin's share."""
+    counts = TokenCounter(t for tokens in token_lists for t in tokens)
+    total = sum(counts.values())
+    if not total:
+        raise DataError("the drift reference corpus holds no tokens")
+    top = [t for t, _ in counts.most_common(TOP_TOKENS)]
+    shares = [counts[t] / total for t in top]
+    return {"tokens": top, "shares": [*shares, max(0.0, 1.0 - sum(shares))], "total": total}

@@ -52,3 +52,7 @@ class ParityError(PruneOpsError):
 
 class QualityGateError(PruneOpsError):
     """No candidate meets the accuracy tolerance the stage was given."""
+
+
+class LatencyGateError(PruneOpsError):
+    """No plan measured fast enough against dense: nothing slower ships."""

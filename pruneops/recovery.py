@@ -1,10 +1,11 @@
 """Recovery of a cut causal LM by distillation from the unpruned model, within a token budget.
 
-The student is trained on training blocks to match the teacher's next-token distribution
-(KL divergence of softened logits, scaled by T²) plus, with `lm_weight`, the plain next-token
-loss. Training stops when `max_tokens` tokens have been consumed (whole batches; the last one is
-cut to fit), so the report says exactly what recovery cost: tokens and wall time. The learning
-rate warms up linearly over the first tenth and decays with a cosine to zero at the budget.
+The student is trained on training blocks to match the teacher's next-token distribution (KL
+divergence of softened logits, scaled by T²), weighted by `distill_weight` against the plain
+next-token loss on the training text (1: distillation only; 0: the text alone). Training stops
+when `max_tokens` tokens have been consumed (whole batches; the last one is cut to fit), so the
+report says exactly what recovery cost: tokens and wall time. The learning rate warms up
+linearly over the first tenth and decays with a cosine to zero at the budget.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class RecoverySettings:
     batch_blocks: int = 4
     lr: float = 1e-4
     temperature: float = 1.0
-    lm_weight: float = 0.0  # weight of the plain next-token loss beside the distillation loss
+    distill_weight: float = 1.0  # loss = this x KL to the teacher + (1 - this) x next-token cross-entropy
     weight_decay: float = 0.0
     seed: int = 0
 
@@ -107,15 +108,17 @@ def recover_(
         index = torch.stack([order[(cursor + i) % len(order)] for i in range(take)])
         cursor += take
         batch = blocks[index]
-        with torch.no_grad():
-            target = teacher(input_ids=batch, use_cache=False).logits
         logits = student(input_ids=batch, use_cache=False).logits
-        loss = distillation_loss(logits, target, settings.temperature)
-        if settings.lm_weight:
+        loss = torch.zeros((), dtype=torch.float32)
+        if settings.distill_weight > 0.0:
+            with torch.no_grad():
+                target = teacher(input_ids=batch, use_cache=False).logits
+            loss = settings.distill_weight * distillation_loss(logits, target, settings.temperature)
+        if settings.distill_weight < 1.0:
             nll = nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1)
             )
-            loss = loss + settings.lm_weight * nll
+            loss = loss + (1.0 - settings.distill_weight) * nll
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)

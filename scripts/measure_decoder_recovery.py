@@ -5,10 +5,11 @@ Usage: `python scripts/measure_decoder_recovery.py --results docs/results/llm/sm
 
 Reads the bench-decoder report's workload (model, corpus, seeds, block counts) and the plan it
 kept for `--target`, cuts the dense model to that plan the same way (activation importance,
-least-squares reconstruction), then distils it from the dense model on training blocks and
-prints, at each budget in `--tokens` (points of one run whose warm-up and cosine decay span
-the largest budget), the validation and test perplexity (torch, the
-report's blocks) against dense, with the paired 95 % interval over blocks, and the wall time.
+least-squares reconstruction), then trains it on training blocks (`--distill-weight` x KL from
+the dense model + the rest x next-token loss) and prints, at each budget in `--tokens` (points of
+one run whose warm-up and cosine decay span the largest budget), the validation, test and
+out-of-domain perplexity (torch, the report's blocks) against dense, with the paired 95 %
+interval over blocks, and the wall time.
 """
 
 import argparse
@@ -40,6 +41,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", required=True, help="cumulative budgets to report at")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch-blocks", type=int, default=4)
+    parser.add_argument("--distill-weight", type=float, default=1.0, help="KL weight; the rest is next-token loss")
+    parser.add_argument("--temperature", type=float, default=1.0)
     args = parser.parse_args()
     results = json.loads(Path(args.results).read_text())
     config = DecoderBenchConfig.model_validate(results["config"])
@@ -51,7 +54,8 @@ def main() -> None:
     dense, tokenizer = load_causal_lm(config.model)
     data = workload_data(config, tokenizer)
     model = cut_to_shape(dense, shape, calibrate(dense, data.calibration), "activation", True)
-    reference = {name: block_losses(dense, getattr(data, name)) for name in ("val", "test")}
+    splits = ("val", "test", "ood") if data.ood is not None else ("val", "test")
+    reference = {name: block_losses(dense, getattr(data, name)) for name in splits}
     print(
         f"plan {shape.describe()}; dense val {perplexity_from_losses(reference['val'], 0).value:.2f}, "
         f"test {perplexity_from_losses(reference['test'], 0).value:.2f}"
@@ -61,13 +65,10 @@ def main() -> None:
 
     def report(used: int) -> None:
         begun = time.perf_counter()
-        val, test = (block_losses(model, getattr(data, name)) for name in ("val", "test"))
+        losses = {name: block_losses(model, getattr(data, name)) for name in splits}
         training = begun - clock["start"] - clock["evaluating"]
-        print(
-            f"{used:>7,} tokens, {training / 60:5.1f} min training: "
-            f"val {_ratio(val, reference['val'])}, test {_ratio(test, reference['test'])}",
-            flush=True,
-        )
+        figures = ", ".join(f"{name} {_ratio(losses[name], reference[name])}" for name in splits)
+        print(f"{used:>7,} tokens, {training / 60:5.1f} min training: {figures}", flush=True)
         clock["evaluating"] += time.perf_counter() - begun
 
     report(0)
@@ -80,7 +81,12 @@ def main() -> None:
             model.train()
 
     settings = RecoverySettings(
-        max_tokens=max(args.tokens), batch_blocks=args.batch_blocks, lr=args.lr, seed=config.seed
+        max_tokens=max(args.tokens),
+        batch_blocks=args.batch_blocks,
+        lr=args.lr,
+        temperature=args.temperature,
+        distill_weight=args.distill_weight,
+        seed=config.seed,
     )
     recover_(model, dense, data.train, settings, progress)
 

@@ -22,7 +22,6 @@ dense model within that budget after its cut (the cut-only model stays a row); t
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import time
@@ -38,17 +37,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from pruneops.data.corpus import build_corpus, read_documents, read_labelled, to_blocks
 from pruneops.errors import ConfigError
 from pruneops.io import dump_json
-from pruneops.models.decoders import load_causal_lm, save_causal_lm
+from pruneops.llm.common import cut_to_shape, export_genai, time_shapes
+from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import (
     block_losses,
     paired_ratio_interval,
     perplexity_from_losses,
     zero_shot_accuracy,
 )
-from pruneops.planning.decoder import DecoderShape, feasible_plans, fit_cost_model, shape_of, width_step
+from pruneops.planning.decoder import DecoderShape, feasible_plans, shape_of
 from pruneops.pruning import decoder as cuts
 from pruneops.recovery import RecoverySettings, recover_
-from pruneops.timing.decode import build_genai_model, exported_block_losses, time_generation
+from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
 
 log = logging.getLogger(__name__)
@@ -170,47 +170,19 @@ def workload_data(config: DecoderBenchConfig, tokenizer: object) -> _Data:
     )
 
 
-def cut_to_shape(dense: torch.nn.Module, shape: DecoderShape, calibration, importance: str, reconstruct: bool):
-    """A copy of `dense` cut to `shape` (the dense model is left as it is)."""
-    model = copy.deepcopy(dense)
-    cuts.prune_to_shape_(
-        model,
-        shape.layers,
-        shape.mlp_width,
-        shape.kv_groups,
-        shape.queries_per_group,
-        calibration,
-        importance,
-        reconstruct,
+def _cost_model(config: DecoderBenchConfig, dense, tokenizer, work: Path):
+    """Times a few uniform shapes and fits the decode cost model."""
+    return time_shapes(
+        dense,
+        tokenizer,
+        work,
+        max_layers_dropped=config.max_layers_dropped,
+        prompt_length=config.prompt_length,
+        new_tokens=config.new_tokens,
+        rounds=config.rounds,
+        threads=config.threads,
+        seed=config.seed,
     )
-    return model
-
-
-def _export(model, tokenizer, folder: Path, precisions: list[str], threads: int) -> dict[str, Path]:
-    hf = save_causal_lm(model, tokenizer, folder / "hf")
-    out = {p: build_genai_model(hf, folder / p, p, threads) for p in precisions}
-    shutil.rmtree(hf)  # the exported folders are what is timed and scored
-    return out
-
-
-def _cost_model(config, dense, calibration, tokenizer, work: Path):
-    """Times a few uniform shapes (weights irrelevant to time: cut by magnitude) and fits the cost."""
-    base = shape_of(dense.config)
-    step = width_step(base.mlp_width)
-    half = max(step, base.mlp_width // 2 // step * step)
-    deep = max(1, base.layers - max(config.max_layers_dropped, 2))
-    grid = [base, replace(base, layers=deep), replace(base, mlp_width=half)]
-    grid.append(replace(base, layers=deep, mlp_width=half))
-    if base.kv_groups > 1:
-        grid.append(replace(base, kv_groups=base.kv_groups - 1))
-    folders = {}
-    for index, shape in enumerate(grid):
-        model = dense if shape == base else cut_to_shape(dense, shape, calibration, "magnitude", False)
-        folders[f"shape{index}"] = _export(model, tokenizer, work / f"table{index}", ["fp32"], config.threads)["fp32"]
-    prompt = np.random.default_rng(config.seed).integers(0, base.vocab, (1, config.prompt_length))
-    timings = time_generation(folders, prompt, config.new_tokens, config.rounds)
-    measured = [(shape, timings[f"shape{i}"].tpot_ms) for i, shape in enumerate(grid)]
-    return fit_cost_model(measured), measured
 
 
 def _plan(config, dense, data: _Data, calibration, cost, target_ms: float) -> tuple[DecoderShape, list[dict]]:
@@ -285,7 +257,7 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
 
 
 def _rows_for(model, tokenizer, config, work: Path, name: str, kind: str, shape, precisions, **extra) -> list[Row]:
-    folders = _export(model, tokenizer, work / name.replace(" ", "-"), precisions, config.threads)
+    folders = export_genai(model, tokenizer, work / name.replace(" ", "-"), precisions, config.threads)
     return [Row(f"{name} {p}", kind, p, shape, folder, **extra) for p, folder in folders.items()]
 
 
@@ -327,7 +299,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     data = workload_data(config, tokenizer)
     calibration = cuts.calibrate(dense, data.calibration)
     base = shape_of(dense.config)
-    cost, table = _cost_model(config, dense, calibration, tokenizer, work)
+    cost, table = _cost_model(config, dense, tokenizer, work)
     dense_ms = table[0][1]
     log.info("cost model: %s; dense %.2f ms/token", cost, dense_ms)
     zero = {"dense": _zero_shot(dense, tokenizer, config, data.zero_shot)}

@@ -32,6 +32,7 @@ from pruneops.config.prune import (
     LATENCY_TARGETS,
     MAX_REFERENCE_RATIO,
     MOVED_PRUNE_KEYS,
+    DecoderCutConfig,
     DistillationConfig,
     GateConfig,
     PruneConfig,
@@ -41,8 +42,16 @@ from pruneops.config.prune import (
 )
 from pruneops.errors import ConfigError
 
+# `validate.dataset: corpus`: documents a causal LM is scored on, in token blocks.
+CORPUS_DATASET = "corpus"
+
+# `train.task`: a classifier (the default), or a pretrained decoder LLM adopted as it is.
+Task = Literal["classification", "causal_lm"]
+
 __all__ = [
     "AUTO_FORM",
+    "CORPUS_DATASET",
+    "DecoderCutConfig",
     "AugmentConfig",
     "BatchSize",
     "BenchmarkConfig",
@@ -72,6 +81,7 @@ __all__ = [
     "TargetConfig",
     "TargetKind",
     "Text",
+    "Task",
     "Threads",
     "TrainConfig",
     "TrialsConfig",
@@ -150,11 +160,19 @@ class ValidateConfig(StageConfig):
     max_text_chars: Annotated[int, Field(ge=1, le=10_000_000)] = 20_000
     drop_duplicates: bool = True  # repeats of an earlier (normalised) text are dropped before splitting
     max_duplicate_fraction: Ratio = 0.0  # checked when drop_duplicates is false
+    # dataset `corpus` (a causal LM's documents): tokens per block, and the most tokens the
+    # tokenizer may map to its unknown token.
+    block_length: Annotated[int, Field(ge=16, le=8192)] = 256
+    max_unknown_token_rate: Ratio = 0.01
 
     @model_validator(mode="after")
     def _text_needs_a_tokenizer(self) -> ValidateConfig:
-        if self.dataset == "text" and not self.tokenizer:
-            raise ValueError("tokenizer: required for dataset 'text' (a tokenizer.json or the model's folder)")
+        if self.dataset in ("text", CORPUS_DATASET) and not self.tokenizer:
+            raise ValueError(
+                f"tokenizer: required for dataset {self.dataset!r} (a tokenizer.json, the model's folder or .gguf)"
+            )
+        if self.dataset == CORPUS_DATASET and not self.path:
+            raise ValueError("path: dataset 'corpus' reads documents from a text, JSONL, CSV or Parquet file")
         return self
 
     @field_validator("value_range")
@@ -167,7 +185,12 @@ class ValidateConfig(StageConfig):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, v: str) -> str:
-        return registered("pruneops.data.loaders:LOADERS", v)
+        if v == CORPUS_DATASET:  # documents for a causal LM: blocks, not samples (pruneops.llm)
+            return v
+        try:
+            return registered("pruneops.data.loaders:LOADERS", v)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; or {CORPUS_DATASET} (documents for a causal LM)") from None
 
 
 class PreprocessConfig(StageConfig):
@@ -205,6 +228,7 @@ class TrainConfig(FitParams):
     already a classifier for these classes as it is. `model_kwargs` override its config.
     """
 
+    task: Task = "classification"
     model: Text = "cnn"
     pretrained: Text | None = None
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -236,6 +260,11 @@ class TrainConfig(FitParams):
             raise ValueError("epochs: 0 adopts train.init_weights as the baseline; set init_weights (or epochs >= 1)")
         if self.freeze_backbone_epochs > self.epochs:
             raise ValueError(f"freeze_backbone_epochs: {self.freeze_backbone_epochs} exceeds epochs {self.epochs}")
+        if self.task == "causal_lm" and (self.model != "hf" or self.epochs != 0):
+            raise ValueError(
+                "task: causal_lm adopts a pretrained decoder as it is (model: hf, pretrained: its folder or "
+                ".gguf, epochs: 0); PruneOps does not pretrain language models"
+            )
         return self
 
     @property
@@ -341,6 +370,9 @@ class FinetuneConfig(FitParams):
     # `onnxruntime` exports it once and runs it ~3x faster on a CPU (MobileNetV2 at 64x64),
     # checked against PyTorch first. Layer-wise distillation needs its blocks' outputs: torch.
     teacher_runtime: Literal["torch", "onnxruntime"] = "torch"
+    # Causal LMs: the distillation budget in training tokens (logit KL from the unpruned model,
+    # `lr` with warm-up and cosine decay, `batch_size` blocks per step); 0: the cut model as it is.
+    max_tokens: Annotated[int, Field(ge=0, le=10**12)] = 0
 
     @model_validator(mode="after")
     def _teacher_runtime_gives_blocks(self) -> FinetuneConfig:
@@ -366,6 +398,10 @@ class QuantizeConfig(StageConfig):
     exporter: str = "torchscript"
     # Static INT8 weights in 7 bits: auto = on x86 without VNNI, whose u8 x s8 kernels saturate.
     reduce_range: bool | Literal["auto"] = "auto"
+    # Causal LMs: the weight precisions tried beside fp32 (onnxruntime-genai), and the most
+    # validation perplexity a precision may add (relative) to ship.
+    decoder_precisions: list[Literal["int8", "int4"]] = Field(default_factory=lambda: ["int8", "int4"])
+    perplexity_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = 0.05
 
     @field_validator("method")
     @classmethod
@@ -386,6 +422,8 @@ class ExportConfig(StageConfig):
     parity_atol: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-4
     parity_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 128
     tensorrt: bool = True
+    # Causal LMs: greedy tokens the exported fp32 model must generate exactly as torch does.
+    greedy_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
 
     @field_validator("exporter")
     @classmethod
@@ -403,6 +441,10 @@ class BenchmarkConfig(StageConfig):
     warmup: Annotated[int, Field(ge=0, le=100_000)] = 20
     repeats: Annotated[int, Field(ge=1, le=1_000_000)] = 100
     rounds: Annotated[int, Field(ge=1, le=1000)] = 5
+    # Causal LMs: time to first token after a prompt of `prompt_length` tokens, then the time
+    # per output token over `new_tokens` generated tokens, at each of `batch_sizes`.
+    prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
+    new_tokens: Annotated[int, Field(ge=2, le=4096)] = 32
 
 
 class RepruneConfig(StageConfig):

@@ -162,6 +162,30 @@ MOVED_PRUNE_KEYS = {
 }
 
 
+class DecoderCutConfig(StageConfig):
+    """`prune.decoder`: how a causal LM is cut to a uniform shape (depth, KV groups, MLP width).
+
+    The plans a decode cost model predicts to meet the target (at most `max_unit_ratio` of the
+    layers dropped, depths in multiples of `depth_step`, the KV-group counts in `kv_groups`, all
+    when null) are each cut by `importance` with least-squares reconstruction (`reconstruct`)
+    from one calibration pass over `calibration_blocks` training blocks, scored on
+    `search_blocks` validation blocks, and the lowest perplexity is kept; whole layers go in the
+    order the sensitivity stage measured (least perplexity added first).
+    """
+
+    importance: str = "activation"
+    reconstruct: bool = True
+    depth_step: Annotated[int, Field(ge=1, le=1000)] = 2
+    kv_groups: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)] | None = None
+    calibration_blocks: Annotated[int, Field(ge=1, le=100_000)] = 32
+    search_blocks: Annotated[int, Field(ge=1, le=100_000)] = 8
+
+    @field_validator("importance")
+    @classmethod
+    def _known_importance(cls, v: str) -> str:
+        return registered("pruneops.pruning.decoder:NEURON_IMPORTANCES", v)
+
+
 class PruneConfig(StageConfig):
     """`prune`: allocate per-unit ratios, then prune iteratively with fine-tuning between steps.
 
@@ -180,6 +204,7 @@ class PruneConfig(StageConfig):
     gate: GateConfig = Field(default_factory=GateConfig)
     trials: TrialsConfig = Field(default_factory=TrialsConfig)
     distillation: DistillationConfig = Field(default_factory=DistillationConfig)
+    decoder: DecoderCutConfig = Field(default_factory=DecoderCutConfig)
     max_unit_ratio: Ratio = 0.8
     scope: Literal["global", "layer"] | None = None
     steps: Annotated[int, Field(ge=1, le=1000)] = 4

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from pruneops.errors import DataValidationError
+
 
 @dataclass(frozen=True)
 class ExpectationOutcome:
@@ -42,6 +44,20 @@ class SuiteResult:
     def success(self) -> bool:
         """True when every expectation held."""
         return not self.failed
+
+
+def raise_if_failed(suite: SuiteResult) -> None:
+    """Raises `DataValidationError` naming the failed expectations, if any."""
+    if suite.success:
+        return
+    failed = suite.failed
+    names = ", ".join(f"{o.expectation}({o.column or o.batch})" for o in failed[:4])
+    details = [f"  {o.batch}: {o.expectation} {o.column or ''}: {o.observed}" for o in failed]
+    raise DataValidationError(
+        f"data validation failed: {len(failed)} of {len(suite.outcomes)} expectations "
+        f"failed: {names}{' ...' if len(failed) > 4 else ''}",
+        details,
+    )
 
 
 def digests(x: np.ndarray) -> np.ndarray:
@@ -269,6 +285,81 @@ def run_text_suite(
             [
                 gxe.ExpectColumnValuesToBeInSet(
                     column="in_train", value_set=[False], mostly=max(1.0 - max_leakage_fraction, 1e-9)
+                )
+            ],
+        ),
+    }
+    return evaluate(batches)
+
+
+def run_corpus_suite(
+    *,
+    splits: dict[str, list[str]],
+    blocks: dict[str, np.ndarray],
+    text_length: tuple[int, int],
+    max_duplicate_fraction: float,
+    max_leakage_fraction: float,
+    unknown_id: int | None,
+    max_unknown_token_rate: float,
+) -> SuiteResult:
+    """The text-corpus suite, run by `validate` on `dataset: corpus` (never raises on failing data).
+
+    Checks every document's length within bounds, repeated documents within train, test documents
+    found in train (whitespace and case ignored), a whole block in every split, and the share of
+    training tokens the tokenizer maps to its unknown token.
+
+    Args:
+        splits: Documents per split (train, val, test).
+        blocks: Token blocks per split.
+        text_length: Allowed [fewest, most] characters of a document after stripping.
+        max_duplicate_fraction: Largest allowed fraction of training documents that repeat another.
+        max_leakage_fraction: Largest allowed fraction of test documents also found in train.
+        unknown_id: The tokenizer's unknown token (None: it has none; the check is vacuous).
+        max_unknown_token_rate: Largest allowed fraction of unknown training tokens.
+    """
+    from pruneops.data.text import text_digests
+
+    gxe = _gx_expectations()
+    documents = pd.concat(
+        pd.DataFrame({"split": name, "n_chars": [len(d.strip()) for d in docs]}) for name, docs in splits.items()
+    )
+    train_digests = text_digests(splits["train"])
+    seen = set(train_digests.tolist())
+    tokens = blocks["train"].ravel()
+    unknown = tokens == unknown_id if unknown_id is not None else np.zeros(len(tokens), dtype=bool)
+    batches = {
+        "corpus_documents": (
+            documents,
+            [
+                gxe.ExpectColumnValuesToBeBetween(column="n_chars", min_value=max(text_length[0], 1)),
+                gxe.ExpectColumnValuesToBeBetween(column="n_chars", max_value=text_length[1]),
+            ],
+        ),
+        "corpus_blocks": (
+            pd.DataFrame({"split": list(blocks), "blocks": [len(b) for b in blocks.values()]}),
+            [gxe.ExpectColumnValuesToBeBetween(column="blocks", min_value=1)],
+        ),
+        "corpus_duplicates": (
+            pd.DataFrame({"repeats_earlier": pd.Series(train_digests).duplicated().to_numpy()}),
+            [
+                gxe.ExpectColumnValuesToBeInSet(
+                    column="repeats_earlier", value_set=[False], mostly=max(1.0 - max_duplicate_fraction, 1e-9)
+                )
+            ],
+        ),
+        "corpus_leakage": (
+            pd.DataFrame({"in_train": [d in seen for d in text_digests(splits["test"])]}),
+            [
+                gxe.ExpectColumnValuesToBeInSet(
+                    column="in_train", value_set=[False], mostly=max(1.0 - max_leakage_fraction, 1e-9)
+                )
+            ],
+        ),
+        "corpus_tokens": (
+            pd.DataFrame({"unknown": unknown}),
+            [
+                gxe.ExpectColumnValuesToBeInSet(
+                    column="unknown", value_set=[False], mostly=max(1.0 - max_unknown_token_rate, 1e-9)
                 )
             ],
         ),

@@ -181,6 +181,25 @@ def load_causal_lm(path: str | Path) -> tuple[nn.Module, object]:
     return model.eval(), tokenizer
 
 
+def load_causal_tokenizer(path: str | Path) -> object:
+    """The tokenizer of a causal LM's HuggingFace folder or `.gguf` file, offline.
+
+    Raises:
+        CheckpointError: No tokenizer there.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"validate.tokenizer: {path} does not exist")
+    try:
+        if path.suffix == ".gguf":
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"validate.tokenizer: {path} holds no tokenizer transformers loads: {exc}") from exc
+
+
 def save_causal_lm(model: nn.Module, tokenizer: object, folder: str | Path) -> Path:
     """Writes a plain HuggingFace folder (safetensors, config, tokenizer) every runtime loads."""
     folder = Path(folder)

@@ -324,11 +324,14 @@ def prune_to_shape_(
     calibration: Calibration | None,
     importance: str = "activation",
     reconstruct: bool = True,
+    layer_order: list[int] | None = None,
 ) -> list[int]:
     """Cuts a causal LM to a uniform shape: heads, then MLP neurons, then the least influential layers.
 
     Every cut reads the one calibration pass of the unpruned model (layers are dropped last, so
-    its per-layer statistics still index the layers they were gathered on).
+    its per-layer statistics still index the layers they were gathered on). `layer_order` (layer
+    indices, the first removed first: e.g. ranked by measured perplexity increase) replaces the
+    block-influence ranking of the depth cut.
 
     Returns:
         The indices (in the unpruned model) of the layers removed.
@@ -347,6 +350,10 @@ def prune_to_shape_(
     dropped = len(layout.decoder_layers(model)) - layers
     if dropped < 0:
         raise ConfigError(f"prune: {layers} layers is more than the model's {len(layout.decoder_layers(model))}")
+    if dropped and layer_order is not None:
+        drop = sorted(layer_order[:dropped])
+        remove_layers_(model, drop)
+        return drop
     if dropped and calibration is None:
         raise ConfigError("prune: a depth cut ranks layers by block influence and needs a calibration pass")
     return drop_layers_(model, calibration, dropped) if dropped else []

@@ -17,7 +17,6 @@ import json
 import math
 import threading
 import time
-from collections import Counter as TokenCounter
 from collections import deque
 from pathlib import Path
 from typing import Annotated
@@ -30,11 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pruneops.drift import psi
 from pruneops.errors import ConfigError
-from pruneops.serving.scoring import open_scorer, prefill_losses
+from pruneops.timing.scoring import open_scorer, prefill_losses
 
 TOKEN_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 3e-2, 5e-2, 7.5e-2, 0.1, 0.15, 0.25, 0.5, 1.0)
 FIRST_TOKEN_BUCKETS = (1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-TOP_TOKENS = 63  # reference tokens with a bin of their own; every other token shares one
 ENDPOINTS = ("generate", "feedback", "healthz", "metrics")
 MIN_TOKENS_PER_BIN = 20  # prompt drift is published once the window holds this many tokens per bin
 
@@ -72,17 +70,6 @@ class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prompt: Annotated[str, Field(min_length=1, max_length=100_000)]
     continuation: Annotated[str, Field(min_length=1, max_length=100_000)]
-
-
-def prompt_reference(token_lists: list[list[int]]) -> dict:
-    """The reference of prompt drift: the most frequent tokens of a corpus and every bin's share."""
-    counts = TokenCounter(t for tokens in token_lists for t in tokens)
-    total = sum(counts.values())
-    if not total:
-        raise ConfigError("serve-decoder: the reference corpus holds no tokens")
-    top = [t for t, _ in counts.most_common(TOP_TOKENS)]
-    shares = [counts[t] / total for t in top]
-    return {"tokens": top, "shares": [*shares, max(0.0, 1.0 - sum(shares))], "total": total}
 
 
 class PromptDrift:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from pruneops.config import (
+    CORPUS_DATASET,
     EXTRA_SECTIONS,
     BenchmarkConfig,
     ExportConfig,
@@ -119,6 +120,9 @@ class Stage:
         return self.resolve()(*(configs[s] for s in self.sections), layout)
 
 
+# How a causal LM's decode is timed (latency table, prune gate, precision choice).
+_DECODE_TIMING = ("benchmark.prompt_length", "benchmark.new_tokens", "benchmark.rounds")
+
 _HISTORY = (Plot("history.json", "epoch", "val_accuracy"), Plot("history.png"))
 
 STAGES: tuple[Stage, ...] = (
@@ -157,6 +161,7 @@ STAGES: tuple[Stage, ...] = (
             "prune.target.form",
             "benchmark.threads",
             "benchmark.batch_sizes",
+            *_DECODE_TIMING,
             "quantize.method",
         ),
         upstream=("validate", "train", "sensitivity"),
@@ -168,7 +173,7 @@ STAGES: tuple[Stage, ...] = (
         PruneConfig,
         "pruneops.stages.prune:prune_iteratively",
         "plan per-unit widths for the target, gate them on measured latency, prune iteratively",
-        reads=("benchmark.threads", "benchmark.batch_sizes"),
+        reads=("benchmark.threads", "benchmark.batch_sizes", *_DECODE_TIMING),
         upstream=("validate", "train", "sensitivity", "latency"),
         plots=(Plot("history.json", "step", "val_accuracy"), Plot("history.png"), Plot("allocation.png")),
         builds_model=True,
@@ -187,7 +192,7 @@ STAGES: tuple[Stage, ...] = (
         QuantizeConfig,
         "pruneops.stages.quantize:quantize_model",
         "ONNX Runtime INT8 quantization (fp32 kept unless INT8 is faster at batch 1 and no slower elsewhere)",
-        reads=("benchmark.batch_sizes", "prune.target.kind", "prune.target.form"),
+        reads=("benchmark.batch_sizes", *_DECODE_TIMING, "prune.target.kind", "prune.target.form"),
         upstream=("validate", "prune", "finetune"),
         builds_model=True,
     ),
@@ -262,7 +267,35 @@ def load_configs(params: dict[str, Any], sections: tuple[str, ...] | None = None
             )
         configs[name] = parse_section(name, params.get(name), SECTIONS[name])
     _check_target_batch(configs)
+    _check_causal_lm(configs)
     return configs
+
+
+def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
+    """A causal LM reads a corpus and is planned on decode time; a classifier reads samples."""
+    train, validate = configs.get("train"), configs.get("validate")
+    if train is None or validate is None:
+        return
+    if (train.task == "causal_lm") != (validate.dataset == CORPUS_DATASET):
+        raise ConfigError(
+            f"train.task: {train.task} with validate.dataset {validate.dataset}: a causal LM reads a corpus "
+            "(dataset: corpus) and only a causal LM does"
+        )
+    if train.task != "causal_lm":
+        return
+    prune, quantize = configs.get("prune"), configs.get("quantize")
+    if prune is not None and (prune.target is None or prune.target.kind != "latency_ratio" or prune.target.batch != 1):
+        raise ConfigError(
+            "prune.target: a causal LM is planned on its measured decode time per token at batch 1: "
+            "kind latency_ratio, batch 1"
+        )
+    if prune is not None and prune.target.reference is not None:
+        raise ConfigError("prune.target.reference: not available for a causal LM (the ratio is of the dense model)")
+    if quantize is not None and quantize.method != "auto":
+        raise ConfigError(
+            "quantize.method: a causal LM's precision is chosen among fp32 and quantize.decoder_precisions "
+            "(onnxruntime-genai weight-only): auto"
+        )
 
 
 def _defaults_hint(name: str) -> str:

@@ -13,6 +13,8 @@ from pruneops.data import load_prepared
 from pruneops.errors import DataError
 from pruneops.integrity import verify_file
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.llm.common import is_causal_lm_run
+from pruneops.llm.deploy_stages import DecoderBenchmarkReport, benchmark_decoder
 from pruneops.onnx_utils import file_size, make_session, ort_accuracy
 from pruneops.plots import plot_frontier
 from pruneops.stages import StageReport
@@ -95,7 +97,7 @@ def markdown_table(models: dict, batch_sizes: list[int]) -> str:
     return render_table([{"name": n, **m} for n, m in models.items()], columns)
 
 
-def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> BenchmarkReport:
+def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> BenchmarkReport | DecoderBenchmarkReport:
     """Benchmarks dense fp32, pruned fp32 and the deployed model in one process with ONNX Runtime CPU.
 
     Each model gets the same thread count, warm-up and repeats; rounds are interleaved.
@@ -105,6 +107,8 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         `plots/benchmark/frontier.png`.
     """
     layout = layout or Layout()
+    if is_causal_lm_run(layout):
+        return benchmark_decoder(config, layout)
     _, _, _, test = load_prepared(layout.stage_dir("validate"))
     export_dir = layout.stage_dir("export")
     if not (export_dir / "manifest.json").is_file():

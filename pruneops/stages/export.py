@@ -17,6 +17,8 @@ from pruneops.errors import ParityError
 from pruneops.inputs import as_tensors, rows, run_model
 from pruneops.integrity import write_checksum
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.llm.common import is_causal_lm_run
+from pruneops.llm.deploy_stages import DecoderExportReport, export_decoder
 from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
 from pruneops.plugins import Registry
 from pruneops.profiling import count_macs, count_nonzero_params, count_params
@@ -101,7 +103,7 @@ def check_parity(
     return diff
 
 
-def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportReport:
+def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportReport | DecoderExportReport:
     """Exports the dense and pruned models to ONNX and checks them against PyTorch.
 
     Both get a dynamic batch axis; the INT8 model from `quantize` ships beside them, and
@@ -114,6 +116,8 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
         ParityError: An fp32 export disagrees with PyTorch beyond `parity_atol`.
     """
     layout = layout or Layout()
+    if is_causal_lm_run(layout):
+        return export_decoder(config, layout)
     meta, _, val, _ = load_prepared(layout.stage_dir("validate"))
     x = rows(val.x, slice(0, config.parity_samples))
     sources = {

@@ -14,6 +14,8 @@ from pruneops.data import load_prepared
 from pruneops.distillation import Distillation
 from pruneops.inputs import head_tensors
 from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.llm.common import is_causal_lm_run
+from pruneops.llm.model_stages import RecoveryReport, recover_decoder
 from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
 from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_
@@ -47,7 +49,7 @@ class FinetuneReport(StageReport):
         )
 
 
-def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport:
+def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport | RecoveryReport:
     """Fine-tunes the pruned model with distillation from the baseline, keeping its sparsity.
 
     Under torchrun (`finetune.world_size` > 1, launched by the CLI) every rank trains on its
@@ -61,6 +63,8 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         The report; the checkpoint is `artifacts/finetune/model.safetensors`.
     """
     layout = layout or Layout()
+    if is_causal_lm_run(layout):
+        return recover_decoder(config, layout)
     with torchrun_group() as (rank, world):
         torch.set_num_threads(max(1, config.threads // world))
         meta, train, val, test = load_prepared(layout.stage_dir("validate"))

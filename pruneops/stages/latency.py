@@ -24,6 +24,8 @@ from pruneops.errors import DataError
 from pruneops.inputs import head_tensors
 from pruneops.integrity import file_sha256
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.llm.common import is_causal_lm_run
+from pruneops.llm.model_stages import DecodeCostReport, decode_cost_table
 from pruneops.planning.forms import FORMS_FILE, planned_forms, screen_forms, timed_forms
 from pruneops.planning.latency_model import LatencyModel, build_latency_model
 from pruneops.plots import plot_latency_staircases
@@ -86,7 +88,7 @@ def measure_latency_table(
     benchmark: BenchmarkConfig,
     quantize: QuantizeConfig,
     layout: Layout | None = None,
-) -> LatencyReport:
+) -> LatencyReport | DecodeCostReport:
     """Times every unit of the baseline model on this machine, for the prune stage's latency target.
 
     The units are the sensitivity sweep's (their names and sizes); the one-operator table and the
@@ -112,6 +114,8 @@ def measure_latency_table(
         DataError: The sweep is missing, or was made on another model than the one trained.
     """
     layout = layout or Layout()
+    if is_causal_lm_run(layout):
+        return decode_cost_table(config, benchmark, layout)
     torch.set_num_threads(config.threads)
     batches = sorted({1, *benchmark.batch_sizes})
     machine = machine_fingerprint(benchmark.threads)

@@ -26,6 +26,8 @@ from pruneops.errors import DataError
 from pruneops.inputs import head_tensors
 from pruneops.integrity import file_sha256
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.llm.common import is_causal_lm_run
+from pruneops.llm.model_stages import DecoderPruneReport, prune_decoder
 from pruneops.planning.loop import (
     LatencyLoop,
     ReferenceAim,
@@ -200,7 +202,9 @@ def _resolve_form(
     return chosen, choices
 
 
-def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None) -> PruneReport:
+def prune_iteratively(
+    config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None
+) -> PruneReport | DecoderPruneReport:
     """Plans the target, gates the plan on measured latency, then prunes step by step with fine-tuning.
 
     Args:
@@ -213,6 +217,8 @@ def prune_iteratively(config: PruneConfig, benchmark: BenchmarkConfig, layout: L
         `artifacts/prune/`, the per-step history under `plots/prune/`.
     """
     layout = layout or Layout()
+    if is_causal_lm_run(layout):
+        return prune_decoder(config, benchmark, layout)
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"

@@ -17,6 +17,8 @@ from pruneops.data import load_prepared
 from pruneops.errors import QualityGateError
 from pruneops.inputs import rows
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.llm.common import is_causal_lm_run
+from pruneops.llm.deploy_stages import PrecisionReport, quantize_decoder
 from pruneops.onnx_utils import export_onnx_file, file_size, make_session, ort_accuracy
 from pruneops.quantizers import QUANTIZERS, preprocess_for_quantization, weight_range
 from pruneops.stages import StageReport
@@ -188,7 +190,7 @@ def _planned_in_another_form(prune: PruneConfig, planned: str, chosen: str) -> l
 
 def quantize_model(
     config: QuantizeConfig, benchmark: BenchmarkConfig, prune: PruneConfig, layout: Layout | None = None
-) -> QuantizeReport:
+) -> QuantizeReport | PrecisionReport:
     """Quantizes the fine-tuned model with ONNX Runtime and keeps the fastest model within tolerance.
 
     Candidates (`static`, `dynamic` and `fp32` for `auto`, or the one named) are compared on
@@ -210,6 +212,8 @@ def quantize_model(
         QualityGateError: No candidate is within the accuracy tolerance.
     """
     layout = layout or Layout()
+    if is_causal_lm_run(layout):
+        return quantize_decoder(config, benchmark, layout)
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))

@@ -15,6 +15,8 @@ from pruneops.config import PruneConfig, SensitivityConfig
 from pruneops.data import load_prepared
 from pruneops.integrity import file_sha256
 from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.llm.common import is_causal_lm_run
+from pruneops.llm.data_stages import LayerSensitivityReport, layer_sensitivity
 from pruneops.planning.allocation import chance_drop, cost_of
 from pruneops.planning.sensitivity import (
     ESTIMATORS,
@@ -46,7 +48,7 @@ class SensitivityReport(StageReport):
 
 def analyze_sensitivity(
     config: SensitivityConfig, prune: PruneConfig, layout: Layout | None = None
-) -> SensitivityReport:
+) -> SensitivityReport | LayerSensitivityReport:
     """Measures each unit's validation accuracy drop when pruned alone.
 
     Structured methods sweep units (channel groups, attention heads) and weight them by MACs;
@@ -64,6 +66,8 @@ def analyze_sensitivity(
         The report; `artifacts/sensitivity/sensitivity.json` and a PNG of the curves.
     """
     layout = layout or Layout()
+    if is_causal_lm_run(layout):
+        return layer_sensitivity(config, layout)
     torch.set_num_threads(config.threads)
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"

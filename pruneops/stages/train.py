@@ -13,6 +13,7 @@ from pruneops.config import TrainConfig
 from pruneops.data import load_prepared
 from pruneops.init_weights import AdoptedWeights, load_init_weights_
 from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.llm.data_stages import AdoptedDecoderReport, adopt_causal_lm
 from pruneops.models import ModelSpec, classifier_of, create_model
 from pruneops.plots import save_fit_history
 from pruneops.profiling import count_macs, count_params
@@ -44,7 +45,7 @@ class TrainReport(StageReport):
         )
 
 
-def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainReport:
+def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainReport | AdoptedDecoderReport:
     """Trains the configured architecture (from `init_weights` when given) and saves it as safetensors.
 
     With `epochs: 0` the loaded weights are the baseline as they are: evaluated and recorded.
@@ -57,6 +58,8 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
         The report; the checkpoint is `artifacts/train/model.safetensors`.
     """
     layout = layout or Layout()
+    if config.task == "causal_lm":
+        return adopt_causal_lm(config, layout)
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     preprocess = config.preprocess.model_dump(exclude_none=True) if config.preprocess else None

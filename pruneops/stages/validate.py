@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from pruneops.config import ValidateConfig
-from pruneops.data.expectations import SuiteResult, digests, run_suite, run_text_suite
+from pruneops.config import CORPUS_DATASET, ValidateConfig
+from pruneops.data.expectations import SuiteResult, digests, raise_if_failed, run_suite, run_text_suite
 from pruneops.data.loaders import load_raw
 from pruneops.data.splits import DataMeta, Split, save_split
 from pruneops.data.text import (
@@ -24,9 +24,10 @@ from pruneops.data.text import (
     unknown_id,
 )
 from pruneops.drift import TEXT_FEATURE_GROUPS, text_drift_features
-from pruneops.errors import DataError, DataValidationError
+from pruneops.errors import DataError
 from pruneops.inputs import text_inputs
 from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.llm.data_stages import CorpusReport, validate_corpus
 from pruneops.stages import StageReport
 
 QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
@@ -123,20 +124,6 @@ def summary_markdown(config: ValidateConfig, suite: SuiteResult, report: dict) -
     return "\n".join(lines) + "\n"
 
 
-def _raise_if_failed(suite: SuiteResult) -> None:
-    """Raises `DataValidationError` naming the failed expectations, if any."""
-    if suite.success:
-        return
-    failed = suite.failed
-    names = ", ".join(f"{o.expectation}({o.column or o.batch})" for o in failed[:4])
-    details = [f"  {o.batch}: {o.expectation} {o.column or ''}: {o.observed}" for o in failed]
-    raise DataValidationError(
-        f"data validation failed: {len(failed)} of {len(suite.outcomes)} expectations "
-        f"failed: {names}{' ...' if len(failed) > 4 else ''}",
-        details,
-    )
-
-
 def _write_outputs(
     layout: Layout,
     splits: dict[str, Split],
@@ -197,7 +184,7 @@ def validate_text(config: ValidateConfig, table: TextTable, layout: Layout) -> V
         max_duplicate_fraction=config.max_duplicate_fraction,
         max_class_imbalance=config.max_class_imbalance,
     )
-    _raise_if_failed(suite)
+    raise_if_failed(suite)
     i_train, y_train, i_val, y_val = _split(i_pool, y_pool, config.val_fraction, config.seed)
     if config.max_train_samples and len(y_train) > config.max_train_samples:
         i_train, y_train, _, _ = _split(i_train, y_train, 1.0 - config.max_train_samples / len(y_train), config.seed)
@@ -256,7 +243,7 @@ def validate_text(config: ValidateConfig, table: TextTable, layout: Layout) -> V
     return report
 
 
-def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> ValidationReport:
+def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> ValidationReport | CorpusReport:
     """Loads the configured data, splits it (seeded), validates it and writes the splits.
 
     Args:
@@ -272,6 +259,8 @@ def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> Va
         DataValidationError: An expectation failed; nothing is written.
     """
     layout = layout or Layout()
+    if config.dataset == CORPUS_DATASET:
+        return validate_corpus(config, layout)
     raw = load_raw(config)
     if isinstance(raw, TextTable):
         return validate_text(config, raw, layout)
@@ -301,7 +290,7 @@ def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> Va
         table_columns=table_columns,
         max_class_imbalance=config.max_class_imbalance,
     )
-    _raise_if_failed(suite)
+    raise_if_failed(suite)
 
     x_train, y_train, x_val, y_val = _split(x_pool, y_pool, config.val_fraction, config.seed)
     if config.max_train_samples and len(y_train) > config.max_train_samples:

@@ -152,7 +152,7 @@ def exported_block_losses(model_folder: str | Path, blocks: np.ndarray, threads:
         blocks: (n, length) token ids.
         threads: ONNX Runtime intra-op threads.
     """
-    from pruneops.serving.scoring import open_scorer, prefill_losses
+    from pruneops.timing.scoring import open_scorer, prefill_losses
 
     session, decoder = open_scorer(Path(model_folder), threads)
     return np.asarray([prefill_losses(session, decoder, block).mean() for block in np.asarray(blocks)])

@@ -117,3 +117,49 @@ def speeches(n: int = 40, seed: int = 0) -> list[str]:
 
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(30, 80))).tolist()) for _ in range(n)]
+
+
+def save_small_llama(folder: Path, seed: int = 0) -> Path:
+    """A 4-layer Llama big enough that cutting it is timed above noise (hidden 256, MLP 1024, 2 KV groups)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    config = tf.LlamaConfig(
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=True,
+    )
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0.0, 0.05)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def decoder_params(model: Path, corpus: Path, **overrides: dict) -> dict:
+    """A causal-LM params file for a tiny model and a made-up corpus (seconds per stage)."""
+    params = {
+        "validate": {"dataset": "corpus", "path": str(corpus), "tokenizer": str(model), "block_length": 32,
+                     "val_fraction": 0.15, "test_fraction": 0.15},
+        "train": {"task": "causal_lm", "model": "hf", "pretrained": str(model), "epochs": 0},
+        "sensitivity": {},
+        "latency": {},
+        "prune": {"target": {"kind": "latency_ratio", "value": 0.8}, "gate": {"min_speedup": None},
+                  "decoder": {"calibration_blocks": 4, "search_blocks": 2, "depth_step": 1}},
+        "finetune": {"max_tokens": 256, "batch_size": 2, "lr": 1e-3},
+        "quantize": {"decoder_precisions": ["int8"]},
+        "export": {"greedy_tokens": 16},
+        "benchmark": {"batch_sizes": [1, 2], "prompt_length": 16, "new_tokens": 8, "rounds": 2},
+    }  # fmt: skip
+    for section, values in overrides.items():
+        params[section] = {**params[section], **values}
+    return params

@@ -32,8 +32,10 @@ def _timing_by_file_size(models, prompt, new_tokens=64, rounds=5, warmup=1):
 @pytest.mark.slow
 def test_bench_decoder_writes_a_report_with_every_row_measured(tmp_path, monkeypatch):
     import pruneops.bench.decoder as bench
+    import pruneops.llm.common as common
 
     monkeypatch.setattr(bench, "time_generation", _timing_by_file_size)
+    monkeypatch.setattr(common, "time_generation", _timing_by_file_size)
     hf = save_tiny("llama", tmp_path / "model")
     (tmp_path / "corpus.txt").write_text("\n\n".join(speeches(60)))
     (tmp_path / "ood.txt").write_text("\n\n".join(speeches(10, seed=9)))

@@ -13,7 +13,8 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from pruneops.serving.generate import DecoderService, create_decoder_app, prompt_reference  # noqa: E402
+from pruneops.drift import prompt_reference  # noqa: E402
+from pruneops.serving.generate import DecoderService, create_decoder_app  # noqa: E402
 from pruneops.timing.decode import build_genai_model, greedy_tokens  # noqa: E402
 from tests.llm.decoder_helpers import save_tiny, speeches, tiny_tokenizer  # noqa: E402
 

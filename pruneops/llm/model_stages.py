@@ -1,0 +1,291 @@
+"""The decoder path of `latency`, `prune` and `finetune`: decode cost, the kept shape, distillation."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pruneops.config import BenchmarkConfig, FinetuneConfig, LatencyConfig, PruneConfig
+from pruneops.errors import ConfigError, LatencyGateError
+from pruneops.io import Layout, dump_json, staged_output_paths
+from pruneops.llm.common import MODEL_DIR, cut_to_shape, export_genai, load_blocks, read_stage_json, time_shapes
+from pruneops.llm.plots import plot_cost_model, plot_plans, plot_shape
+from pruneops.models.decoders import load_causal_lm, save_causal_lm
+from pruneops.models.language import block_losses, perplexity_from_losses
+from pruneops.planning.decoder import DecodeCostModel, DecoderShape, feasible_plans, shape_of
+from pruneops.plots import plot_history
+from pruneops.pruning.decoder import calibrate
+from pruneops.recovery import RecoverySettings, recover_
+from pruneops.stages import StageReport
+from pruneops.timing.decode import time_generation
+from pruneops.timing.machine import machine_info
+
+log = logging.getLogger(__name__)
+
+COST_FILE = "decode_cost.json"
+GATE_CANDIDATES = 3  # plans, lowest search perplexity first, the gate times before the stage gives up
+
+
+@dataclass(frozen=True)
+class DecodeCostReport(StageReport):
+    """The decode cost model fitted on shapes timed on this machine."""
+
+    dense_tpot_ms: float
+    intercept_ms: float
+    slope_ms: float
+    residual_ms: float
+    untouchable_share: float
+    shapes_timed: int
+
+    def summary(self) -> str:
+        return (
+            f"decode cost: dense {self.dense_tpot_ms:.2f} ms/token, fit residual {self.residual_ms:.2f} ms on "
+            f"{self.shapes_timed} shapes; {100 * self.untouchable_share:.0f} % of it no layer cut removes"
+        )
+
+
+def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecodeCostReport:
+    """Times uniform shapes of the adopted decoder (onnxruntime-genai, fp32, batch 1) and fits the cost.
+
+    Timed at `benchmark.threads` after a `benchmark.prompt_length`-token prompt over
+    `benchmark.new_tokens` tokens, `benchmark.rounds` interleaved rounds. Writes
+    `artifacts/latency/decode_cost.json` (the fit, every timed shape, the machine) and a plot.
+    """
+    torch.set_num_threads(config.threads)
+    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    base = shape_of(dense.config)
+    with tempfile.TemporaryDirectory(prefix="pruneops-decode-table-") as work:
+        cost, table = time_shapes(
+            dense,
+            tokenizer,
+            Path(work),
+            max_layers_dropped=max(2, base.layers // 2),
+            prompt_length=benchmark.prompt_length,
+            new_tokens=benchmark.new_tokens,
+            rounds=benchmark.rounds,
+            threads=benchmark.threads,
+            seed=0,
+        )
+    rows = [
+        {"shape": s.describe(), "layout": asdict(s), "tpot_ms": t, "predicted_ms": cost.predict(s)} for s, t in table
+    ]
+    out, plots = layout.stage_dir("latency"), layout.plots("latency")
+    report = DecodeCostReport(
+        dense_tpot_ms=table[0][1],
+        intercept_ms=cost.intercept_ms,
+        slope_ms=cost.slope_ms,
+        residual_ms=cost.residual_ms,
+        untouchable_share=cost.untouchable_share(base),
+        shapes_timed=len(table),
+    )
+    with staged_output_paths(out, layout.metrics("latency"), plots) as staged:
+        record = {"cost": asdict(cost), "dense_tpot_ms": table[0][1], "table": rows}
+        dump_json({**record, "machine": machine_info(benchmark.threads)}, staged.dir(out) / COST_FILE)
+        plot_cost_model(rows, staged.dir(plots) / "latency.png")
+        dump_json(report.metrics(), staged.path(layout.metrics("latency")))
+    return report
+
+
+@dataclass(frozen=True)
+class DecoderPruneReport(StageReport):
+    """The kept shape: predicted and measured decode time, validation perplexity."""
+
+    shape: str
+    target_ms: float
+    predicted_ms: float
+    dense_ms: float
+    measured_ms: float
+    measured_speedup: float
+    val_perplexity: float
+    dense_val_perplexity: float
+    plans_tried: int
+    layers_removed: list
+    checkpoint: Path
+
+    def summary(self) -> str:
+        return (
+            f"{self.shape}: {self.measured_ms:.2f} ms/token measured ({self.measured_speedup:.2f}x dense, predicted "
+            f"{self.predicted_ms:.2f}), validation perplexity {self.val_perplexity:.2f} "
+            f"(dense {self.dense_val_perplexity:.2f}) -> {self.checkpoint}"
+        )
+
+
+def _search(config: PruneConfig, dense, calibration, search: np.ndarray, cost: DecodeCostModel, target_ms, order):
+    """Every feasible plan cut and scored on the search blocks, lowest perplexity first."""
+    base = shape_of(dense.config)
+    cut = config.decoder
+    groups = [g for g in (cut.kv_groups or range(base.kv_groups, 0, -1)) if g <= base.kv_groups]
+    depth = int(config.max_unit_ratio * base.layers)
+    plans = feasible_plans(base, cost, target_ms, depth, groups, depth_step=cut.depth_step)
+    if not plans:
+        raise ConfigError(
+            f"prune.target: no uniform shape is predicted to decode in {target_ms:.2f} ms per token "
+            f"(the cost model's floor is {cost.intercept_ms:.2f} ms); raise prune.target.value or max_unit_ratio"
+        )
+    tried = []
+    for shape in plans:
+        model = cut_to_shape(dense, shape, calibration, cut.importance, cut.reconstruct, order)
+        nll = float(block_losses(model, search).mean())
+        tried.append({"shape": shape, "search_perplexity": float(np.exp(nll)), "predicted_ms": cost.predict(shape)})
+        log.info("plan %s: search perplexity %.2f", shape.describe(), np.exp(nll))
+    return sorted(tried, key=lambda t: t["search_perplexity"])
+
+
+def _gate(dense, tokenizer, model, benchmark: BenchmarkConfig, work: Path) -> tuple[float, float]:
+    """Dense and the plan exported (fp32) and timed interleaved at batch 1: (dense ms, plan ms)."""
+    folders = {
+        "dense": export_genai(dense, tokenizer, work / "dense", ["fp32"], benchmark.threads)["fp32"],
+        "plan": export_genai(model, tokenizer, work / "plan", ["fp32"], benchmark.threads)["fp32"],
+    }
+    prompt = np.random.default_rng(0).integers(0, shape_of(dense.config).vocab, (1, benchmark.prompt_length))
+    timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
+    return timings["dense"].tpot_ms, timings["plan"].tpot_ms
+
+
+def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecoderPruneReport:
+    """Cuts the adopted decoder to the uniform shape with the lowest search perplexity that meets the target.
+
+    The target is `prune.target.value` of the dense decode time per token the latency stage
+    measured; the gate times dense and the plan interleaved and keeps the first plan (best first)
+    measured at least `gate.min_speedup` faster (null: the best plan, its time reported, not gated).
+
+    Raises:
+        ConfigError: No shape is predicted to meet the target.
+        LatencyGateError: None of the best plans measured fast enough (nothing is written).
+    """
+    torch.set_num_threads(config.threads)
+    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    blocks = load_blocks(layout)
+    cost_record = read_stage_json(layout, "latency", "decode_cost.json")
+    cost = DecodeCostModel(**cost_record["cost"])
+    target_ms = config.target.value * cost_record["dense_tpot_ms"]
+    order = read_stage_json(layout, "sensitivity", "layers.json")["layer_order"]
+    calibration = calibrate(dense, torch.as_tensor(blocks["train"][: config.decoder.calibration_blocks]))
+    search = blocks["val"][-config.decoder.search_blocks :]
+    tried = _search(config, dense, calibration, search, cost, target_ms, order)
+    minimum = config.gate.min_speedup  # null: the best plan is timed and reported, not gated
+    with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
+        for rank, plan in enumerate(tried[:GATE_CANDIDATES]):
+            model = cut_to_shape(dense, plan["shape"], calibration, config.decoder.importance, True, order)
+            dense_ms, plan_ms = _gate(dense, tokenizer, model, benchmark, Path(work) / str(rank))
+            plan["measured_ms"], plan["dense_ms"] = plan_ms, dense_ms
+            if minimum is None or dense_ms / plan_ms >= minimum:
+                break
+            log.info("gate: %s measured %.2fx, below %.2fx", plan["shape"].describe(), dense_ms / plan_ms, minimum)
+        else:
+            measured = ", ".join(f"{t['dense_ms'] / t['measured_ms']:.2f}x" for t in tried[:GATE_CANDIDATES])
+            raise LatencyGateError(
+                f"prune.gate: none of the {min(len(tried), GATE_CANDIDATES)} best plans measured {minimum:.2f}x "
+                f"faster than dense at batch 1 ({measured}); nothing slower ships"
+            )
+    kept: DecoderShape = plan["shape"]
+    val = block_losses(model, blocks["val"])
+    dense_val = block_losses(dense, blocks["val"])
+    dropped = sorted(order[: shape_of(dense.config).layers - kept.layers])
+    rows = [{**t, "step": i, "shape": t["shape"].describe()} for i, t in enumerate(tried)]
+    out, plots = layout.stage_dir("prune"), layout.plots("prune")
+    with staged_output_paths(out, layout.metrics("prune"), plots) as staged:
+        save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
+        dump_json({"shape": asdict(kept), "layers_removed": dropped, "plans": rows}, staged.dir(out) / "plan.json")
+        dump_json(rows, staged.dir(plots) / "history.json")
+        plot_plans(rows, kept.describe(), staged.path(plots) / "history.png")
+        plot_shape(asdict(shape_of(dense.config)), asdict(kept), staged.path(plots) / "allocation.png")
+        report = DecoderPruneReport(
+            shape=kept.describe(),
+            target_ms=target_ms,
+            predicted_ms=cost.predict(kept),
+            dense_ms=plan["dense_ms"],
+            measured_ms=plan["measured_ms"],
+            measured_speedup=plan["dense_ms"] / plan["measured_ms"],
+            val_perplexity=perplexity_from_losses(val, 0).value,
+            dense_val_perplexity=perplexity_from_losses(dense_val, 0).value,
+            plans_tried=len(tried),
+            layers_removed=dropped,
+            checkpoint=out / MODEL_DIR,
+        )
+        dump_json(report.metrics(), staged.path(layout.metrics("prune")))
+    return report
+
+
+@dataclass(frozen=True)
+class RecoveryReport(StageReport):
+    """What distillation spent and what it gave back."""
+
+    tokens: int
+    steps: int
+    wall_s: float
+    tokens_per_second: float
+    val_perplexity_before: float
+    val_perplexity: float
+    dense_val_perplexity: float
+    checkpoint: Path
+
+    def summary(self) -> str:
+        return (
+            f"{self.tokens:,} tokens in {self.wall_s / 60:.1f} min: validation perplexity "
+            f"{self.val_perplexity_before:.2f} -> {self.val_perplexity:.2f} (dense {self.dense_val_perplexity:.2f}) "
+            f"-> {self.checkpoint}"
+        )
+
+
+def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
+    """Distils the dense decoder into the pruned one within `finetune.max_tokens` training tokens.
+
+    `distill_weight` x logit KL from the dense model (at `distill_temperature`) + the rest x the
+    next-token loss on the training blocks; AdamW at `lr` with warm-up and cosine decay,
+    `batch_size` blocks per step; 0 tokens passes the pruned model on as it is.
+    """
+    torch.set_num_threads(config.threads)
+    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    model, _ = load_causal_lm(layout.stage_dir("prune") / MODEL_DIR)
+    blocks = load_blocks(layout)
+    before = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
+    history: list[dict] = []
+    tokens = steps = 0
+    wall = 0.0
+    if config.max_tokens:
+        settings = RecoverySettings(
+            max_tokens=config.max_tokens,
+            batch_blocks=config.batch_size,
+            lr=config.lr,
+            temperature=config.distill_temperature,
+            distill_weight=config.distill_weight,
+            weight_decay=config.weight_decay,
+            seed=config.seed,
+        )
+        every = max(1, config.max_tokens // 20)
+
+        def progress(used: int, loss: float) -> None:
+            if not history or used - history[-1]["tokens"] >= every:
+                history.append({"epoch": len(history), "tokens": used, "distillation_loss": loss})
+                log.info("recovery: %d / %d tokens, loss %.4f", used, config.max_tokens, loss)
+
+        result = recover_(model, dense, blocks["train"], settings, progress)
+        model.eval()
+        tokens, steps, wall = result.tokens, result.steps, result.wall_s
+    after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
+    dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
+    out, plots = layout.stage_dir("finetune"), layout.plots("finetune")
+    with staged_output_paths(out, layout.metrics("finetune"), plots) as staged:
+        save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
+        dump_json(history, staged.dir(plots) / "history.json")
+        rows = history or [{"tokens": 0, "distillation_loss": 0.0}]
+        png = staged.path(plots) / "history.png"
+        plot_history(rows, "tokens", [("KL to dense", ["distillation_loss"])], "Recovery", png)
+        report = RecoveryReport(
+            tokens=tokens,
+            steps=steps,
+            wall_s=wall,
+            tokens_per_second=tokens / wall if wall else 0.0,
+            val_perplexity_before=before,
+            val_perplexity=after,
+            dense_val_perplexity=dense_ppl,
+            checkpoint=out / MODEL_DIR,
+        )
+        dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
+    return report
