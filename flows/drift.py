@@ -15,7 +15,8 @@ from pruneops.stages import load_section
 
 DRIFT_EVENT = "pruneops.drift.detected"
 DRIFT_RESOURCE = {"prefect.resource.id": "pruneops.drift"}
-DRIFT_QUERY = "max(pruneops_drift_score)"
+# A classifier's overall drift score, or a decoder's prompt token-frequency PSI.
+DRIFT_QUERY = "max(pruneops_drift_score) or max(pruneops_prompt_drift_psi)"
 
 
 @task(retries=2, retry_delay_seconds=5)

@@ -15,11 +15,11 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from pruneops.data import Split, load_split
+from pruneops.config import CORPUS_DATASET
 from pruneops.experiments import Experiment, LockHeld, project_lock, run_logged
-from pruneops.io import Layout, dump_json
+from pruneops.io import dump_json
 from pruneops.params import read_params
-from pruneops.registry.promotion import decide_promotion, evaluate_onnx
+from pruneops.registry.gate import decide_candidate
 from pruneops.registry.store import ModelRegistry, git_revision
 from pruneops.stages import load_section
 from tasks.stages import run_experiment_task
@@ -52,6 +52,8 @@ def dataset_overrides(project: Path, path: str) -> dict[str, Any]:
     """
     # Absolute: the experiment's worktree has the data's .dvc file only once it is committed.
     located = str((project / path).resolve())
+    if load_section(project, "validate").dataset == CORPUS_DATASET:  # the served prompts and references
+        return {"validate.path": located, "validate.text_column": "text"}
     if load_section(project, "validate").dataset == "text":
         return {
             "validate.path": located,
@@ -64,18 +66,13 @@ def dataset_overrides(project: Path, path: str) -> dict[str, Any]:
 
 
 def default_feedback(project: Path, feedback_dir: str) -> Path:
-    """The serving app's labelled data: texts as CSV for a text project, arrays as NPZ otherwise."""
-    name = "feedback.csv" if load_section(project, "validate").dataset == "text" else "feedback.npz"
+    """The serving app's labelled data: texts as CSV for a text project, arrays as NPZ otherwise.
+
+    A decoder's (`pruneops serve-decoder --feedback-file`) is JSONL: a prompt and its reference continuation per line.
+    """
+    dataset = load_section(project, "validate").dataset
+    name = {"text": "feedback.csv", CORPUS_DATASET: "feedback.jsonl"}.get(dataset, "feedback.npz")
     return project / feedback_dir / name
-
-
-def holdout_split(registry_dir: Path, fallback: Layout) -> Split:
-    """The frozen held-out test set: copied once (from the workspace's own test split when it has one)."""
-    holdout = registry_dir / "holdout"
-    if not (holdout / "test.npz").exists():
-        holdout.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(fallback.stage_dir("validate") / "test.npz", holdout / "test.npz")
-    return load_split(holdout, "test")
 
 
 def gate(project: Path, experiment: Experiment, data: dict, reason: str) -> dict[str, Any]:
@@ -95,16 +92,8 @@ def gate(project: Path, experiment: Experiment, data: dict, reason: str) -> dict
             "metrics": metrics.get("benchmark", {}),
         },
     )
-    workspace = Layout(project)
-    source = workspace if (workspace.stage_dir("validate") / "test.npz").exists() else experiment.layout
-    datasets = {
-        "recent": load_split(experiment.layout.stage_dir("validate"), "test"),
-        "holdout": holdout_split(registry_dir, source),
-    }
-    cand_eval = evaluate_onnx(candidate.model_file, datasets, cfg.latency_repeats)
     production = registry.production()
-    prod_eval = evaluate_onnx(production.model_file, datasets, cfg.latency_repeats) if production else None
-    decision = decide_promotion(cand_eval, prod_eval, cfg.accuracy_tolerance, cfg.latency_slo_ms)
+    decision = decide_candidate(project, experiment.layout, candidate, production, registry_dir)
     if decision.promote:
         registry.promote(candidate.version, "; ".join(decision.reasons))
     record = {

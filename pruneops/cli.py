@@ -7,6 +7,7 @@ This is the only module that reads the command line. Stage commands come from
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pruneops import __version__
-from pruneops.errors import DataValidationError, PruneOpsError
+from pruneops.errors import ConfigError, DataValidationError, PruneOpsError
 from pruneops.runner import run_stage
 from pruneops.stages import STAGES, get_stage
 
@@ -100,9 +101,24 @@ def _serve_decoder(args: argparse.Namespace) -> int:
     from pruneops.drift import prompt_reference
     from pruneops.serving.generate import DecoderService, create_decoder_app
     from pruneops.serving.limits import run_server
+    from pruneops.stages import load_section
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    service = DecoderService(Path(args.model), None)
+    feedback = Path(args.feedback_file) if args.feedback_file else None
+    params = Path(args.root) / args.params
+    threshold = load_section(args.root, "serve", args.params).psi_threshold if params.is_file() else 0.2
+    if args.registry:
+        from pruneops.serving.generate import follow_production
+
+        production = Path(args.registry) / "production"
+        if not production.exists():
+            raise ConfigError(f"serve-decoder: {args.registry} has no production model; run `pruneops publish`")
+        reference = production / "reference_stats.json"
+        stats = json.loads(reference.read_text()) if reference.is_file() else None
+        service = DecoderService(production.resolve(), stats, feedback_file=feedback, psi_threshold=threshold)
+        follow_production(service, Path(args.registry), args.reload_interval)
+    else:
+        service = DecoderService(Path(args.model), None, feedback_file=feedback, psi_threshold=threshold)
     if args.reference:
         from pruneops.data.corpus import read_documents
 
@@ -264,8 +280,17 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
         "serve-decoder",
         help="serve a decoder LLM (onnxruntime-genai folder): /generate, /feedback, /metrics (llm, serve extras)",
     )
-    serve_decoder.add_argument("--model", required=True, help="an onnxruntime-genai model folder")
-    serve_decoder.add_argument("--reference", default=None, help="a corpus file: prompt drift is measured against it")
+    source = serve_decoder.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="an onnxruntime-genai model folder")
+    source.add_argument("--registry", help="a model registry: serve its production decoder, follow promotions")
+    serve_decoder.add_argument(
+        "--reference",
+        default=None,
+        help="a corpus file: prompt drift is measured against it (default with "
+        "--registry: the version's own reference)",
+    )
+    serve_decoder.add_argument("--feedback-file", default=None, help="append /feedback texts here (JSONL, `text`)")
+    serve_decoder.add_argument("--reload-interval", type=float, default=2.0, help="seconds between production checks")
     serve_decoder.add_argument("--text-column", default="text", help="the corpus's text column (tables)")
     serve_decoder.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve_decoder.add_argument("--port", type=int, default=8001)

@@ -18,6 +18,7 @@ from pruneops.llm.common import MODEL_DIR, export_genai, load_blocks
 from pruneops.llm.plots import plot_decoder_frontier
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
+from pruneops.registry.decoder import SERVED_FILE
 from pruneops.stages import StageReport
 from pruneops.timing.decode import exported_block_losses, greedy_tokens, time_generation
 from pruneops.timing.machine import machine_info
@@ -25,7 +26,6 @@ from pruneops.timing.machine import machine_info
 log = logging.getLogger(__name__)
 
 CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figures
-SERVED_FILE = "served.json"  # the precision of export's served folder
 PARITY_PROMPT_TOKENS = 32  # the greedy parity check's prompt: the start of the first test block
 
 

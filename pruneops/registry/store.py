@@ -38,6 +38,13 @@ from pruneops.integrity import IntegrityError, file_sha256, recorded_checksum, v
 from pruneops.io import Layout, dump_json, read_json
 from pruneops.onnx_utils import INPUT_NAME
 from pruneops.registry.contract import contract_differences, serving_contract
+from pruneops.registry.decoder import (
+    check_decoder_runs,
+    decoder_contract,
+    decoder_export,
+    is_decoder_export,
+    is_decoder_version,
+)
 
 REFERENCE_STATS = "reference_stats.json"
 TOKENIZER = "tokenizer.json"  # a text model's tokenizer, kept beside it: serving tokenises with it
@@ -122,6 +129,9 @@ def check_servable(path: Path, threads: int = 1) -> ServableModel:
     try:
         metadata = read_json(path / "metadata.json")
         reference = read_json(path / REFERENCE_STATS) if (path / REFERENCE_STATS).exists() else None
+        if is_decoder_version(metadata):
+            session, vocab = check_decoder_runs(path)
+            return ServableModel(path, session, (), vocab, metadata, reference, contract=decoder_contract(path))
         if reference is not None:
             parse_reference(reference)
         session = make_session(path / "model.onnx", threads)
@@ -243,8 +253,13 @@ class ModelRegistry:
             tmp = _unique_tmp(self.candidates, version)
             tmp.mkdir(parents=True)
             try:
-                shutil.copyfile(model_file, tmp / "model.onnx")
+                if Path(model_file).is_dir():  # a decoder's genai folder: model.onnx, its data, config, tokenizer
+                    shutil.copytree(model_file, tmp, dirs_exist_ok=True)
+                else:
+                    shutil.copyfile(model_file, tmp / "model.onnx")
                 digests = {"sha256": write_checksum(tmp / "model.onnx")}
+                if (tmp / TOKENIZER).is_file():  # a decoder folder brings its own
+                    digests["tokenizer_sha256"] = file_sha256(tmp / TOKENIZER)
                 if reference_stats is not None:
                     shutil.copyfile(reference_stats, tmp / REFERENCE_STATS)
                 if tokenizer is not None:
@@ -265,6 +280,9 @@ class ModelRegistry:
             RegistryError: The pipeline has not produced its model yet, or it changed since export.
         """
         layout = Layout(Path(project))
+        if is_decoder_export(layout):
+            folder, reference, extra = decoder_export(layout)
+            return self.register(folder, {**metadata, **extra}, reference_stats=reference)
         model = pipeline_model(layout)
         if not model.is_file():
             raise RegistryError(f"{model}: no pipeline output to register; run `dvc repro` first")

@@ -13,6 +13,7 @@ ONNX model's logits (ONNX Runtime, prefill with an empty cache). Needs the `llm`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -94,9 +95,13 @@ class PromptDrift:
 class DecoderMetrics:
     """Prometheus metrics of the decoder app (own registry, `pruneops_` prefix)."""
 
-    def __init__(self, version: str) -> None:
+    def __init__(self, version: str, psi_threshold: float = 0.2) -> None:
         r = self.registry = CollectorRegistry()
         self.version = version
+        # What the prompt-drift alert compares against (serve.psi_threshold).
+        Gauge("pruneops_drift_threshold", "Drift above this alerts", ["stat"], registry=r).labels("psi").set(
+            psi_threshold
+        )
         self.requests = Counter(
             "pruneops_requests_total", "Requests by endpoint and status", ["endpoint", "status"], registry=r
         )
@@ -126,25 +131,47 @@ class DecoderMetrics:
 class DecoderService:
     """The generator, its tokenizer, the scorer and the rolling windows, behind one lock."""
 
-    def __init__(self, folder: Path, reference: dict | None, drift_window: int = 20_000, feedback_window: int = 50_000):
-        import onnxruntime_genai as og
+    def __init__(
+        self,
+        folder: Path,
+        reference: dict | None,
+        drift_window: int = 20_000,
+        feedback_window: int = 50_000,
+        feedback_file: Path | None = None,
+        psi_threshold: float = 0.2,
+    ):
+        self.metrics = DecoderMetrics(Path(folder).name, psi_threshold)
+        self.drift_window = drift_window
+        self.feedback: deque[float] = deque(maxlen=feedback_window)
+        self.feedback_file = Path(feedback_file) if feedback_file else None
+        self.lock = threading.Lock()
+        self._load(Path(folder), reference)
 
-        self.folder = Path(folder)
-        if not (self.folder / "genai_config.json").is_file():
+    def _load(self, folder: Path, reference: dict | None) -> None:
+        import onnxruntime_genai as og
+        from tokenizers import Tokenizer
+
+        if not (folder / "genai_config.json").is_file():
             raise ConfigError(
                 f"serve-decoder: {folder} is not an onnxruntime-genai model folder (no genai_config.json)"
             )
-        from tokenizers import Tokenizer
-
-        self.model = og.Model(str(self.folder))
-        self.vocab = int(json.loads((self.folder / "genai_config.json").read_text())["model"]["vocab_size"])
-        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
-        self.metrics = DecoderMetrics(self.folder.name)
-        self.drift_window = drift_window
-        self.drift = PromptDrift(reference, drift_window) if reference else None
-        self.feedback: deque[float] = deque(maxlen=feedback_window)
-        self.lock = threading.Lock()
+        self.folder = folder
+        self.model = og.Model(str(folder))
+        self.vocab = int(json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"])
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.drift = PromptDrift(reference, self.drift_window) if reference else None
         self._scorer: tuple[object, dict] | None = None
+        self.metrics.version = folder.name
+
+    def swap(self, folder: Path, reference: dict | None) -> None:
+        """Serves another model folder from the next request on (a promotion); its windows start empty."""
+        with self.lock:
+            old = self.metrics.version
+            self._load(Path(folder), reference)
+            self.feedback.clear()
+            for gauge in (self.metrics.drift, self.metrics.perplexity, self.metrics.feedback_tokens):
+                with contextlib.suppress(KeyError):  # a reading of the old model is no reading of this one
+                    gauge.remove(old)
 
     def watch_prompts(self, reference: dict) -> None:
         """Measures prompt drift against `reference` (from `prompt_reference`) from now on."""
@@ -218,6 +245,10 @@ class DecoderService:
             if self._scorer is None:
                 self._scorer = open_scorer(self.folder)
             losses = prefill_losses(*self._scorer, np.asarray(prompt + continuation))[len(prompt) - 1 :]
+            if self.feedback_file is not None:  # the text a re-prune is run on
+                self.feedback_file.parent.mkdir(parents=True, exist_ok=True)
+                with self.feedback_file.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps({"text": f"{request.prompt} {request.continuation}"}) + "\n")
             self.feedback.extend(float(x) for x in losses)
             rolling = math.exp(float(np.mean(self.feedback)))
         self.metrics.perplexity.labels(self.metrics.version).set(rolling)
@@ -256,10 +287,30 @@ def create_decoder_app(service: DecoderService) -> FastAPI:
 
     @app.get("/healthz")
     def healthz() -> dict:
-        return {"status": "ok", "model": str(service.folder)}
+        return {"status": "ok", "model": str(service.folder), "version": service.metrics.version}
 
     @app.get("/metrics")
     def metrics() -> Response:
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def follow_production(service: DecoderService, registry_dir: Path, interval_s: float) -> threading.Thread:
+    """Polls the registry's production link and swaps the service onto each newly promoted version."""
+
+    def current() -> Path | None:
+        link = Path(registry_dir) / "production"
+        return link.resolve() if link.exists() else None
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval_s)
+            target = current()
+            if target is not None and target != service.folder.resolve():
+                reference = target / "reference_stats.json"
+                service.swap(target, json.loads(reference.read_text()) if reference.is_file() else None)
+
+    thread = threading.Thread(target=loop, name="follow-production", daemon=True)
+    thread.start()
+    return thread

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from pruneops.drift import prompt_reference  # noqa: E402
 from pruneops.serving.generate import DecoderService, create_decoder_app  # noqa: E402
 from pruneops.timing.decode import build_genai_model, greedy_tokens  # noqa: E402
-from tests.llm.decoder_helpers import save_tiny, speeches, tiny_tokenizer  # noqa: E402
+from tests.llm.decoder_helpers import VOCAB, save_tiny, speeches, tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +114,54 @@ def test_a_folder_that_is_not_an_exported_model_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="not an onnxruntime-genai model folder"):
         DecoderService(tmp_path, None)
+
+
+def _registered(folders, root, versions=("v1",)):
+    from pruneops.registry.store import ModelRegistry
+
+    registry = ModelRegistry(root / "models")
+    for version in versions:
+        registry.register(folders[1], {"task": "causal_lm", "precision": "fp32"}, version=version)
+    return registry
+
+
+def test_a_decoder_version_registers_promotes_and_states_its_vocabulary_and_tokenizer(folders, tmp_path):
+    from pruneops.registry.store import RegistryError, check_servable
+
+    registry = _registered(folders, tmp_path, ("v1", "v2"))
+    registry.promote("v1")
+    served = check_servable(registry.production().path)
+    assert served.contract["num_classes"] == VOCAB and served.contract["tokenizer_sha256"]
+    (registry.get("v2").path / "tokenizer.json").write_text("{}")  # tokenises otherwise now
+    with pytest.raises(RegistryError):
+        registry.promote("v2")
+    data = next(registry.get("v1").path.glob("model.onnx.data"), None) or registry.get("v1").path / "model.onnx"
+    with open(data, "r+b") as handle:  # one flipped byte in the weights
+        byte = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(RegistryError, match="v1"):
+        check_servable(registry.get("v1").path)
+
+
+def test_feedback_is_kept_as_corpus_lines_and_the_service_follows_a_promotion(folders, tmp_path):
+    import json
+    import time
+
+    from pruneops.serving.generate import follow_production
+
+    registry = _registered(folders, tmp_path, ("v1", "v2"))
+    registry.promote("v1")
+    service = DecoderService(registry.production().path.resolve(), None, feedback_file=tmp_path / "fb.jsonl")
+    client = TestClient(create_decoder_app(service))
+    assert client.post("/feedback", json={"prompt": "thank you", "continuation": "good people"}).status_code == 200
+    assert [json.loads(line) for line in (tmp_path / "fb.jsonl").read_text().splitlines()] == [
+        {"text": "thank you good people"}
+    ]
+    follow_production(service, registry.root, 0.1)
+    registry.promote("v2")
+    deadline = time.time() + 10
+    while time.time() < deadline and client.get("/healthz").json()["version"] != "v2":
+        time.sleep(0.1)
+    assert client.get("/healthz").json()["version"] == "v2"
+    assert client.post("/generate", json={"prompt": "the people", "max_new_tokens": 3}).json()["tokens"] == 3

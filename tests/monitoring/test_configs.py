@@ -34,6 +34,7 @@ def test_alertmanager_config_is_valid_and_routes_reprune_alerts():
     alerts = yaml.safe_load((MON / "rules/alerts.yml").read_text())["groups"][0]["rules"]
     assert {r["alert"] for r in alerts if r["labels"].get("action") == "reprune"} == {
         "PruneOpsDataDrift",
+        "PruneOpsPromptDrift",
         "PruneOpsAccuracyDrop",
     }
 
