@@ -96,6 +96,8 @@ class DecoderBenchConfig(BaseModel):
     recovery_tokens: Annotated[int, Field(ge=0, le=10**10)] = 0
     recovery_lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-4
     recovery_batch_blocks: Annotated[int, Field(ge=1, le=1024)] = 4
+    # KL to the dense model's weight; the rest is next-token loss on the corpus (1: distillation only).
+    recovery_distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
     prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
     new_tokens: Annotated[int, Field(ge=2, le=4096)] = 32
     batches: list[Annotated[int, Field(ge=1, le=256)]] = [1, 8]
@@ -234,6 +236,7 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
         max_tokens=config.recovery_tokens,
         batch_blocks=config.recovery_batch_blocks,
         lr=config.recovery_lr,
+        distill_weight=config.recovery_distill_weight,
         seed=config.seed,
     )
     every = max(1, config.recovery_tokens // 10)
@@ -251,6 +254,7 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
         "steps": result.steps,
         "wall_s": result.wall_s,
         "lr": config.recovery_lr,
+        "distill_weight": config.recovery_distill_weight,
         "first_loss": result.losses[0],
         "last_loss": result.losses[-1],
     }
