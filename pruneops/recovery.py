@@ -10,6 +10,7 @@ linearly over the first tenth and decays with a cosine to zero at the budget.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -48,6 +49,26 @@ class RecoveryResult:
     def tokens_per_second(self) -> float:
         """Training throughput."""
         return self.tokens / self.wall_s if self.wall_s else math.nan
+
+
+def progress_marks(
+    max_tokens: int, points: int, log: logging.Logger, history: list[dict] | None = None
+) -> Callable[[int, float], None]:
+    """A `recover_` progress callback: logs (and appends to `history`) about `points` evenly spaced steps.
+
+    Each `history` row is `{"step": index, "tokens": used, "loss": loss}`.
+    """
+    every = max(1, max_tokens // points)
+    last = [-every]
+
+    def progress(used: int, loss: float) -> None:
+        if used - last[0] >= every:
+            last[0] = used
+            log.info("recovery: %d / %d tokens, loss %.4f", used, max_tokens, loss)
+            if history is not None:
+                history.append({"step": len(history), "tokens": used, "loss": loss})
+
+    return progress
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:

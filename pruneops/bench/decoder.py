@@ -47,7 +47,7 @@ from pruneops.models.language import (
 )
 from pruneops.planning.decoder import DecoderShape, feasible_plans, shape_of
 from pruneops.pruning import decoder as cuts
-from pruneops.recovery import RecoverySettings, recover_
+from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
 
@@ -239,16 +239,7 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
         distill_weight=config.recovery_distill_weight,
         seed=config.seed,
     )
-    every = max(1, config.recovery_tokens // 10)
-    marks = iter(range(every, 10 * every + 1, every))
-    mark = [next(marks)]
-
-    def progress(used: int, loss: float) -> None:
-        if used >= mark[0]:
-            log.info("recovery: %d / %d tokens, loss %.4f", used, config.recovery_tokens, loss)
-            mark[0] = next(marks, 10**18)
-
-    result = recover_(model, dense, data.train, settings, progress)
+    result = recover_(model, dense, data.train, settings, progress_marks(config.recovery_tokens, 10, log))
     return {
         "tokens": result.tokens,
         "steps": result.steps,

@@ -20,7 +20,7 @@ from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.planning.decoder import DecodeCostModel, DecoderShape, feasible_plans, shape_of
 from pruneops.plots import plot_history
 from pruneops.pruning.decoder import calibrate
-from pruneops.recovery import RecoverySettings, recover_
+from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.stages import StageReport
 from pruneops.timing.decode import time_generation
 from pruneops.timing.machine import machine_info
@@ -258,15 +258,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             weight_decay=config.weight_decay,
             seed=config.seed,
         )
-        every = max(1, config.max_tokens // 20)
-
-        def progress(used: int, loss: float) -> None:
-            if not history or used - history[-1]["tokens"] >= every:
-                history.append({"epoch": len(history), "tokens": used, "distillation_loss": loss})
-                log.info("recovery: %d / %d tokens, loss %.4f", used, config.max_tokens, loss)
-
+        progress = progress_marks(config.max_tokens, 20, log, history)
         result = recover_(model, dense, blocks["train"], settings, progress)
-        model.eval()
         tokens, steps, wall = result.tokens, result.steps, result.wall_s
     after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
@@ -274,9 +267,9 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     with staged_output_paths(out, layout.metrics("finetune"), plots) as staged:
         save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
         dump_json(history, staged.dir(plots) / "history.json")
-        rows = history or [{"tokens": 0, "distillation_loss": 0.0}]
+        rows = history or [{"tokens": 0, "loss": 0.0}]
         png = staged.path(plots) / "history.png"
-        plot_history(rows, "tokens", [("KL to dense", ["distillation_loss"])], "Recovery", png)
+        plot_history(rows, "tokens", [("training loss", ["loss"])], "Recovery", png)
         report = RecoveryReport(
             tokens=tokens,
             steps=steps,

@@ -61,3 +61,16 @@ def test_a_budget_below_one_block_is_refused():
     model = tiny_decoder("llama")
     with pytest.raises(ConfigError, match="less than one 16-token block"):
         recover_(model, model, random_blocks(4, 16), RecoverySettings(max_tokens=8))
+
+
+def test_progress_marks_record_evenly_spaced_steps():
+    import logging
+
+    from pruneops.recovery import progress_marks
+
+    history: list[dict] = []
+    progress = progress_marks(1000, 4, logging.getLogger("test"), history)
+    for used in range(64, 1025, 64):  # 16 steps of 64 tokens
+        progress(used, used / 1000)
+    assert [row["tokens"] for row in history] == [64, 320, 576, 832]  # every 250 tokens, at the next step
+    assert [row["step"] for row in history] == [0, 1, 2, 3] and history[-1]["loss"] == 0.832
