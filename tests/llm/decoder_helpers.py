@@ -83,16 +83,22 @@ FAMILIES = ("llama", "qwen2", "mistral", "gemma", "gpt_neox", "gpt2")
 HEAD_FAMILIES = ("llama", "qwen2", "mistral", "gemma")  # separate q/k/v/o with an explicit head size
 
 
-def tiny_decoder(family: str, seed: int = 0) -> torch.nn.Module:
-    """A 4-layer random causal LM of `family` in eval mode, biases made non-zero so reconstruction shows."""
+def tiny_decoder(family: str, seed: int = 0, std: float = 0.2, **sizes: int) -> torch.nn.Module:
+    """A 4-layer random causal LM of `family` in eval mode, biases made non-zero so reconstruction shows.
+
+    `sizes` override the family's config (e.g. `hidden_size`); weights are drawn with `std`.
+    """
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(family), dtype=torch.float32)
+    config = _config(family)
+    for key, value in sizes.items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" not in name and "ln" not in name:
-                param.normal_(0.0, 0.2)
+                param.normal_(0.0, std)
     return model.eval()
 
 
@@ -121,26 +127,8 @@ def speeches(n: int = 40, seed: int = 0) -> list[str]:
 
 def save_small_llama(folder: Path, seed: int = 0) -> Path:
     """A 4-layer Llama big enough that cutting it is timed above noise (hidden 256, MLP 1024, 2 KV groups)."""
-    import transformers as tf
-
-    torch.manual_seed(seed)
-    config = tf.LlamaConfig(
-        vocab_size=VOCAB,
-        max_position_embeddings=256,
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        tie_word_embeddings=True,
-    )
-    model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, 0.05)
-    model.save_pretrained(folder)
+    sizes = {"hidden_size": 256, "intermediate_size": 1024, "head_dim": 64, "max_position_embeddings": 256}
+    tiny_decoder("llama", seed, std=0.05, **sizes).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     return folder
 
