@@ -23,7 +23,7 @@ from pruneops.config import StageConfig
 from pruneops.errors import ConfigError
 from pruneops.io import Layout
 from pruneops.params import read_params
-from pruneops.stages import STAGES, Stage, load_configs, project_importable
+from pruneops.stages import STAGES, Plot, Stage, load_configs, project_importable
 
 PACKAGE_DIR = Path(pruneops.__file__).resolve().parent
 RELATIVE = Layout(Path("."))  # dvc.yaml paths are relative to the project
@@ -239,6 +239,7 @@ def render(root: Path, params_file: str | Path = "params.yaml") -> dict[str, Any
     with project_importable(root):
         configs = load_configs(raw)
     default = str(params_file) == "params.yaml"
+    decoder = configs["train"].task == "causal_lm"
     stages = {}
     for stage in STAGES:
         entry: dict[str, Any] = {
@@ -250,16 +251,16 @@ def render(root: Path, params_file: str | Path = "params.yaml") -> dict[str, Any
         }
         if stage.plots:
             entry["plots"] = [
-                {
-                    (RELATIVE.plots(stage.name) / p.file).as_posix(): {
-                        "cache": False,
-                        **({"x": p.x, "y": p.y} if p.x else {}),
-                    }
-                }
-                for p in stage.plots
+                {(RELATIVE.plots(stage.name) / p.file).as_posix(): _plot(p, decoder)} for p in stage.plots
             ]
         stages[stage.name] = entry
     return {"stages": stages}
+
+
+def _plot(plot: Plot, decoder: bool) -> dict[str, Any]:
+    """A plot's DVC entry: its axes (a causal LM's stage writes other rows), or none for a PNG."""
+    x, y = plot.decoder_axes if decoder and plot.decoder_axes else (plot.x, plot.y)
+    return {"cache": False, **({"x": x, "y": y} if x else {})}
 
 
 def write_dvc_yaml(root: Path, params_file: str | Path = "params.yaml") -> Path:

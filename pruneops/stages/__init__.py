@@ -71,6 +71,7 @@ class Plot:
     file: str
     x: str | None = None
     y: str | None = None
+    decoder_axes: tuple[str, str] | None = None  # (x, y) of the rows a causal LM's stage writes instead
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class Stage:
 _DECODE_TIMING = ("benchmark.prompt_length", "benchmark.new_tokens", "benchmark.rounds")
 
 _HISTORY = (Plot("history.json", "epoch", "val_accuracy"), Plot("history.png"))
+_RECOVERY = (Plot("history.json", "epoch", "val_accuracy", ("tokens", "loss")), Plot("history.png"))
 
 STAGES: tuple[Stage, ...] = (
     Stage(
@@ -148,7 +150,10 @@ STAGES: tuple[Stage, ...] = (
         "per-unit sensitivity sweep (each unit pruned alone)",
         reads=("prune.method", "prune.use_sensitivity"),
         upstream=("validate", "train"),
-        plots=(Plot("curves.json", "ratio", "accuracy_drop"), Plot("sensitivity.png")),
+        plots=(
+            Plot("curves.json", "ratio", "accuracy_drop", ("layer", "perplexity_increase")),
+            Plot("sensitivity.png"),
+        ),
         builds_model=True,
     ),
     Stage(
@@ -175,7 +180,11 @@ STAGES: tuple[Stage, ...] = (
         "plan per-unit widths for the target, gate them on measured latency, prune iteratively",
         reads=("benchmark.threads", "benchmark.batch_sizes", *_DECODE_TIMING),
         upstream=("validate", "train", "sensitivity", "latency"),
-        plots=(Plot("history.json", "step", "val_accuracy"), Plot("history.png"), Plot("allocation.png")),
+        plots=(
+            Plot("history.json", "step", "val_accuracy", ("step", "search_perplexity")),
+            Plot("history.png"),
+            Plot("allocation.png"),
+        ),
         builds_model=True,
     ),
     Stage(
@@ -184,7 +193,7 @@ STAGES: tuple[Stage, ...] = (
         "pruneops.stages.finetune:finetune",
         "recovery fine-tuning with distillation",
         upstream=("validate", "train", "prune"),
-        plots=_HISTORY,
+        plots=_RECOVERY,
         builds_model=True,
     ),
     Stage(
@@ -210,7 +219,10 @@ STAGES: tuple[Stage, ...] = (
         "pruneops.stages.benchmark:benchmark_model",
         "latency/throughput/size/accuracy benchmark",
         upstream=("validate", "export"),
-        plots=(Plot("frontier.json", "latency_b1_ms", "test_accuracy"), Plot("frontier.png")),
+        plots=(
+            Plot("frontier.json", "latency_b1_ms", "test_accuracy", ("latency_b1_ms", "test_perplexity")),
+            Plot("frontier.png"),
+        ),
     ),
 )
 

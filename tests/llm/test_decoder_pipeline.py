@@ -1,4 +1,5 @@
-"""The decoder path of the pipeline: params validated across sections, a failing corpus writes nothing."""
+"""The decoder path of the pipeline: params validated across sections, a failing corpus writes nothing,
+its dvc.yaml plots. `dvc repro` of it and the loop after: tests/flows/test_decoder_reprune.py."""
 
 from __future__ import annotations
 
@@ -64,4 +65,17 @@ def test_a_corpus_that_fails_its_expectations_writes_nothing(tmp_path):
     assert not (tmp_path / "artifacts" / "validate").exists()
 
 
-# `dvc repro` of this path by params alone, and the loop after it: tests/flows/test_decoder_reprune.py.
+def test_dvc_yaml_of_a_decoder_project_plots_the_rows_its_stages_write(corpus_params, tmp_path):
+    from pruneops.dvcfile import render
+
+    write_params(tmp_path, corpus_params)
+    stages = render(tmp_path)["stages"]
+
+    def axes(stage: str, file: str) -> tuple[str, str]:
+        entry = next(p[f"plots/{stage}/{file}"] for p in stages[stage]["plots"] if f"plots/{stage}/{file}" in p)
+        return entry["x"], entry["y"]
+
+    assert axes("benchmark", "frontier.json") == ("latency_b1_ms", "test_perplexity")
+    assert axes("finetune", "history.json") == ("tokens", "loss")
+    assert axes("sensitivity", "curves.json") == ("layer", "perplexity_increase")
+    assert axes("prune", "history.json") == ("step", "search_perplexity")
