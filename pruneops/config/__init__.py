@@ -316,6 +316,8 @@ class SensitivityConfig(StageConfig):
     # pt), but fewer samples lower the line below which a point counts as at chance: on the
     # vision workload 1,000 images gave a shallower plan than 6,000 (3.92x vs 4.40x at batch 64).
     val_samples: Annotated[int, Field(ge=100, le=10_000_000)] | None = None
+    # Causal LMs: validation blocks each layer's removal is scored on (null: all of them).
+    val_blocks: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     batch_size: BatchSize = 256
     seed: Seed = 0
     threads: Threads = 2

@@ -179,7 +179,7 @@ class LayerSensitivityReport(StageReport):
 def layer_sensitivity(config: SensitivityConfig, layout: Layout) -> LayerSensitivityReport:
     """Validation perplexity added by removing each decoder layer alone, beside its block influence.
 
-    `val_samples` caps the validation blocks scored (null: all). Writes the ranking prune drops
+    `val_blocks` caps the validation blocks scored (null: all). Writes the ranking prune drops
     whole layers in (`artifacts/sensitivity/layers.json`), curves and a plot.
     """
     torch.set_num_threads(config.threads)
@@ -187,7 +187,7 @@ def layer_sensitivity(config: SensitivityConfig, layout: Layout) -> LayerSensiti
 
     model, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     blocks = load_blocks(layout)
-    val = blocks["val"][: config.val_samples] if config.val_samples else blocks["val"]
+    val = blocks["val"][: config.val_blocks] if config.val_blocks else blocks["val"]
     influence = calibrate(model, torch.as_tensor(blocks["train"][:8]), attention=False).block_influence
     dense = float(block_losses(model, val).mean())
     rows = []
