@@ -303,6 +303,10 @@ def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
         )
     if prune is not None and prune.target.reference is not None:
         raise ConfigError("prune.target.reference: not available for a causal LM (the ratio is of the dense model)")
+    if prune is not None and prune.target.form != "fp32":
+        raise ConfigError(
+            "prune.target.form: a causal LM is planned in fp32; quantize then picks its precision by perplexity"
+        )
     if quantize is not None and quantize.method != "auto":
         raise ConfigError(
             "quantize.method: a causal LM's precision is chosen among fp32 and quantize.decoder_precisions "

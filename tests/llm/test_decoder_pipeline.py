@@ -43,6 +43,7 @@ def test_the_decoder_params_validate(corpus_params):
         ("quantize", {"method": "static"}, "quantize.method"),
         ("prune", {"target": {"kind": "ratio", "value": 0.5}}, "prune.target"),
         ("prune", {"decoder": {"importance": "l2"}}, "importance"),
+        ("prune", {"target": {"kind": "latency_ratio", "value": 0.7, "form": "dynamic"}}, "prune.target.form"),
     ],
 )
 def test_a_decoder_params_mistake_is_one_line(corpus_params, tmp_path, capsys, section, change, named):
