@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,8 +183,6 @@ def layer_sensitivity(config: SensitivityConfig, layout: Layout) -> LayerSensiti
     whole layers in (`artifacts/sensitivity/layers.json`), curves and a plot.
     """
     torch.set_num_threads(config.threads)
-    import copy
-
     model, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     blocks = load_blocks(layout)
     val = blocks["val"][: config.val_blocks] if config.val_blocks else blocks["val"]
@@ -212,8 +210,3 @@ def layer_sensitivity(config: SensitivityConfig, layout: Layout) -> LayerSensiti
         )
         dump_json(report.metrics(), staged.path(layout.metrics("sensitivity")))
     return report
-
-
-def copy_tree(source: Path, target: Path) -> None:
-    """Copies a model folder (a stage passes a model on unchanged)."""
-    shutil.copytree(source, target)
