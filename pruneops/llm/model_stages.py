@@ -136,13 +136,13 @@ def _search(config: PruneConfig, dense, calibration, search: np.ndarray, cost: D
     return sorted(tried, key=lambda t: t["search_perplexity"])
 
 
-def _gate(dense, tokenizer, model, benchmark: BenchmarkConfig, work: Path) -> tuple[float, float]:
-    """Dense and the plan exported (fp32) and timed interleaved at batch 1: (dense ms, plan ms)."""
+def _gate(dense_folder: Path, model, tokenizer, benchmark: BenchmarkConfig, work: Path) -> tuple[float, float]:
+    """The plan exported (fp32) and timed interleaved with the exported dense model at batch 1: (dense ms, plan ms)."""
     folders = {
-        "dense": export_genai(dense, tokenizer, work / "dense", ["fp32"], benchmark.threads)["fp32"],
+        "dense": dense_folder,
         "plan": export_genai(model, tokenizer, work / "plan", ["fp32"], benchmark.threads)["fp32"],
     }
-    prompt = np.random.default_rng(0).integers(0, shape_of(dense.config).vocab, (1, benchmark.prompt_length))
+    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, benchmark.prompt_length))
     timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
     return timings["dense"].tpot_ms, timings["plan"].tpot_ms
 
@@ -169,10 +169,12 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     search = blocks["val"][-config.decoder.search_blocks :]
     tried = _search(config, dense, calibration, search, cost, target_ms, order)
     minimum = config.gate.min_speedup  # null: the best plan is timed and reported, not gated
+    cut = config.decoder
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
+        dense_folder = export_genai(dense, tokenizer, Path(work) / "dense", ["fp32"], benchmark.threads)["fp32"]
         for rank, plan in enumerate(tried[:GATE_CANDIDATES]):
-            model = cut_to_shape(dense, plan["shape"], calibration, config.decoder.importance, True, order)
-            dense_ms, plan_ms = _gate(dense, tokenizer, model, benchmark, Path(work) / str(rank))
+            model = cut_to_shape(dense, plan["shape"], calibration, cut.importance, cut.reconstruct, order)
+            dense_ms, plan_ms = _gate(dense_folder, model, tokenizer, benchmark, Path(work) / str(rank))
             plan["measured_ms"], plan["dense_ms"] = plan_ms, dense_ms
             if minimum is None or dense_ms / plan_ms >= minimum:
                 break
