@@ -52,9 +52,10 @@ def dataset_overrides(project: Path, path: str) -> dict[str, Any]:
     """
     # Absolute: the experiment's worktree has the data's .dvc file only once it is committed.
     located = str((project / path).resolve())
-    if load_section(project, "validate").dataset == CORPUS_DATASET:  # the served prompts and references
+    dataset = load_section(project, "validate").dataset
+    if dataset == CORPUS_DATASET:  # the served prompts and references
         return {"validate.path": located, "validate.text_column": "text"}
-    if load_section(project, "validate").dataset == "text":
+    if dataset == "text":
         return {
             "validate.path": located,
             "validate.text_column": "text",
