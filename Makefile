@@ -52,7 +52,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 $(BIN)/.installed-dev: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "torch==2.13.0" $(TORCH_INDEX)
-	$(PIP) install -q -c constraints.txt -e ".[dev,docs,hf,llm,orchestration,serve,vision]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,distributed,docs,hf,llm,orchestration,serve,vision]"
 	touch $(BIN)/.installed $@
 
 install: $(BIN)/.installed

@@ -50,6 +50,7 @@ Task = Literal["classification", "causal_lm"]
 
 __all__ = [
     "AUTO_FORM",
+    "ComputeConfig",
     "CORPUS_DATASET",
     "DecoderCutConfig",
     "AugmentConfig",
@@ -481,5 +482,32 @@ class ServeConfig(StageConfig):
     feedback_flush_every: Annotated[int, Field(ge=1, le=1_000_000)] = 100
 
 
+class ComputeConfig(StageConfig):
+    """`compute`: where the independent evaluations of sweeps and trials run (never the timing).
+
+    The results do not depend on it (the same seeds, the same values in the same order; each Ray
+    task reserves and runs on the stage's `threads`), so no stage reruns when it changes.
+    """
+
+    backend: str = "local"
+    # ray: `host:port` of a running cluster (`ray start --head`); null starts an instance on this machine.
+    address: Text | None = None
+    local_cpus: Annotated[int, Field(ge=1, le=4096)] | None = None  # that instance's CPUs (null: all)
+    # Custom Ray resources each task needs, e.g. {sweep: 1} for workers started with that label.
+    resources: dict[Annotated[str, Field(min_length=1, max_length=100)], Annotated[float, Field(gt=0, le=1e6)]] = Field(
+        default_factory=dict
+    )
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 3  # a task whose worker dies runs again elsewhere
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        return registered("pruneops.compute:BACKENDS", v)
+
+
 # Sections that configure the orchestration around the stages rather than a stage.
-EXTRA_SECTIONS: dict[str, type[StageConfig]] = {"reprune": RepruneConfig, "serve": ServeConfig}
+EXTRA_SECTIONS: dict[str, type[StageConfig]] = {
+    "reprune": RepruneConfig,
+    "serve": ServeConfig,
+    "compute": ComputeConfig,
+}

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from pruneops.compute import Backend, LocalBackend
 from pruneops.config import SensitivityConfig
 from pruneops.data import Split
 from pruneops.errors import ConfigError
@@ -23,7 +24,7 @@ from pruneops.pruning.importance import IMPORTANCES, Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks, training_batches
 from pruneops.pruning.units import UnitPruner, round_keep
-from pruneops.training import calibration_subset, clone_with_grads, evaluate, recalibrate_batchnorm_
+from pruneops.training import calibration_subset, evaluate, recalibrate_batchnorm_
 
 
 def sweep_units(
@@ -35,11 +36,14 @@ def sweep_units(
     batch_size: int,
     baseline: tuple[float, float],
     calibration: np.ndarray | None = None,
+    backend: Backend | None = None,
 ) -> tuple[dict[str, dict], dict[str, float], list[str]]:
     """Prunes each structured unit alone at each ratio.
 
     `baseline` is the unpruned model's validation (accuracy, loss); with `calibration` inputs,
-    each trial's BatchNorm statistics are re-estimated on them before it is scored.
+    each trial's BatchNorm statistics are re-estimated on them before it is scored. The trials
+    are independent: `backend` runs them (default here, one after another), and the curves are
+    the same wherever they ran.
 
     Returns:
         Curves per unit, each unit's MAC weight, and what the criterion could not do.
@@ -47,32 +51,73 @@ def sweep_units(
     base_acc, base_loss = baseline
     example = head_tensors(val.x)
     units = UnitPruner(base, example, criterion).units()
+    jobs = unit_trials(units, ratios)
+    # The trials keep the base model's gradients: a gradient criterion ranks with them.
+    shared = (base, parameter_grads(base), val, example, criterion, calibration, batch_size, input_shape)
+    results = (backend or LocalBackend()).map(_unit_trial, [(n, keep) for n, keep, _ in jobs], shared, "sensitivity")
     base_macs = count_macs(base, input_shape)
-    curves: dict[str, dict] = {}
+    curves = {name: _empty_curve(unit.kind, unit.size) for name, unit in units.items()}
     warnings: list[str] = []
-    jobs = [(name, r) for name in units for r in ratios]
-    for name, ratio in tqdm(jobs, desc="sensitivity", unit="eval", disable=None, leave=False):
-        size = units[name].size
-        keep = round_keep(size, ratio, None)
-        effective = 1.0 - keep / size
-        curve = curves.setdefault(name, _empty_curve(units[name].kind, size))
-        if effective == 0.0 or effective in curve["ratios"]:
-            continue
-        # The trial keeps the base model's gradients: a gradient criterion ranks with them.
-        trial = clone_with_grads(base)
-        pruner = UnitPruner(trial, example, criterion)
-        pruner.prune_to_({name: keep})
-        warnings += [w for w in pruner.warnings if w not in warnings]
-        if calibration is not None:
-            recalibrate_batchnorm_(trial, calibration, batch_size)
-        _record(curve, effective, trial, val, batch_size, base_acc, base_loss)
-        curve["mac_saving"].append(base_macs - count_macs(trial, input_shape))
+    for (name, _, effective), (acc, loss, macs, said) in zip(jobs, results, strict=True):
+        warnings += [w for w in said if w not in warnings]
+        _record(curves[name], effective, acc, loss, base_acc, base_loss)
+        curves[name]["mac_saving"].append(base_macs - macs)
     # A unit's weight is the MACs one removed fraction of it saves, so the target tracks compute.
     weights = {
         n: sum(s / r for s, r in zip(c["mac_saving"], c["ratios"], strict=True)) / max(len(c["ratios"]), 1)
         for n, c in curves.items()
     }
     return curves, weights, warnings
+
+
+def unit_trials(units: dict, ratios: list[float]) -> list[tuple[str, int, float]]:
+    """(unit, channels kept, effective ratio) of every distinct trial: each ratio rounded to whole channels."""
+    jobs = []
+    for name, unit in units.items():
+        seen: set[float] = set()
+        for ratio in ratios:
+            keep = round_keep(unit.size, ratio, None)
+            effective = 1.0 - keep / unit.size
+            if effective > 0.0 and effective not in seen:
+                seen.add(effective)
+                jobs.append((name, keep, effective))
+    return jobs
+
+
+def parameter_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Each parameter's `.grad` by name (pickling a model, as a backend does, drops them)."""
+    return {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _with_grads(base: torch.nn.Module, grads: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A deep copy of `base` whose parameters carry `grads`."""
+    trial = copy.deepcopy(base)
+    for name, param in trial.named_parameters():
+        if name in grads:
+            param.grad = grads[name].clone()
+    return trial
+
+
+def _unit_trial(
+    base: torch.nn.Module,
+    grads: dict[str, torch.Tensor],
+    val: Split,
+    example: torch.Tensor,
+    criterion: Criterion,
+    calibration: np.ndarray | None,
+    batch_size: int,
+    input_shape: list[int],
+    name: str,
+    keep: int,
+) -> tuple[float, float, int, list[str]]:
+    """One unit cut to `keep` in a copy of `base`: validation (accuracy, loss), MACs, warnings."""
+    trial = _with_grads(base, grads)
+    pruner = UnitPruner(trial, example, criterion)
+    pruner.prune_to_({name: keep})
+    if calibration is not None:
+        recalibrate_batchnorm_(trial, calibration, batch_size)
+    acc, loss = evaluate(trial, val, batch_size)
+    return acc, loss, count_macs(trial, input_shape), list(pruner.warnings)
 
 
 def sweep_layers(
@@ -82,34 +127,40 @@ def sweep_layers(
     batch_size: int,
     baseline: tuple[float, float],
     calibration: np.ndarray | None = None,
+    backend: Backend | None = None,
 ) -> tuple[dict[str, dict], dict[str, float]]:
     """Magnitude-prunes each layer's weights alone at each ratio: curves, and weight counts.
 
-    `baseline` is the unpruned model's validation (accuracy, loss); `calibration` as in
-    `sweep_units`.
+    `baseline` is the unpruned model's validation (accuracy, loss); `calibration` and `backend`
+    as in `sweep_units`.
     """
     base_acc, base_loss = baseline
     curves = {n: _empty_curve("weights", w.numel()) for n, w in prunable_weights(base).items()}
     jobs = [(name, r) for name in curves for r in ratios]
-    for name, ratio in tqdm(jobs, desc="sensitivity", unit="eval", disable=None, leave=False):
-        trial = clone_with_grads(base)
-        w = prunable_weights(trial)[name]
-        masks = topk_masks({name: w.detach().abs()}, {name: ratio}, "layer")
-        apply_masks_(trial, masks)
-        if calibration is not None:
-            recalibrate_batchnorm_(trial, calibration, batch_size)
-        _record(curves[name], ratio, trial, val, batch_size, base_acc, base_loss)
+    shared = (base, val, calibration, batch_size)
+    results = (backend or LocalBackend()).map(_layer_trial, jobs, shared, "sensitivity")
+    for (name, ratio), (acc, loss) in zip(jobs, results, strict=True):
+        _record(curves[name], ratio, acc, loss, base_acc, base_loss)
     return curves, {n: float(c["size"]) for n, c in curves.items()}
+
+
+def _layer_trial(
+    base: torch.nn.Module, val: Split, calibration: np.ndarray | None, batch_size: int, name: str, ratio: float
+) -> tuple[float, float]:
+    """One layer's weights magnitude-pruned by `ratio` in a copy of `base`: validation (accuracy, loss)."""
+    trial = copy.deepcopy(base)
+    w = prunable_weights(trial)[name]
+    apply_masks_(trial, topk_masks({name: w.detach().abs()}, {name: ratio}, "layer"))
+    if calibration is not None:
+        recalibrate_batchnorm_(trial, calibration, batch_size)
+    return evaluate(trial, val, batch_size)
 
 
 def _empty_curve(kind: str, size: int) -> dict:
     return {"kind": kind, "size": size, "ratios": [], "accuracy_drop": [], "loss_increase": [], "mac_saving": []}
 
 
-def _record(
-    curve: dict, ratio: float, trial: torch.nn.Module, val: Split, batch_size: int, base_acc: float, base_loss: float
-) -> None:
-    acc, loss = evaluate(trial, val, batch_size)
+def _record(curve: dict, ratio: float, acc: float, loss: float, base_acc: float, base_loss: float) -> None:
     curve["ratios"].append(ratio)
     curve["accuracy_drop"].append(base_acc - acc)
     curve["loss_increase"].append(loss - base_loss)
@@ -155,7 +206,8 @@ class Sweep:
 class Estimator:
     """A way to get sensitivity curves.
 
-    `sweep(config, base, train, val, input shape, structured, baseline (acc, loss)) -> Sweep`;
+    `sweep(config, base, train, val, input shape, structured, baseline (acc, loss), backend) -> Sweep`
+    (a backend runs its independent evaluations, `pruneops.compute`);
     `measures_accuracy`: its curves are validation accuracy drops (comparable with chance, and each
     point one evaluation), not a predicted cost.
     """
@@ -167,19 +219,39 @@ class Estimator:
 ESTIMATORS: Registry[Estimator] = Registry("sensitivity estimator")
 
 
-def evaluate_sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, structured: bool, baseline):
-    """Measured curves: units (structured methods) or layers (unstructured), each pruned alone."""
+def evaluate_sweep(
+    config: SensitivityConfig,
+    base,
+    train: Split,
+    val: Split,
+    shape,
+    structured: bool,
+    baseline,
+    backend: Backend | None = None,
+):
+    """Measured curves: units (structured methods) or layers (unstructured), each pruned alone (on `backend`)."""
     criterion = IMPORTANCES.get(config.importance)
     if criterion.needs_grad:
         accumulate_grads_(base, train, 4, 64)
     calibration = calibration_subset(train.x, config.bn_recalibration_samples, config.seed)
     if structured:
-        return Sweep(*sweep_units(base, val, criterion, config.ratios, shape, config.batch_size, baseline, calibration))
-    curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, baseline, calibration)
+        return Sweep(
+            *sweep_units(base, val, criterion, config.ratios, shape, config.batch_size, baseline, calibration, backend)
+        )
+    curves, weights = sweep_layers(base, val, config.ratios, config.batch_size, baseline, calibration, backend)
     return Sweep(curves, weights, [])
 
 
-def fisher_sweep(config: SensitivityConfig, base, train: Split, val: Split, shape, structured: bool, baseline):
+def fisher_sweep(
+    config: SensitivityConfig,
+    base,
+    train: Split,
+    val: Split,
+    shape,
+    structured: bool,
+    baseline,
+    backend: Backend | None = None,
+):
     """Predicted curves: the loss increase of removing a unit's lowest-Fisher heads or neurons.
 
     With the diagonal empirical Fisher information F of a mask on each head/neuron, removing a

@@ -89,6 +89,8 @@ class Stage:
         plots: The plot files it writes.
         builds_model: Whether it builds the model architecture (so a user's model module is one
             of its dependencies).
+        fans_out: Whether it runs independent evaluations on the `compute` backend (passed as
+            `compute=`; not a DVC dependency: where they run does not change the results).
     """
 
     name: str
@@ -99,6 +101,7 @@ class Stage:
     upstream: tuple[str, ...] = ()
     plots: tuple[Plot, ...] = ()
     builds_model: bool = False
+    fans_out: bool = False
 
     @property
     def module(self) -> str:
@@ -118,6 +121,9 @@ class Stage:
 
     def run(self, configs: dict[str, StageConfig], layout: Layout) -> StageReport:
         """Runs the stage with validated configs (all of `sections` must be present)."""
+        if self.fans_out:
+            compute = configs.get("compute") or SECTIONS["compute"]()
+            return self.resolve()(*(configs[s] for s in self.sections), layout, compute=compute)
         return self.resolve()(*(configs[s] for s in self.sections), layout)
 
 
@@ -155,6 +161,7 @@ STAGES: tuple[Stage, ...] = (
             Plot("sensitivity.png"),
         ),
         builds_model=True,
+        fans_out=True,
     ),
     Stage(
         "latency",

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint
-from pruneops.config import PruneConfig, SensitivityConfig
+from pruneops.compute import LocalBackend, open_backend
+from pruneops.config import ComputeConfig, PruneConfig, SensitivityConfig
 from pruneops.data import load_prepared
 from pruneops.integrity import file_sha256
 from pruneops.io import Layout, dump_json, staged_output_paths
@@ -41,13 +42,14 @@ class SensitivityReport(StageReport):
     baseline_val_accuracy: float
     warnings: tuple[str, ...]
     sweep: Path
+    computed_on: str
 
     def summary(self) -> str:
-        return f"{self.units} {self.granularity}, {self.evaluations} evaluations -> {self.sweep}"
+        return f"{self.units} {self.granularity}, {self.evaluations} evaluations ({self.computed_on}) -> {self.sweep}"
 
 
 def analyze_sensitivity(
-    config: SensitivityConfig, prune: PruneConfig, layout: Layout | None = None
+    config: SensitivityConfig, prune: PruneConfig, layout: Layout | None = None, compute: ComputeConfig | None = None
 ) -> SensitivityReport | LayerSensitivityReport:
     """Measures each unit's validation accuracy drop when pruned alone.
 
@@ -61,6 +63,7 @@ def analyze_sensitivity(
         config: The `sensitivity` section of params.
         prune: The `prune` section: its method decides the granularity.
         layout: Where to read and write; defaults to the current directory.
+        compute: The `compute` section: where the evaluations run (the curves do not depend on it).
 
     Returns:
         The report; `artifacts/sensitivity/sensitivity.json` and a PNG of the curves.
@@ -82,10 +85,13 @@ def analyze_sensitivity(
     chance = float(np.bincount(val.y).max() / len(val))
     at_chance = chance_drop(base_acc, chance, len(val))
     estimator = ESTIMATORS.get(config.estimator)
-    result, seconds = Sweep({}, {}, []), {}
+    result, seconds, computed_on = Sweep({}, {}, []), {}, LocalBackend().describe()
     if prune.use_sensitivity:
         started = time.perf_counter()
-        result = estimator.sweep(config, base, train, val, meta.input_shape, structured, (base_acc, base_loss))
+        with open_backend(compute, layout.root, config.threads) as backend:
+            computed_on = backend.describe()
+            shape = meta.input_shape
+            result = estimator.sweep(config, base, train, val, shape, structured, (base_acc, base_loss), backend)
         seconds["estimator"] = time.perf_counter() - started
         if not estimator.measures_accuracy:
             at_chance = None  # a predicted loss increase is not an accuracy drop: nothing to compare with chance
@@ -106,6 +112,7 @@ def analyze_sensitivity(
         "units": curves,
         "weights": weights,
         "seconds": seconds,
+        "computed_on": computed_on,
         "model_sha256": file_sha256(base_path),
     }
     report = SensitivityReport(
@@ -115,6 +122,7 @@ def analyze_sensitivity(
         base_acc,
         tuple(warnings),
         layout.stage_dir("sensitivity") / "sensitivity.json",
+        computed_on,
     )
     _write(layout, sweep, result.tensors, report)
     return report
