@@ -25,12 +25,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: run test test-slow test-all install install-dev repo lint format reference docs clean help prefect-server deploy \
-	sweep monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets llm-assets
+	sweep ray-local monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets llm-assets
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
 	@echo "make test   - install dev extras, then pytest without the slow group"
 	@echo "make test-slow - the slow group: full pipelines through DVC, bench, family runs, real assets"
+	@echo "make ray-local - a Ray cluster of RAY_NODES one-CPU nodes on this machine, until Ctrl-C (compute.backend: ray)"
 	@echo "make sweep - the adversarial sweep: bad inputs, faults and races at every entry point"
 	@echo "make lint   - ruff check + format check"
 	@echo "make reference - regenerate docs/reference, docs/results.md and the README's results table"
@@ -74,6 +75,11 @@ run: repo
 test: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 	@echo "make test: the slow group (full pipelines, bench, families, real assets) is left to make test-slow; CI runs both"
+
+# A Ray cluster on this machine for compute.backend: ray (it prints the address and how to join).
+RAY_NODES ?= 2
+ray-local: install-dev
+	$(BIN)/python -m pruneops.ray_cluster --nodes $(RAY_NODES) --cpus 1
 
 test-slow: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

@@ -61,18 +61,27 @@ def _list_registries() -> str:
 
 
 def _launch_data_parallel(args: argparse.Namespace) -> int | None:
-    """Re-runs `finetune` under torchrun when `finetune.world_size` > 1; None when not needed."""
+    """Re-runs `finetune` under torchrun for more than one process; None when not needed.
+
+    One node: `--standalone`. Several (`finetune.nnodes`): a c10d rendezvous at
+    `finetune.rdzv_endpoint`, which each node's `pruneops finetune` joins.
+    """
     if args.command != "finetune" or "RANK" in os.environ:
         return None
     from pruneops.stages import load_stage_configs, project_importable
 
     with project_importable(args.root):
-        world = load_stage_configs(args.params, "finetune")["finetune"].world_size
-    if world <= 1:
+        config = load_stage_configs(args.params, "finetune")["finetune"]
+    if config.nproc_per_node * config.nnodes <= 1:
         return None
     import subprocess
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc_per_node}"]
+    if config.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={config.nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={config.rdzv_endpoint}"]
+        cmd += [f"--rdzv_id={config.rdzv_id}"]
     cmd += ["-m", "pruneops.cli", "--params", str(args.params), "--root", str(args.root), "finetune"]
     return subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False).returncode
 

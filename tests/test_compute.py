@@ -11,15 +11,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +25,7 @@ import pytest
 from pruneops.compute import LocalBackend
 from pruneops.config import ComputeConfig
 from pruneops.io import read_json
+from pruneops.ray_cluster import LocalCluster, local_cluster
 from pruneops.runner import run_stage
 from tests.conftest import tiny_params, write_params
 
@@ -50,63 +47,11 @@ def test_local_backend_calls_every_job_in_order_with_the_shared_objects():
         ComputeConfig(backend="dask")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ray_start(*args: str, log: Path, env: dict) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats", *args]
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """`ray start --block` stops its raylet, object store and workers on SIGTERM."""
-    if process.poll() is None:
-        process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(30)
-    with contextlib.suppress(ProcessLookupError):  # anything of its session left behind
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    """A Ray head and one more node on this machine, one CPU each; yields (address, environment, PIDs).
-
-    The nodes and the stages that join them share a token of their own (Ray's token auth), given
-    in the environment; the stages run as the CLI does under DVC, in a process of their own.
-    """
-    temp = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths must fit 107 bytes
-    token = temp / "auth_token"
-    token.write_text(secrets.token_hex(32))
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    env.pop("RAY_AUTH_TOKEN", None)
-    port = _free_port()
-    # 127.0.0.2, not 127.0.0.1: Ray swaps 127.0.0.1 for the machine's address, and a multi-node
-    # cluster refuses to form on loopback otherwise. (Its servers listen on every interface whatever
-    # the node address; the token keeps others out.)
-    address = f"127.0.0.2:{port}"
-    common = ("--num-cpus=1", "--node-ip-address=127.0.0.2")
-    head_args = ("--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}", *common)
-    nodes = [_ray_start(*head_args, log=temp / "head.log", env=env)]
-    try:
-        _wait_for(nodes[0], temp / "head.log", "Ray runtime started")
-        nodes.append(_ray_start(f"--address={address}", *common, log=temp / "worker.log", env=env))
-        _wait_for(nodes[1], temp / "worker.log", "Ray runtime started")
-        yield address, env, [p.pid for p in nodes]
-    finally:
-        for process in reversed(nodes):
-            _stop(process)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def _wait_for(process: subprocess.Popen, log: Path, line: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while line not in log.read_text():
-        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.5)
+    """A Ray head and one more node on this machine, one CPU each (`pruneops.ray_cluster`)."""
+    with local_cluster(nodes=2, cpus=1) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -118,16 +63,20 @@ def trained(pipeline_dir, tmp_path_factory):
     return root
 
 
-def _sweep(root: Path, importance: str, cluster: tuple | None = None, **compute) -> dict:
+def _sensitivity_cli(root: Path, params: dict, cluster: LocalCluster) -> subprocess.CompletedProcess:
+    """`pruneops sensitivity` as DVC runs it, in the environment that joins the cluster."""
+    cmd = [sys.executable, "-m", "pruneops.cli", "--params", str(write_params(root, params)), "--root", str(root)]
+    return subprocess.run([*cmd, "sensitivity"], env=cluster.env, capture_output=True, text=True, timeout=300)
+
+
+def _sweep(root: Path, importance: str, cluster: LocalCluster | None = None, **compute) -> dict:
     """The sensitivity stage's sweep: here, or through the CLI on the cluster."""
     params = tiny_params(sensitivity={"ratios": [0.25, 0.5, 0.75], "importance": importance, "threads": 1})
     if cluster is None:
         run_stage("sensitivity", write_params(root, params), root)
     else:
-        address, env, _ = cluster
-        params["compute"] = {"backend": "ray", "address": address, **compute}
-        cmd = [sys.executable, "-m", "pruneops.cli", "--params", str(write_params(root, params)), "--root", str(root)]
-        done = subprocess.run([*cmd, "sensitivity"], env=env, capture_output=True, text=True, timeout=300)
+        params["compute"] = {"backend": "ray", "address": cluster.address, **compute}
+        done = _sensitivity_cli(root, params, cluster)
         assert done.returncode == 0, done.stderr[-3000:]
     return read_json(root / "artifacts/sensitivity/sensitivity.json")
 
@@ -144,7 +93,7 @@ def test_a_ray_cluster_sweeps_the_local_curves_exactly(trained, cluster, importa
     remote = _sweep(trained, importance, cluster)
     _same_curves(local, remote)
     assert local["computed_on"].startswith("local on ")
-    assert remote["computed_on"] == f"ray at {cluster[0]}: 2 CPUs on 2 nodes"
+    assert remote["computed_on"] == f"ray at {cluster.address}: 2 CPUs on 2 nodes"
 
 
 def _descendants(pid: int) -> set[int]:
@@ -183,7 +132,7 @@ def _kill_first_task(roots: list[int], killed: list[int], stop: threading.Event)
 
 def test_a_worker_killed_mid_sweep_is_retried_and_the_curves_stay(trained, cluster):
     local = _sweep(trained, "l2")
-    roots = cluster[2]
+    roots = list(cluster.pids)
     killed: list[int] = []
     stop = threading.Event()
     watcher = threading.Thread(target=_kill_first_task, args=(roots, killed, stop), daemon=True)
@@ -199,8 +148,82 @@ def test_a_worker_killed_mid_sweep_is_retried_and_the_curves_stay(trained, clust
 
 def test_a_task_no_node_can_take_is_refused(trained, cluster):
     params = tiny_params(sensitivity={"ratios": [0.5], "threads": 2})
-    params["compute"] = {"backend": "ray", "address": cluster[0]}
-    cmd = [sys.executable, "-m", "pruneops.cli", "--params", str(write_params(trained, params)), "--root", str(trained)]
-    done = subprocess.run([*cmd, "sensitivity"], env=cluster[1], capture_output=True, text=True, timeout=300)
+    params["compute"] = {"backend": "ray", "address": cluster.address}
+    done = _sensitivity_cli(trained, params, cluster)
     assert done.returncode == 2
     assert "no node of the Ray cluster has {'CPU': 2.0}" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_decoders_layer_sweep_on_the_cluster_is_the_local_one(tmp_path, cluster):
+    pytest.importorskip("transformers")
+    from tests.llm.decoder_helpers import decoder_params, save_tiny, speeches
+
+    save_tiny("llama", tmp_path / "model")
+    (tmp_path / "corpus.txt").write_text("\n\n".join(speeches(60)))
+    params = decoder_params(tmp_path / "model", tmp_path / "corpus.txt", sensitivity={"threads": 1})
+    path = write_params(tmp_path, params)
+    for stage in ("validate", "train", "sensitivity"):
+        run_stage(stage, path, tmp_path)
+    local = read_json(tmp_path / "artifacts/sensitivity/layers.json")
+    params["compute"] = {"backend": "ray", "address": cluster.address}
+    done = _sensitivity_cli(tmp_path, params, cluster)
+    assert done.returncode == 0, done.stderr[-3000:]
+    remote = read_json(tmp_path / "artifacts/sensitivity/layers.json")
+    assert remote == local
+    assert len(local["layers"]) >= 2
+
+
+# Plan trials of a shortlist, here and on the cluster, in a process that joins it (as the prune stage does).
+PLAN_TRIALS = """
+import sys
+from pathlib import Path
+import numpy as np
+from pruneops.checkpoint import load_checkpoint
+from pruneops.compute import LocalBackend, open_backend
+from pruneops.config import ComputeConfig, PruneConfig
+from pruneops.data import load_prepared
+from pruneops.inputs import head_tensors
+from pruneops.planning.latency_allocation import PlanOption
+from pruneops.planning.trials import PlanTrials
+from pruneops.pruning.methods import METHODS
+from pruneops.pruning.units import unit_sizes
+from pruneops.stages.prune import make_context
+import torch
+
+torch.set_num_threads(1)
+root = Path(sys.argv[1])
+_, train, val, _ = load_prepared(root / "artifacts/validate")
+model = load_checkpoint(root / "artifacts/train/model.safetensors").model
+example = head_tensors(val.x)
+config = PruneConfig(trials={"samples": 256}, threads=1)
+sizes = unit_sizes(model, example)
+
+def make_method(ratio, ratios):
+    return METHODS.get(config.method)(make_context(config, train, example, ratio, ratios))
+
+options = tuple(
+    PlanOption({n: max(1, round(s * keep)) for n, s in sizes.items()}, dict.fromkeys(sizes, 1 - keep), keep, 0.0, False)
+    for keep in (0.9, 0.6, 0.3)
+)
+results = {}
+with open_backend(ComputeConfig(backend="ray", address=sys.argv[2]), root, 1) as ray_backend:
+    for name, backend in (("local", LocalBackend()), ("ray", ray_backend)):
+        trials = PlanTrials(config, model, make_method, example, train, val, backend)
+        chosen = trials(options)
+        results[name] = (chosen, [trials.correct(o) for o in options], [r["widths"] for r in trials.records])
+same = results["local"][0] == results["ray"][0] and results["local"][2] == results["ray"][2]
+same = same and all(np.array_equal(a, b) for a, b in zip(results["local"][1], results["ray"][1]))
+print("IDENTICAL" if same else f"DIFFERENT {results}")
+"""
+
+
+def test_plan_trials_train_on_the_cluster_to_the_local_results(trained, cluster):
+    done = subprocess.run(
+        [sys.executable, "-c", PLAN_TRIALS, str(trained), cluster.address],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "IDENTICAL"

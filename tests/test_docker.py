@@ -9,12 +9,25 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pruneops.config import ComputeConfig
+from pruneops.params import environment_overrides, parse_section
 from tests.conftest import ROOT
 
 DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile.*"))
 COMPOSE = DOCKER / "compose.yaml"
-SERVICES = {"prefect-server", "worker", "receiver", "serving", "prometheus", "alertmanager", "grafana"}
+SERVICES = {
+    "prefect-server",
+    "worker",
+    "receiver",
+    "serving",
+    "prometheus",
+    "alertmanager",
+    "grafana",
+    "ray-head",
+    "ray-worker",
+    "pool-worker",
+}
 
 
 def _tool(name: str) -> str | None:
@@ -84,13 +97,26 @@ def test_compose_wires_the_whole_stack_on_loopback():
     grafana = " ".join(services["grafana"]["volumes"])
     assert "provisioning/dashboards" in grafana and "grafana/dashboards" in grafana and "datasource" in grafana
     assert services["worker"]["depends_on"]["prefect-server"]["condition"] == "service_healthy"
+    # The pipeline's sweeps go to the Ray head; the workers join it and share the DVC cache.
+    overrides = environment_overrides(services["worker"]["environment"]["PRUNEOPS_SET"])
+    compute = parse_section(
+        "compute", {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("compute.")}, ComputeConfig
+    )
+    assert (compute.backend, compute.address) == ("ray", "ray-head:6379")
+    assert services["ray-worker"]["environment"]["RAY_HEAD"] == compute.address
+    assert "dvc-cache:/app/.dvc/cache" in services["ray-worker"]["volumes"]
 
 
 def test_docker_compose_config_accepts_the_file():
     compose = _tool("docker-compose")
     if compose is None:
         pytest.skip("docker-compose is not installed (apt install docker-compose; `make container-deps`)")
-    secrets = {"PRUNEOPS_RECEIVER_TOKEN": "test-token", "PREFECT_API_AUTH_STRING": "u:p", "GRAFANA_ADMIN_PASSWORD": "g"}
+    secrets = {
+        "PRUNEOPS_RECEIVER_TOKEN": "test-token",
+        "PREFECT_API_AUTH_STRING": "u:p",
+        "GRAFANA_ADMIN_PASSWORD": "g",
+        "RAY_AUTH_TOKEN": "r",
+    }
     env = {**os.environ, **secrets}
     out = subprocess.run([compose, "-f", str(COMPOSE), "config"], capture_output=True, text=True, env=env, check=False)
     assert out.returncode == 0, out.stderr
@@ -108,14 +134,27 @@ def test_docker_compose_config_accepts_the_file():
         assert missing.returncode != 0 and name in missing.stderr
 
 
+SECRETS = ("PRUNEOPS_RECEIVER_TOKEN", "PREFECT_API_AUTH_STRING", "RAY_AUTH_TOKEN")
+
+
 def test_each_service_gets_only_the_secrets_it_uses_and_no_admin_endpoints_are_open():
     services = _compose()["services"]
     holders = {
-        name: {k for k in service.get("environment", {}) if k in ("PRUNEOPS_RECEIVER_TOKEN", "PREFECT_API_AUTH_STRING")}
+        name: {
+            k
+            for k in service.get("environment", {})
+            if k in ("PRUNEOPS_RECEIVER_TOKEN", "PREFECT_API_AUTH_STRING", "RAY_AUTH_TOKEN")
+        }
         for name, service in services.items()
     }
     assert {n for n, keys in holders.items() if "PRUNEOPS_RECEIVER_TOKEN" in keys} == {"receiver", "alertmanager"}
-    assert {n for n, keys in holders.items() if "PREFECT_API_AUTH_STRING" in keys} == {"worker", "receiver"}
+    assert {n for n, keys in holders.items() if "PREFECT_API_AUTH_STRING" in keys} == {
+        "worker",
+        "receiver",
+        "pool-worker",
+    }
+    assert {n for n, keys in holders.items() if "RAY_AUTH_TOKEN" in keys} == {"worker", "ray-head", "ray-worker"}
+    assert all(services[n]["environment"]["RAY_AUTH_MODE"] == "token" for n in ("worker", "ray-head", "ray-worker"))
     assert "PREFECT_SERVER_API_AUTH_STRING" in services["prefect-server"]["environment"]
     assert not any("enable-lifecycle" in arg for arg in services["prometheus"]["command"])
     assert ":?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]  # required, no default

@@ -129,6 +129,7 @@ def results_page(docs: Path) -> str:
         *sorted({f"- `{r.command}`" for r in results if r.command}),
         "",
         "GPU measurements of pruned checkpoints and of 2:4 sparsity: [GPU](results/gpu/report.md).",
+        "The sensitivity sweep on a Ray cluster, one node against two: [scale-out](results/compute/report.md).",
         "",
     ]
     return "\n".join(lines)

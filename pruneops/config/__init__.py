@@ -368,7 +368,13 @@ class FinetuneConfig(FitParams):
     # epochs) the student then learns from the labels instead of being held to the teacher's
     # errors (docs/explanation/training.md#while-below-teacher).
     distill_schedule: Literal["every_epoch", "while_below_teacher"] = "while_below_teacher"
-    world_size: Annotated[int, Field(ge=1, le=16)] = 1
+    # Data-parallel fine-tuning under torchrun (DDP over gloo on CPU, rank 0 writes): processes on
+    # each node, nodes, and where the nodes meet (c10d rendezvous; every node runs `pruneops finetune`
+    # with the same params, and each reads the same project: a shared volume or `dvc pull`).
+    nproc_per_node: Annotated[int, Field(ge=1, le=256)] = 1
+    nnodes: Annotated[int, Field(ge=1, le=1024)] = 1
+    rdzv_endpoint: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")] | None = None
+    rdzv_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")] = "pruneops-finetune"
     # Where the frozen teacher runs when its outputs cannot be cached (augmented inputs):
     # `onnxruntime` exports it once and runs it ~3x faster on a CPU (MobileNetV2 at 64x64),
     # checked against PyTorch first. Layer-wise distillation needs its blocks' outputs: torch.
@@ -376,6 +382,12 @@ class FinetuneConfig(FitParams):
     # Causal LMs: the distillation budget in training tokens (logit KL from the unpruned model,
     # `lr` with warm-up and cosine decay, `batch_size` blocks per step); 0: the cut model as it is.
     max_tokens: Annotated[int, Field(ge=0, le=10**12)] = 0
+
+    @model_validator(mode="after")
+    def _nodes_meet_somewhere(self) -> FinetuneConfig:
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
+            raise ValueError("nnodes > 1 needs rdzv_endpoint (host:port where the nodes meet, e.g. node 0's)")
+        return self
 
     @model_validator(mode="after")
     def _teacher_runtime_gives_blocks(self) -> FinetuneConfig:

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pruneops.config import SensitivityConfig, TrainConfig, ValidateConfig
+from pruneops.compute import open_backend
+from pruneops.config import ComputeConfig, SensitivityConfig, TrainConfig, ValidateConfig
 from pruneops.data.corpus import read_documents, split_documents, to_blocks
 from pruneops.data.expectations import raise_if_failed, run_corpus_suite
 from pruneops.data.text import text_digests
@@ -176,11 +177,21 @@ class LayerSensitivityReport(StageReport):
         )
 
 
-def layer_sensitivity(config: SensitivityConfig, layout: Layout) -> LayerSensitivityReport:
+def _loss_without_layer(model: torch.nn.Module, val: np.ndarray, layer: int) -> float:
+    """Mean validation loss of a copy of `model` with `layer` removed."""
+    cut = copy.deepcopy(model)
+    remove_layers_(cut, [layer])
+    return float(block_losses(cut, val).mean())
+
+
+def layer_sensitivity(
+    config: SensitivityConfig, layout: Layout, compute: ComputeConfig | None = None
+) -> LayerSensitivityReport:
     """Validation perplexity added by removing each decoder layer alone, beside its block influence.
 
-    `val_blocks` caps the validation blocks scored (null: all). Writes the ranking prune drops
-    whole layers in (`artifacts/sensitivity/layers.json`), curves and a plot.
+    `val_blocks` caps the validation blocks scored (null: all). The layers' evaluations are
+    independent: the `compute` backend runs them (the same values wherever). Writes the ranking
+    prune drops whole layers in (`artifacts/sensitivity/layers.json`), curves and a plot.
     """
     torch.set_num_threads(config.threads)
     model, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
@@ -188,12 +199,18 @@ def layer_sensitivity(config: SensitivityConfig, layout: Layout) -> LayerSensiti
     val = blocks["val"][: config.val_blocks] if config.val_blocks else blocks["val"]
     influence = calibrate(model, torch.as_tensor(blocks["train"][:8]), attention=False).block_influence
     dense = float(block_losses(model, val).mean())
-    rows = []
-    for layer in range(shape_of(model.config).layers):
-        cut = copy.deepcopy(model)
-        remove_layers_(cut, [layer])
-        added = float(np.exp(block_losses(cut, val).mean() - dense)) - 1.0
-        rows.append({"layer": layer, "ratio": 1.0, "perplexity_increase": added, "block_influence": influence[layer]})
+    layers = [(layer,) for layer in range(shape_of(model.config).layers)]
+    with open_backend(compute, layout.root, config.threads) as backend:
+        losses = backend.map(_loss_without_layer, layers, (model, val), "sensitivity (layers)")
+    rows = [
+        {
+            "layer": layer,
+            "ratio": 1.0,
+            "perplexity_increase": float(np.exp(loss - dense)) - 1.0,
+            "block_influence": influence[layer],
+        }
+        for (layer,), loss in zip(layers, losses, strict=True)
+    ]
     order = sorted(range(len(rows)), key=lambda i: rows[i]["perplexity_increase"])
     out, plots = layout.stage_dir("sensitivity"), layout.plots("sensitivity")
     with staged_output_paths(out, layout.metrics("sensitivity"), plots) as staged:

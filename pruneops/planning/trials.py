@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pruneops.compute import Backend
 from pruneops.config import PruneConfig
 from pruneops.data import Split
 from pruneops.forward import predict_logits
@@ -48,6 +49,7 @@ class PlanTrials:
     example: torch.Tensor
     train: Split
     val: Split
+    backend: Backend | None = None  # runs a shortlist's new trials at once (`pruneops.compute`); None: one by one
     records: list[dict] = dataclasses.field(default_factory=list)
     _correct: dict[tuple, np.ndarray] = dataclasses.field(default_factory=dict)
     _calibration: np.ndarray | dict | None = None  # the same BatchNorm samples for every plan, drawn once
@@ -55,6 +57,8 @@ class PlanTrials:
     def __call__(self, options: tuple[PlanOption, ...]) -> int:
         """The index of the plan to keep (see the class docstring)."""
         trained = len(self.records)
+        if self.backend is not None:
+            self._train_new(options)
         correct = [self.correct(o) for o in options]
         best = max(range(len(options)), key=lambda i: (correct[i].mean(), -i))
         gain, error = paired_gain(correct[best], correct[0])
@@ -78,30 +82,64 @@ class PlanTrials:
 
     def correct(self, option: PlanOption) -> np.ndarray:
         """Which validation samples the plan gets right after its trial (trained on first sight)."""
-        key = tuple(sorted(option.widths.items()))
-        if key in self._correct:
-            return self._correct[key]
-        started = time.perf_counter()
-        twin = copy.deepcopy(self.model)
-        self.make_method(max(option.ratios.values(), default=0.0), option.ratios).apply_(twin, 1.0)
+        key = _key(option)
+        if key not in self._correct:
+            self._record(option, _plan_trial(*self._shared(), option.ratios, len(self.records) + 1))
+        return self._correct[key]
+
+    def _train_new(self, options: tuple[PlanOption, ...]) -> None:
+        """Trains the shortlist's plans not seen before on the backend, all at once, in order."""
+        new = list({_key(o): o for o in options if _key(o) not in self._correct}.values())
+        jobs = [(o.ratios, len(self.records) + 1 + i) for i, o in enumerate(new)]
+        for option, result in zip(new, self.backend.map(_plan_trial, jobs, self._shared(), "plan trials"), strict=True):
+            self._record(option, result)
+
+    def _shared(self) -> tuple:
+        """What every trial shares: the model, how to prune it, its data and training settings."""
         if self._calibration is None:
             self._calibration = calibration_subset(self.train.x, TRIAL_BN_SAMPLES, self.config.seed)
-        recalibrate_batchnorm_(twin, self._calibration)
         settings = FitSettings(1, self.config.batch_size, self.config.lr, 1e-4, 2, self.config.seed)
         subset = self.train.head(min(self.config.trials.samples, len(self.train)))
-        fit_(twin, subset, self.val, settings, desc=f"plan trial {len(self.records) + 1}")
-        self._correct[key] = predict_logits(twin, self.val.x).argmax(1).numpy() == self.val.y
+        return self.model, self.make_method, self._calibration, subset, self.val, settings, self.example
+
+    def _record(self, option: PlanOption, result: tuple[np.ndarray, dict, float]) -> None:
+        correct, widths, seconds = result
+        self._correct[_key(option)] = correct
         self.records.append(
             {
                 "trial": len(self.records) + 1,
-                "widths": unit_sizes(twin, self.example),  # as the method pruned them
+                "widths": widths,  # as the method pruned them
                 "uniform": option.uniform,
                 "summed_isolated_drop": option.summed_isolated_drop,
-                "val_accuracy": float(self._correct[key].mean()),
-                "seconds": time.perf_counter() - started,
+                "val_accuracy": float(correct.mean()),
+                "seconds": seconds,
             }
         )
-        return self._correct[key]
+
+
+def _key(option: PlanOption) -> tuple:
+    return tuple(sorted(option.widths.items()))
+
+
+def _plan_trial(
+    model: torch.nn.Module,
+    make_method: Callable[[float, dict | None], object],
+    calibration: np.ndarray | dict | None,
+    subset: Split,
+    val: Split,
+    settings: FitSettings,
+    example: torch.Tensor,
+    ratios: dict[str, float],
+    number: int,
+) -> tuple[np.ndarray, dict, float]:
+    """One plan pruned into a copy of `model` and trained briefly: per-sample correctness, widths, seconds."""
+    started = time.perf_counter()
+    twin = copy.deepcopy(model)
+    make_method(max(ratios.values(), default=0.0), ratios).apply_(twin, 1.0)
+    recalibrate_batchnorm_(twin, calibration)
+    fit_(twin, subset, val, settings, desc=f"plan trial {number}")
+    correct = predict_logits(twin, val.x).argmax(1).numpy() == val.y
+    return correct, unit_sizes(twin, example), time.perf_counter() - started
 
 
 def paired_gain(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:

@@ -193,6 +193,7 @@ STAGES: tuple[Stage, ...] = (
             Plot("allocation.png"),
         ),
         builds_model=True,
+        fans_out=True,
     ),
     Stage(
         "finetune",

@@ -52,8 +52,8 @@ class FinetuneReport(StageReport):
 def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport | RecoveryReport:
     """Fine-tunes the pruned model with distillation from the baseline, keeping its sparsity.
 
-    Under torchrun (`finetune.world_size` > 1, launched by the CLI) every rank trains on its
-    shard with DDP over gloo and rank 0 writes the outputs.
+    Under torchrun (`finetune.nproc_per_node` x `finetune.nnodes` > 1, launched by the CLI) every
+    rank trains on its shard with DDP over gloo and rank 0 writes the outputs.
 
     Args:
         config: The `finetune` section of params.

@@ -19,7 +19,8 @@ import torch
 from tqdm.auto import tqdm
 
 from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
-from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig
+from pruneops.compute import open_backend
+from pruneops.config import AUTO_FORM, BenchmarkConfig, ComputeConfig, PruneConfig
 from pruneops.data import Split, load_prepared
 from pruneops.distillation import Distillation, with_teacher_outputs
 from pruneops.errors import DataError
@@ -203,7 +204,7 @@ def _resolve_form(
 
 
 def prune_iteratively(
-    config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None
+    config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None, compute: ComputeConfig | None = None
 ) -> PruneReport | DecoderPruneReport:
     """Plans the target, gates the plan on measured latency, then prunes step by step with fine-tuning.
 
@@ -211,6 +212,7 @@ def prune_iteratively(
         config: The `prune` section of params.
         benchmark: The `benchmark` section: thread count and batch sizes the gate measures at.
         layout: Where to read and write; defaults to the current directory.
+        compute: The `compute` section: where plan trials train (the gate's timing stays here).
 
     Returns:
         The report; the pruned checkpoint (and masks, for unstructured methods) are under
@@ -243,16 +245,19 @@ def prune_iteratively(
     if reference is not None:  # (config validation refuses a latency target for unstructured methods)
         config = reference.planning_config(config)
     config, form_choice = _resolve_form(config, sweep, layout, benchmark)
-    trials = PlanTrials(config, model, make_method, example, train, val) if config.trial_count > 1 else None
-    target = plan(
-        config, sweep, model, make_method, meta.input_shape, layout.stage_dir("latency"), benchmark.threads, trials
-    )
-    gated = gate_plan(config, benchmark, model, example, meta.input_shape, target) if method_cls.structured else None
-    plans = None
-    if target.target_ms is not None and gated is not None:
-        loop = LatencyLoop(config, asked, benchmark, sweep, layout, model, example, meta.input_shape, trials)
-        kept = loop.run(target, gated)
-        target, gated, plans = kept.plan, kept.gated, kept.records
+    tried = config.trial_count > 1
+    with open_backend(compute if tried else None, layout.root, config.threads) as backend:
+        trials = PlanTrials(config, model, make_method, example, train, val, backend) if tried else None
+        target = plan(
+            config, sweep, model, make_method, meta.input_shape, layout.stage_dir("latency"), benchmark.threads, trials
+        )
+        shape = meta.input_shape
+        gated = gate_plan(config, benchmark, model, example, shape, target) if method_cls.structured else None
+        plans = None
+        if target.target_ms is not None and gated is not None:
+            loop = LatencyLoop(config, asked, benchmark, sweep, layout, model, example, meta.input_shape, trials)
+            kept = loop.run(target, gated)
+            target, gated, plans = kept.plan, kept.gated, kept.records
     ratios = gated.ratios if gated is not None else target.ratios
     # Before the steps: fine-tuning then updates (and Adam keeps state for) only the rows kept.
     vocabulary = trim_vocabulary(model, layout, train, val, test, val_accuracy) if config.trim_vocabulary else None

@@ -70,7 +70,7 @@ def analyze_sensitivity(
     """
     layout = layout or Layout()
     if is_causal_lm_run(layout):
-        return layer_sensitivity(config, layout)
+        return layer_sensitivity(config, layout, compute)
     torch.set_num_threads(config.threads)
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"
