@@ -90,6 +90,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="train.epochs for the model the sweep prunes")
     parser.add_argument("--max-train-samples", type=int, default=None)
     parser.add_argument("--val-samples", type=int, default=None, help="sensitivity.val_samples (stratified)")
+    parser.add_argument(
+        "--no-local", dest="local", action="store_false", help="compare runs with the first, not a local run"
+    )
     args = parser.parse_args()
     work = _project(args)
     runs = []
@@ -98,27 +101,30 @@ def main() -> None:
             sweep = _run_on_cluster(work, nodes)
             runs.append({"round": round_ + 1, "nodes": nodes, "seconds": sweep["seconds"]["estimator"], "sweep": sweep})
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "sweep"}), flush=True)
-    local = _sweep(work, {"backend": "local"}, None)  # last: the cluster runs are the comparison that matters
+    # Last: the cluster runs are the comparison that matters. Without it, every run is compared
+    # with the first.
+    local = _sweep(work, {"backend": "local"}, None) if args.local else None
+    reference = local or runs[0]["sweep"]
     for run in runs:
         sweep = run.pop("sweep")
-        run["same"] = sweep["units"] == local["units"] and sweep["weights"] == local["weights"]
+        run["same"] = sweep["units"] == reference["units"] and sweep["weights"] == reference["weights"]
         run["computed_on"] = sweep["computed_on"]
-    _write(args, local, runs)
+    _write(args, reference, runs, local is not None)
 
 
-def _write(args: argparse.Namespace, local: dict, runs: list[dict]) -> None:
+def _write(args: argparse.Namespace, reference: dict, runs: list[dict], against_local: bool) -> None:
     one = [r["seconds"] for r in runs if r["nodes"] == 1]
     two = [r["seconds"] for r in runs if r["nodes"] == 2]
-    evaluations = sum(len(c["ratios"]) for c in local["units"].values())
+    evaluations = sum(len(c["ratios"]) for c in reference["units"].values())
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_info(1),
         "workload": args.workload,
-        "units": len(local["units"]),
+        "units": len(reference["units"]),
         "evaluations": evaluations,
-        "val_samples": local["val_samples"],
-        "local_seconds": local["seconds"]["estimator"],
+        "val_samples": reference["val_samples"],
+        "local_seconds": reference["seconds"]["estimator"] if against_local else None,
         "runs": runs,
         "speedup_two_over_one": statistics.mean(one) / statistics.mean(two),
         "identical_curves": all(r["same"] for r in runs),
@@ -127,40 +133,40 @@ def _write(args: argparse.Namespace, local: dict, runs: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     rows = [f"| {r['round']} | {r['nodes']} | {r['seconds']:.1f} | {'yes' if r['same'] else '**no**'} |" for r in runs]
-    (out / "report.md").write_text(
-        "\n".join(
-            [
-                "# Scale-out: the sensitivity sweep on a Ray cluster",
-                "",
-                f"The `evaluate` sweep of the `{args.workload}` workload ({result['units']} units, "
-                f"{evaluations} evaluations on {result['val_samples']} validation samples, one thread each) "
-                "run by the `sensitivity` stage on a local Ray cluster of one node of one CPU and of two such "
-                "nodes, in alternating rounds; seconds are the stage's sweep time (joining the cluster, "
-                "sending the model, every evaluation). Each run's curves are compared value for value with "
-                f"the same sweep run with `compute.backend: local` ({result['local_seconds']:.1f} s).",
-                "",
-                f"The model: the workload's MiniLM-L6 fine-tuned for {args.epochs} epoch(s)"
-                + (f" on {args.max_train_samples} training reviews" if args.max_train_samples else "")
-                + " (the sweep's cost does not depend on how well it is trained). "
-                f"Command: `{result['command']}`, {result['date']}, on {result['machine']['cpu']} "
-                f"({result['machine']['cpu_features'] or 'CPU features unknown'}), "
-                f"{result['machine']['cores']} cores.",
-                "",
-                "One Ray node against the local backend costs "
-                f"{statistics.mean(one) / result['local_seconds']:.2f}x its time (tasks, the object store, "
-                "the workers' first deserialisation); two nodes against local: "
-                f"{result['local_seconds'] / statistics.mean(two):.2f}x faster.",
-                "",
-                "| round | one-CPU nodes | sweep s | curves identical to local |",
-                "|---|---|---|---|",
-                *rows,
-                "",
-                f"**Two nodes over one: {result['speedup_two_over_one']:.2f}x** (mean sweep time of each); "
-                f"curves identical in every run: {'yes' if result['identical_curves'] else 'no'}.",
-                "",
-            ]
+    compared = "the local run" if against_local else "the first run"
+    if against_local:
+        local_s = result["local_seconds"]
+        against = (
+            f"Each run's curves are compared value for value with the same sweep run with `compute.backend: "
+            f"local` ({local_s:.1f} s): one Ray node takes {statistics.mean(one) / local_s:.2f}x its time (tasks, "
+            f"the object store, starting the workers), two nodes are {local_s / statistics.mean(two):.2f}x faster."
         )
-    )
+    else:
+        against = "Each run's curves are compared value for value with the first run's."
+    trained = f" on {args.max_train_samples} training reviews" if args.max_train_samples else ""
+    machine = result["machine"]
+    lines = [
+        "# Scale-out: the sensitivity sweep on a Ray cluster",
+        "",
+        f"The `evaluate` sweep of the `{args.workload}` workload ({result['units']} units, {evaluations} "
+        f"evaluations on {result['val_samples']} validation samples, one thread each) run by the `sensitivity` "
+        "stage through the CLI on a local Ray cluster of one node of one CPU and of two such nodes, in "
+        "alternating rounds; seconds are the stage's sweep time (joining the cluster, sending the model, "
+        f"every evaluation). {against}",
+        "",
+        f"The model: the workload's MiniLM-L6 fine-tuned for {args.epochs} epoch(s){trained} (the sweep's cost "
+        f"does not depend on how well it is trained). Command: `{result['command']}`, {result['date']}, on "
+        f"{machine['cpu']} ({machine['cpu_features'] or 'CPU features unknown'}), {machine['cores']} cores.",
+        "",
+        f"| round | one-CPU nodes | sweep s | curves identical to {compared} |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        f"**Two nodes over one: {result['speedup_two_over_one']:.2f}x** (mean sweep time of each); "
+        f"curves identical in every run: {'yes' if result['identical_curves'] else 'no'}.",
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

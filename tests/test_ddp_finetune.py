@@ -8,7 +8,6 @@
 
 import math
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from pruneops.io import read_json
-from tests.conftest import tiny_params, write_params
+from tests.conftest import free_port, tiny_params, write_params
 
 
 def _project(pipeline_dir, root, **finetune):
@@ -25,12 +24,6 @@ def _project(pipeline_dir, root, **finetune):
         shutil.copytree(pipeline_dir / "artifacts" / part, root / "artifacts" / part)
     params = write_params(root, tiny_params(finetune={"epochs": 12, "patience": 12, **finetune}))
     return [sys.executable, "-m", "pruneops.cli", "--params", str(params), "--root", str(root), "finetune"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -56,7 +49,7 @@ def test_ddp_finetune_matches_single_process_within_the_test_sets_noise(pipeline
 
     # The same two ranks as two nodes of one process each (c10d rendezvous on 127.0.0.1).
     root = tmp_path / "nodes"
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     cmd = _project(pipeline_dir, root, nproc_per_node=1, nnodes=2, rdzv_endpoint=endpoint)
     nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [node.communicate(timeout=600) for node in nodes]
