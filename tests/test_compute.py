@@ -87,7 +87,9 @@ def _same_curves(a: dict, b: dict) -> None:
     assert a["units"], "the sweep measured nothing"
 
 
-@pytest.mark.parametrize("importance", ["l2", "taylor"])
+# `taylor` (gradients shipped beside the model) is in the slow group: `make test` keeps one sweep on
+# the cluster and the refusal (the cluster's start, ~20 s, is paid once per session).
+@pytest.mark.parametrize("importance", ["l2", pytest.param("taylor", marks=pytest.mark.slow)])
 def test_a_ray_cluster_sweeps_the_local_curves_exactly(trained, cluster, importance):
     local = _sweep(trained, importance)
     remote = _sweep(trained, importance, cluster)
@@ -130,6 +132,7 @@ def _kill_first_task(roots: list[int], killed: list[int], stop: threading.Event)
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_sweep_is_retried_and_the_curves_stay(trained, cluster):
     local = _sweep(trained, "l2")
     roots = list(cluster.pids)
@@ -154,6 +157,7 @@ def test_a_task_no_node_can_take_is_refused(trained, cluster):
     assert "no node of the Ray cluster has {'CPU': 2.0}" in done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_decoders_layer_sweep_on_the_cluster_is_the_local_one(tmp_path, cluster):
     pytest.importorskip("transformers")
     from tests.llm.decoder_helpers import decoder_params, save_tiny, speeches
@@ -217,6 +221,7 @@ print("IDENTICAL" if same else f"DIFFERENT {results}")
 """
 
 
+@pytest.mark.slow
 def test_plan_trials_train_on_the_cluster_to_the_local_results(trained, cluster):
     done = subprocess.run(
         [sys.executable, "-c", PLAN_TRIALS, str(trained), cluster.address],
