@@ -144,12 +144,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def clone_with_grads(model: nn.Module) -> nn.Module:
-    """A deep copy of `model` that keeps each parameter's `.grad` (`copy.deepcopy` drops them)."""
+def parameter_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Each parameter's `.grad` by name (`copy.deepcopy` and pickling a model drop them)."""
+    return {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def clone_with_grads(model: nn.Module, grads: dict[str, torch.Tensor] | None = None) -> nn.Module:
+    """A deep copy of `model` whose parameters carry `model`'s gradients, or `grads` by name.
+
+    `grads` (from `parameter_grads`) is for a model that travelled without them, pickled to
+    another process.
+    """
+    grads = parameter_grads(model) if grads is None else grads
     twin = copy.deepcopy(model)
-    for source, copied in zip(model.parameters(), twin.parameters(), strict=True):
-        if source.grad is not None:
-            copied.grad = source.grad.detach().clone()
+    for name, param in twin.named_parameters():
+        if name in grads:
+            param.grad = grads[name].detach().clone()
     return twin
 
 

@@ -24,7 +24,13 @@ from pruneops.pruning.importance import IMPORTANCES, Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks, training_batches
 from pruneops.pruning.units import UnitPruner, round_keep
-from pruneops.training import calibration_subset, evaluate, recalibrate_batchnorm_
+from pruneops.training import (
+    calibration_subset,
+    clone_with_grads,
+    evaluate,
+    parameter_grads,
+    recalibrate_batchnorm_,
+)
 
 
 def sweep_units(
@@ -84,20 +90,6 @@ def unit_trials(units: dict, ratios: list[float]) -> list[tuple[str, int, float]
     return jobs
 
 
-def parameter_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Each parameter's `.grad` by name (pickling a model, as a backend does, drops them)."""
-    return {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _with_grads(base: torch.nn.Module, grads: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A deep copy of `base` whose parameters carry `grads`."""
-    trial = copy.deepcopy(base)
-    for name, param in trial.named_parameters():
-        if name in grads:
-            param.grad = grads[name].clone()
-    return trial
-
-
 def _unit_trial(
     base: torch.nn.Module,
     grads: dict[str, torch.Tensor],
@@ -111,7 +103,7 @@ def _unit_trial(
     keep: int,
 ) -> tuple[float, float, int, list[str]]:
     """One unit cut to `keep` in a copy of `base`: validation (accuracy, loss), MACs, warnings."""
-    trial = _with_grads(base, grads)
+    trial = clone_with_grads(base, grads)
     pruner = UnitPruner(trial, example, criterion)
     pruner.prune_to_({name: keep})
     if calibration is not None:
