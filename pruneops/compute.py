@@ -189,6 +189,24 @@ def open_backend(config: ComputeConfig | None, project: Path | None = None, thre
             ray.shutdown()
 
 
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuses an address nothing listens on (Ray would retry it for minutes).
+
+    Raises:
+        ConfigError: Not `host:port`, or no answer within `timeout_s`.
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"compute.address: expected host:port of the Ray head, got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"compute.address: nothing answers at {address} ({exc.strerror or exc}); start the cluster "
+            "(`ray start --head`, `make ray-local`) or set compute.backend: local"
+        ) from None
+
+
 def _join(ray: Any, config: ComputeConfig, project: Path | None) -> None:
     """`ray.init` for `config`: the cluster at its address, else a new instance here."""
     paths = [str(Path(project).resolve())] if project is not None else []
@@ -197,6 +215,8 @@ def _join(ray: Any, config: ComputeConfig, project: Path | None) -> None:
     options: dict[str, Any] = {"runtime_env": runtime_env, "logging_level": logging.WARNING}
     if config.address is None:
         options |= {"num_cpus": config.local_cpus, "include_dashboard": False}
+    else:
+        _check_reachable(config.address)
     try:
         ray.init(address=config.address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -32,6 +32,21 @@ from tests.conftest import tiny_params, write_params
 pytest.importorskip("ray", reason="the distributed extra (Ray) is not installed")
 
 
+def test_an_address_nothing_answers_at_is_refused_at_once(tmp_path):
+    from pruneops.compute import open_backend
+    from pruneops.errors import ConfigError
+
+    started = time.monotonic()
+    with (
+        pytest.raises(ConfigError, match=r"nothing answers at 127.0.0.2:1 "),
+        open_backend(ComputeConfig(backend="ray", address="127.0.0.2:1"), tmp_path),
+    ):
+        pass
+    assert time.monotonic() - started < 10  # not Ray's minutes of retries
+    with pytest.raises(ValueError, match="address"):
+        ComputeConfig(backend="ray", address="head-without-port")
+
+
 def test_local_backend_calls_every_job_in_order_with_the_shared_objects():
     calls = []
 

@@ -503,7 +503,7 @@ class ComputeConfig(StageConfig):
 
     backend: str = "local"
     # ray: `host:port` of a running cluster (`ray start --head`); null starts an instance on this machine.
-    address: Text | None = None
+    address: Annotated[str, Field(pattern=r"^(ray://)?[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")] | None = None
     local_cpus: Annotated[int, Field(ge=1, le=4096)] | None = None  # that instance's CPUs (null: all)
     # Custom Ray resources each task needs, e.g. {sweep: 1} for workers started with that label.
     resources: dict[Annotated[str, Field(min_length=1, max_length=100)], Annotated[float, Field(gt=0, le=1e6)]] = Field(
