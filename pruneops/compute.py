@@ -221,3 +221,36 @@ def _join(ray: Any, config: ComputeConfig, project: Path | None) -> None:
         ray.init(address=config.address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"compute.address: cannot join the Ray cluster at {config.address}: {exc}") from None
+
+
+def run_on_timing_node(run: Callable[[], T], config: ComputeConfig, project: Path) -> T:
+    """Runs `run` (a timed stage) as one Ray task on the node labelled `compute.timing_resource`.
+
+    The task holds every CPU of that node, so nothing else the cluster runs shares its cores while
+    it times. The node must see the project at the same path (a shared volume).
+
+    Raises:
+        ConfigError: No alive node has the resource.
+    """
+    with open_backend(config, project):
+        import ray
+
+        label = config.timing_resource
+        nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(label, 0) >= 1]
+        if not nodes:
+            raise ConfigError(
+                f"compute.timing_resource: no node of the Ray cluster has the resource {label!r}; start the serving "
+                f"machine's node with `ray start --resources='{{\"{label}\": 1}}'`"
+            )
+        cpus = max(n["Resources"].get("CPU", 0) for n in nodes)
+        task = ray.remote(num_cpus=cpus, resources={label: 1}, max_retries=0)(_run_timed)
+        result, node, host = ray.get(task.remote(run))
+        logger.info("timed on the node with %s: %s (%s)", label, node, host)
+        return result
+
+
+def _run_timed(run: Callable[[], T]) -> tuple[T, str, str]:
+    """`run()` in a Ray task: its result, the node it ran on, the host."""
+    import ray
+
+    return run(), ray.get_runtime_context().get_node_id(), socket.gethostname()

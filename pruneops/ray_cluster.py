@@ -9,6 +9,7 @@ servers listen on every interface whatever the node address: the token keeps oth
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -69,8 +70,12 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: int = 2, cpus: int = 1, start_timeout_s: float = 60.0) -> Iterator[LocalCluster]:
+def local_cluster(
+    nodes: int = 2, cpus: int = 1, start_timeout_s: float = 60.0, resources: dict[int, dict[str, float]] | None = None
+) -> Iterator[LocalCluster]:
     """Starts `nodes` Ray nodes of `cpus` CPUs each here (the first the head); stops them by PID after.
+
+    `resources` gives nodes (by index) custom Ray resources, e.g. `{1: {"serving": 1}}`.
 
     Raises:
         RuntimeError: A node did not start within `start_timeout_s` (its log's tail).
@@ -89,7 +94,8 @@ def local_cluster(nodes: int = 2, cpus: int = 1, start_timeout_s: float = 60.0) 
     try:
         for i in range(nodes):
             log = temp / f"node{i}.log"
-            started.append(_start(head if i == 0 else (f"--address={address}", *common), log, env))
+            labels = (f"--resources={json.dumps(resources[i])}",) if resources and i in resources else ()
+            started.append(_start((*(head if i == 0 else (f"--address={address}", *common)), *labels), log, env))
             _wait_started(started[-1], log, start_timeout_s)
         yield LocalCluster(address, env, tuple(p.pid for p in started))
     finally:

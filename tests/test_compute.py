@@ -6,11 +6,14 @@
   warnings included; a gradient criterion too, whose gradients a pickled model would lose), and
   the sweep says where it ran;
 - a worker killed while the sweep runs: Ray runs its task again and the curves are still the same;
-- a task no node can take (more threads than any node's CPUs) is refused at once, not left waiting.
+- a task no node can take (more threads than any node's CPUs) is refused at once, not left waiting;
+- with `compute.timing_resource`, a timed stage (the benchmark) runs whole on the node so labelled,
+  and a label no node has is refused.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -64,8 +67,9 @@ def test_local_backend_calls_every_job_in_order_with_the_shared_objects():
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A Ray head and one more node on this machine, one CPU each (`pruneops.ray_cluster`)."""
-    with local_cluster(nodes=2, cpus=1) as running:
+    """A Ray head and one more node on this machine, one CPU each (`pruneops.ray_cluster`); the second
+    is labelled `serving` (the machine the timed stages run on)."""
+    with local_cluster(nodes=2, cpus=1, resources={1: {"serving": 1}}) as running:
         yield running
 
 
@@ -247,3 +251,34 @@ def test_plan_trials_train_on_the_cluster_to_the_local_results(trained, cluster)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "IDENTICAL"
+
+
+# The cluster's nodes and their resources, from a process that joins it.
+NODES = (
+    "import json, ray, sys; ray.init(address=sys.argv[1]); "
+    "print(json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes()}))"
+)
+
+
+@pytest.mark.slow  # the session pipeline's benchmark stage, timed on the labelled node (~20 s)
+def test_a_timed_stage_runs_whole_on_the_node_that_serves(pipeline_dir, tmp_path, cluster):
+    shutil.copytree(pipeline_dir / "artifacts", tmp_path / "artifacts")
+    params = tiny_params()
+
+    def benchmark(timing_resource: str) -> subprocess.CompletedProcess:
+        params["compute"] = {"backend": "ray", "address": cluster.address, "timing_resource": timing_resource}
+        cmd = [sys.executable, "-m", "pruneops.cli", "--params", str(write_params(tmp_path, params))]
+        cmd += ["--root", str(tmp_path), "benchmark"]
+        return subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=300)
+
+    done = benchmark("serving")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "metrics/benchmark.json").is_file()
+    timed_on = next(line for line in done.stderr.splitlines() if "timed on the node with serving:" in line)
+    nodes = subprocess.run([sys.executable, "-c", NODES, cluster.address], env=cluster.env, capture_output=True)
+    resources = json.loads(nodes.stdout.decode().strip().splitlines()[-1])
+    serving = [node for node, res in resources.items() if res.get("serving")]
+    assert len(serving) == 1 and serving[0] in timed_on
+
+    done = benchmark("gpu-box")  # no node has it: refused, nothing timed elsewhere
+    assert done.returncode == 2 and "no node of the Ray cluster has the resource 'gpu-box'" in done.stderr

@@ -510,6 +510,9 @@ class ComputeConfig(StageConfig):
         default_factory=dict
     )
     max_retries: Annotated[int, Field(ge=0, le=100)] = 3  # a task whose worker dies runs again elsewhere
+    # The Ray resource that marks the serving machine: the timed stages (latency, prune, quantize,
+    # benchmark) then run whole on that node, holding all its CPUs. null: they run where `dvc repro` does.
+    timing_resource: Annotated[str, Field(min_length=1, max_length=100)] | None = None
 
     @field_validator("backend")
     @classmethod

@@ -91,6 +91,8 @@ class Stage:
             of its dependencies).
         fans_out: Whether it runs independent evaluations on the `compute` backend (passed as
             `compute=`; not a DVC dependency: where they run does not change the results).
+        timed: Whether it times models (latency table, gates, precision choice, benchmark): with
+            `compute.timing_resource` it runs whole on the node that resource marks.
     """
 
     name: str
@@ -102,6 +104,7 @@ class Stage:
     plots: tuple[Plot, ...] = ()
     builds_model: bool = False
     fans_out: bool = False
+    timed: bool = False
 
     @property
     def module(self) -> str:
@@ -179,6 +182,7 @@ STAGES: tuple[Stage, ...] = (
         upstream=("validate", "train", "sensitivity"),
         plots=(Plot("latency.png"),),
         builds_model=True,
+        timed=True,
     ),
     Stage(
         "prune",
@@ -194,6 +198,7 @@ STAGES: tuple[Stage, ...] = (
         ),
         builds_model=True,
         fans_out=True,
+        timed=True,
     ),
     Stage(
         "finetune",
@@ -212,6 +217,7 @@ STAGES: tuple[Stage, ...] = (
         reads=("benchmark.batch_sizes", *_DECODE_TIMING, "prune.target.kind", "prune.target.form"),
         upstream=("validate", "prune", "finetune"),
         builds_model=True,
+        timed=True,
     ),
     Stage(
         "export",
@@ -231,6 +237,7 @@ STAGES: tuple[Stage, ...] = (
             Plot("frontier.json", "latency_b1_ms", "test_accuracy", ("latency_b1_ms", "test_perplexity")),
             Plot("frontier.png"),
         ),
+        timed=True,
     ),
 )
 
