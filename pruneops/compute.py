@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import torch
 from tqdm.auto import tqdm
 
 from pruneops.config import ComputeConfig
@@ -67,6 +66,7 @@ _FETCHED: dict[str, Any] = {}
 def _run_task(fn: Callable[..., T], boxed: list[list[Any]], job: tuple, threads: int) -> T:
     """One job in a Ray worker: the shared objects (fetched once per process), then `fn`."""
     import ray
+    import torch  # here, not at the top: the CLI imports this module, and serving has no torch
 
     torch.set_num_threads(threads)
     keys = [box[0].hex() for box in boxed]
