@@ -116,6 +116,8 @@ def _serve_decoder(args: argparse.Namespace) -> int:
     feedback = Path(args.feedback_file) if args.feedback_file else None
     params = Path(args.root) / args.params
     threshold = load_section(args.root, "serve", args.params).psi_threshold if params.is_file() else 0.2
+    slo_ms = load_section(args.root, "reprune", args.params).decode_slo_ms if params.is_file() else None
+    options = {"feedback_file": feedback, "psi_threshold": threshold, "decode_slo_ms": slo_ms}
     if args.registry:
         from pruneops.serving.generate import follow_production
 
@@ -124,10 +126,10 @@ def _serve_decoder(args: argparse.Namespace) -> int:
             raise ConfigError(f"serve-decoder: {args.registry} has no production model; run `pruneops publish`")
         reference = production / "reference_stats.json"
         stats = json.loads(reference.read_text()) if reference.is_file() else None
-        service = DecoderService(production.resolve(), stats, feedback_file=feedback, psi_threshold=threshold)
+        service = DecoderService(production.resolve(), stats, **options)
         follow_production(service, Path(args.registry), args.reload_interval)
     else:
-        service = DecoderService(Path(args.model), None, feedback_file=feedback, psi_threshold=threshold)
+        service = DecoderService(Path(args.model), None, **options)
     if args.reference:
         from pruneops.data.corpus import read_documents
 
@@ -216,6 +218,8 @@ def _bench_decoder(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="pruneops bench-decoder: %(message)s")
     config = load_bench_config(Path(args.config))
+    if args.work_dir:
+        Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-decoder-", dir=args.work_dir))
     command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
     results = run_decoder_bench(config, Path(args.out_dir), work, command)

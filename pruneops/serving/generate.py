@@ -4,27 +4,33 @@ The model is an onnxruntime-genai folder (what `pruneops bench-decoder` and the 
 its generator decodes with the KV cache, greedy or seeded sampling, and stops at end-of-sequence
 or `max_new_tokens`. Every request is timed where it runs: time to first token (prefill and the
 first step) and time per further output token go to Prometheus histograms, beside generated-token
-counters and requests by status. Prompts are watched for drift: the frequency of the reference
-corpus's most common tokens (and all others as one bin) in the recent prompts' tokens, as a PSI,
-published once the window holds enough tokens to be above sampling noise. `/feedback` takes a
-prompt and a reference continuation and feeds a rolling perplexity gauge, scored by the same
-ONNX model's logits (ONNX Runtime, prefill with an empty cache). Needs the `llm` and `serve` extras.
+counters and requests by status. With `"stream": true` the tokens arrive as server-sent events as
+they are decoded (`token` events, then one `done` event with what the plain answer holds).
+Prompts are watched for drift: the frequency of the reference corpus's most common tokens (and
+all others as one bin) in the recent prompts' tokens, as a PSI, published once the window holds
+enough tokens to be above sampling noise. `/feedback` takes a prompt and a reference continuation
+and feeds a rolling perplexity gauge, scored by the same ONNX model's logits (ONNX Runtime,
+prefill with an empty cache). A promoted version that fails to load is counted and refused; the
+served model keeps serving. Needs the `llm` and `serve` extras.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
+import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +42,7 @@ TOKEN_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 3e-2, 5e-2, 7.5e-2, 0.1, 0.15, 
 FIRST_TOKEN_BUCKETS = (1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ENDPOINTS = ("generate", "feedback", "healthz", "metrics")
 MIN_TOKENS_PER_BIN = 20  # prompt drift is published once the window holds this many tokens per bin
+log = logging.getLogger(__name__)
 
 
 class EmptyText(ValueError):
@@ -53,6 +60,7 @@ class GenerateRequest(BaseModel):
     top_k: Annotated[int, Field(ge=0, le=100_000)] = 50
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    stream: bool = False  # server-sent events, one per token, then `done`
 
 
 class GenerateResponse(BaseModel):
@@ -95,9 +103,16 @@ class PromptDrift:
 class DecoderMetrics:
     """Prometheus metrics of the decoder app (own registry, `pruneops_` prefix)."""
 
-    def __init__(self, version: str, psi_threshold: float = 0.2) -> None:
+    def __init__(self, version: str, psi_threshold: float = 0.2, decode_slo_ms: float | None = None) -> None:
         r = self.registry = CollectorRegistry()
         self.version = version
+        if decode_slo_ms is not None:  # reprune.decode_slo_ms: the decode-latency alert's threshold
+            Gauge("pruneops_decode_slo_seconds", "reprune.decode_slo_ms, for the alert", registry=r).set(
+                decode_slo_ms / 1e3
+            )
+        self.info = Gauge("pruneops_model_info", "The model served (1)", ["model_version"], registry=r)
+        self.info.labels(version).set(1)
+        self.reload_errors = Counter("pruneops_model_reload_errors_total", "Promoted models refused", registry=r)
         # What the prompt-drift alert compares against (serve.psi_threshold).
         Gauge("pruneops_drift_threshold", "Drift above this alerts", ["stat"], registry=r).labels("psi").set(
             psi_threshold
@@ -139,8 +154,9 @@ class DecoderService:
         feedback_window: int = 50_000,
         feedback_file: Path | None = None,
         psi_threshold: float = 0.2,
+        decode_slo_ms: float | None = None,
     ):
-        self.metrics = DecoderMetrics(Path(folder).name, psi_threshold)
+        self.metrics = DecoderMetrics(Path(folder).name, psi_threshold, decode_slo_ms)
         self.drift_window = drift_window
         self.feedback: deque[float] = deque(maxlen=feedback_window)
         self.feedback_file = Path(feedback_file) if feedback_file else None
@@ -148,6 +164,7 @@ class DecoderService:
         self._load(Path(folder), reference)
 
     def _load(self, folder: Path, reference: dict | None) -> None:
+        """Loads everything first, then switches: a folder that fails to load leaves the service as it was."""
         import onnxruntime_genai as og
         from tokenizers import Tokenizer
 
@@ -155,23 +172,35 @@ class DecoderService:
             raise ConfigError(
                 f"serve-decoder: {folder} is not an onnxruntime-genai model folder (no genai_config.json)"
             )
-        self.folder = folder
-        self.model = og.Model(str(folder))
-        self.vocab = int(json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"])
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        model = og.Model(str(folder))
+        vocab = int(json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"])
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.folder, self.model, self.vocab, self.tokenizer = folder, model, vocab, tokenizer
         self.drift = PromptDrift(reference, self.drift_window) if reference else None
         self._scorer: tuple[object, dict] | None = None
         self.metrics.version = folder.name
 
-    def swap(self, folder: Path, reference: dict | None) -> None:
-        """Serves another model folder from the next request on (a promotion); its windows start empty."""
+    def swap(self, folder: Path, reference: dict | None) -> bool:
+        """Serves another model folder from the next request on (a promotion); its windows start empty.
+
+        Returns:
+            Whether it swapped: a folder that does not load is counted
+            (`pruneops_model_reload_errors_total`), logged, and the current model keeps serving.
+        """
         with self.lock:
             old = self.metrics.version
-            self._load(Path(folder), reference)
+            try:
+                self._load(Path(folder), reference)
+            except Exception as exc:  # noqa: BLE001 - any load failure keeps the served model
+                self.metrics.reload_errors.inc()
+                log.error("serve-decoder: kept %s; %s did not load: %s", old, folder, str(exc)[:300])
+                return False
             self.feedback.clear()
-            for gauge in (self.metrics.drift, self.metrics.perplexity, self.metrics.feedback_tokens):
+            for gauge in (self.metrics.drift, self.metrics.perplexity, self.metrics.feedback_tokens, self.metrics.info):
                 with contextlib.suppress(KeyError):  # a reading of the old model is no reading of this one
                     gauge.remove(old)
+            self.metrics.info.labels(self.metrics.version).set(1)
+            return True
 
     def watch_prompts(self, reference: dict) -> None:
         """Measures prompt drift against `reference` (from `prompt_reference`) from now on."""
@@ -185,13 +214,48 @@ class DecoderService:
         """Text of token ids, special tokens left out."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def generate(self, request: GenerateRequest) -> GenerateResponse:
-        """Decodes one continuation, timing its first and every further token."""
-        import onnxruntime_genai as og
+    def prompt_ids(self, request: GenerateRequest) -> list[int]:
+        """The prompt's token ids.
 
+        Raises:
+            EmptyText: The prompt holds no token.
+        """
         prompt = self.encode(request.prompt)
         if not prompt:
             raise EmptyText("the prompt holds no tokens")
+        return prompt
+
+    def generate(self, request: GenerateRequest) -> GenerateResponse:
+        """Decodes one continuation, timing its first and every further token."""
+        return self._decode(self.prompt_ids(request), request, None)
+
+    def stream(self, request: GenerateRequest) -> Iterator[str]:
+        """Server-sent events of one continuation: a `token` event per token as decoded, then `done`.
+
+        The decoding runs in a thread of its own that holds the lock until it ends, so a client that
+        leaves mid-stream cannot leave the service locked; a failure is an `error` event.
+
+        Raises:
+            EmptyText: The prompt holds no token (raised here, before any event is sent).
+        """
+        prompt = self.prompt_ids(request)
+        tokenizer = self.tokenizer  # the stream's text is its model's, even across a swap
+        events: queue.Queue = queue.Queue()
+
+        def run() -> None:
+            try:
+                events.put(("done", self._decode(prompt, request, events.put).model_dump()))
+            except RuntimeError as exc:
+                events.put(("error", {"detail": f"generation failed: {str(exc)[:300]}"}))
+
+        threading.Thread(target=run, name="generate-stream", daemon=True).start()
+        return _token_events(events, tokenizer)
+
+    def _decode(
+        self, prompt: list[int], request: GenerateRequest, emit: Callable[[int], None] | None
+    ) -> GenerateResponse:
+        import onnxruntime_genai as og
+
         params = og.GeneratorParams(self.model)
         options = {"max_length": len(prompt) + request.max_new_tokens, "do_sample": request.do_sample}
         if request.do_sample:
@@ -207,17 +271,20 @@ class DecoderService:
             generator.generate_next_token()
             first = time.perf_counter() - start
             tokens, steps = [int(generator.get_next_tokens()[0])], []
+            if emit is not None:
+                emit(tokens[-1])
             while not generator.is_done():
                 tick = time.perf_counter()
                 generator.generate_next_token()
                 steps.append(time.perf_counter() - tick)
                 tokens.append(int(generator.get_next_tokens()[0]))
+                if emit is not None:
+                    emit(tokens[-1])
             drift = self.drift.add(prompt) if self.drift else None
         self._record(len(prompt), first, steps, len(tokens), drift)
         finish = "length" if len(tokens) >= request.max_new_tokens else "eos"
-        text = self.decode(tokens)
         return GenerateResponse(
-            text=text,
+            text=self.decode(tokens),
             tokens=len(tokens),
             finish_reason=finish,
             ttft_ms=1000 * first,
@@ -256,6 +323,28 @@ class DecoderService:
         return math.exp(float(np.mean(losses)))
 
 
+def _token_events(events: queue.Queue, tokenizer: object) -> Iterator[str]:
+    """Turns the decoding thread's token ids into `token` events, then passes its last event on."""
+    tokens: list[int] = []
+    sent = ""
+    while True:
+        item = events.get()
+        if not isinstance(item, int):
+            yield _event(*item)
+            return
+        tokens.append(item)
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
+            continue
+        yield _event("token", {"token": item, "text": text[len(sent) :]})
+        sent = text
+
+
+def _event(name: str, data: dict) -> str:
+    """One server-sent event."""
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+
 def create_decoder_app(service: DecoderService) -> FastAPI:
     """The FastAPI app over a loaded `DecoderService`."""
     app = FastAPI(title="PruneOps decoder serving")
@@ -269,8 +358,10 @@ def create_decoder_app(service: DecoderService) -> FastAPI:
         return response
 
     @app.post("/generate", response_model=GenerateResponse)
-    def generate(request: GenerateRequest) -> GenerateResponse:
+    def generate(request: GenerateRequest) -> GenerateResponse | StreamingResponse:
         try:
+            if request.stream:
+                return StreamingResponse(service.stream(request), media_type="text/event-stream")
             return service.generate(request)
         except EmptyText as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from exc
@@ -303,13 +394,22 @@ def follow_production(service: DecoderService, registry_dir: Path, interval_s: f
         link = Path(registry_dir) / "production"
         return link.resolve() if link.exists() else None
 
+    refused: set[Path] = set()  # a version that failed to load is not retried every interval
+
     def loop() -> None:
         while True:
             time.sleep(interval_s)
             target = current()
-            if target is not None and target != service.folder.resolve():
-                reference = target / "reference_stats.json"
-                service.swap(target, json.loads(reference.read_text()) if reference.is_file() else None)
+            if target is None or target == service.folder.resolve() or target in refused:
+                continue
+            reference = target / "reference_stats.json"
+            try:
+                stats = json.loads(reference.read_text()) if reference.is_file() else None
+            except (OSError, ValueError) as exc:
+                stats = None
+                log.warning("serve-decoder: %s has an unreadable drift reference: %s", target.name, exc)
+            if not service.swap(target, stats):
+                refused.add(target)
 
     thread = threading.Thread(target=loop, name="follow-production", daemon=True)
     thread.start()

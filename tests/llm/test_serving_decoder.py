@@ -165,3 +165,58 @@ def test_feedback_is_kept_as_corpus_lines_and_the_service_follows_a_promotion(fo
         time.sleep(0.1)
     assert client.get("/healthz").json()["version"] == "v2"
     assert client.post("/generate", json={"prompt": "the people", "max_new_tokens": 3}).json()["tokens"] == 3
+
+
+def _events(body: str) -> list[tuple[str, dict]]:
+    import json
+
+    out = []
+    for chunk in body.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in chunk.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_streamed_tokens_are_the_plain_answers_tokens_and_are_counted(folders):
+    service = _service(folders)
+    client = TestClient(create_decoder_app(service))
+    ask = {"prompt": "the people of our nation work", "max_new_tokens": 12}
+    plain = client.post("/generate", json=ask).json()
+    response = client.post("/generate", json={**ask, "stream": True})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = _events(response.text)
+    tokens = [data for name, data in events if name == "token"]
+    assert [name for name, _ in events] == ["token"] * len(tokens) + ["done"]
+    done = events[-1][1]
+    assert done["text"] == plain["text"] and done["tokens"] == plain["tokens"] == len(tokens)
+    assert "".join(t["text"] for t in tokens) == plain["text"]
+    assert service.decode([t["token"] for t in tokens]) == plain["text"]
+    assert client.post("/generate", json={"prompt": "", "stream": True}).status_code == 422
+    metrics = client.get("/metrics").text
+    assert _metric(metrics, "pruneops_generated_tokens_total") == 2 * plain["tokens"]
+    assert _metric(metrics, 'pruneops_requests_total{endpoint="generate",status="200"}') == 2
+    assert _metric(metrics, 'pruneops_requests_total{endpoint="generate",status="422"}') == 1
+
+
+def test_a_promoted_version_that_does_not_load_is_refused_once_and_the_served_one_stays(folders, tmp_path):
+    import time
+
+    from pruneops.serving.generate import follow_production
+
+    registry = _registered(folders, tmp_path, ("v1", "v2"))
+    registry.promote("v1")
+    service = DecoderService(registry.production().path.resolve(), None)
+    client = TestClient(create_decoder_app(service))
+    registry.promote("v2")
+    (registry.get("v2").path / "genai_config.json").write_text("{}")  # broken after its checks passed
+    follow_production(service, registry.root, 0.05)
+    deadline = time.time() + 10
+    while time.time() < deadline and _metric(client.get("/metrics").text, "pruneops_model_reload_errors_total") < 1:
+        time.sleep(0.05)
+    time.sleep(0.5)  # ten more intervals: the refused version is not retried
+    metrics = client.get("/metrics").text
+    assert _metric(metrics, "pruneops_model_reload_errors_total") == 1
+    assert _metric(metrics, 'pruneops_model_info{model_version="v1"}') == 1
+    assert _metric(metrics, 'pruneops_model_info{model_version="v2"}') is None
+    assert client.get("/healthz").json()["version"] == "v1"
+    assert client.post("/generate", json={"prompt": "the people", "max_new_tokens": 3}).json()["tokens"] == 3

@@ -39,10 +39,13 @@ def test_alertmanager_config_is_valid_and_routes_reprune_alerts():
     }
 
 
-def test_dashboard_panels_use_the_provisioned_datasource():
+@pytest.mark.parametrize("name", ["pruneops.json", "pruneops-decoder.json"])
+def test_dashboard_panels_use_the_provisioned_datasource(name):
     uid = yaml.safe_load((MON / "grafana/provisioning/datasources/prometheus.yml").read_text())["datasources"][0]["uid"]
-    dashboard = json.loads((MON / "grafana/dashboards/pruneops.json").read_text())
+    dashboard = json.loads((MON / f"grafana/dashboards/{name}").read_text())
     assert len(dashboard["panels"]) >= 8
+    uids = {json.loads(path.read_text())["uid"] for path in (MON / "grafana/dashboards").glob("*.json")}
+    assert len(uids) == len(list((MON / "grafana/dashboards").glob("*.json")))  # Grafana keys dashboards by uid
     for panel in dashboard["panels"]:
         assert panel["datasource"]["uid"] == uid
         assert panel["targets"] and all(t["expr"] for t in panel["targets"])
