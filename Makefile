@@ -161,9 +161,11 @@ container-build:
 	docker/build-images.sh worker serving
 
 # Both images built, the serving image run on the pipeline's model (/predict, /metrics,
-# healthcheck, no torch), and `dvc repro` run inside the worker image.
-container-smoke: install container-build
+# healthcheck, no torch) and on a tiny decoder LLM (serve-decoder: /generate plain and streamed),
+# and `dvc repro` run inside the worker image.
+container-smoke: install-dev container-build
 	docker/smoke-serving.sh
+	docker/smoke-serving-decoder.sh
 	docker/smoke-worker.sh
 
 # Real assets, fetched once (nothing downloads at run time): torchvision's ImageNet MobileNetV2

@@ -21,6 +21,7 @@ SERVICES = {
     "worker",
     "receiver",
     "serving",
+    "serving-decoder",
     "prometheus",
     "alertmanager",
     "grafana",
@@ -66,6 +67,7 @@ def test_serving_image_is_multi_stage_and_installs_no_torch():
     lines = (DOCKER / "requirements-serving.txt").read_text().lower().splitlines()
     requirements = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
     assert "onnxruntime" in requirements and not any("torch" in r for r in requirements)
+    assert "onnxruntime-genai" in requirements  # serve-decoder
 
 
 def test_dockerignore_keeps_local_state_out_of_the_build_context():
@@ -94,6 +96,9 @@ def test_compose_wires_the_whole_stack_on_loopback():
     worker_volumes = services["worker"]["volumes"]
     assert "models:/app/models" in worker_volumes and "dvc-cache:/app/.dvc/cache" in worker_volumes
     assert "models:/app/models:ro" in services["serving"]["volumes"]
+    decoder = services["serving-decoder"]  # same image, its own command and port, only with --profile llm
+    assert decoder["image"] == services["serving"]["image"] and decoder["profiles"] == ["llm"]
+    assert "serve-decoder --registry models" in decoder["command"][-1] and "models:/app/models:ro" in decoder["volumes"]
     grafana = " ".join(services["grafana"]["volumes"])
     assert "provisioning/dashboards" in grafana and "grafana/dashboards" in grafana and "datasource" in grafana
     assert services["worker"]["depends_on"]["prefect-server"]["condition"] == "service_healthy"
@@ -164,6 +169,7 @@ def test_each_service_gets_only_the_secrets_it_uses_and_no_admin_endpoints_are_o
 COMPOSE_ADDRESSES = {
     "127.0.0.1:9093": "alertmanager:9093",
     "127.0.0.1:8000": "serving:8000",
+    "127.0.0.1:8001": "serving-decoder:8001",
     "http://127.0.0.1:8010/alerts": "http://receiver:8010/alerts",
     "http://127.0.0.1:9090": "http://prometheus:9090",
 }

@@ -81,6 +81,7 @@ def start_monitoring(work, ports) -> list[subprocess.Popen]:
     prom["rule_files"] = [str(work / "recording.yml"), str(work / "alerts.yml")]
     prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{ports['alertmanager']}"]
     prom["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{ports['serving']}"]
+    prom["scrape_configs"] = prom["scrape_configs"][:1]  # the classifier app only
     (work / "prometheus.yml").write_text(yaml.safe_dump(prom))
     procs.append(
         subprocess.Popen(

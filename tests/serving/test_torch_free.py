@@ -60,3 +60,58 @@ def test_publish_and_serve_without_torch(pipeline_dir, tmp_path):
     with np.load(tmp_path / "artifacts/validate/test.npz") as test:
         accuracy = np.mean(np.array(result["classes"]) == test["y"][:32])
     assert accuracy >= 0.8
+
+
+# The decoder app in a fresh interpreter without torch or transformers (the serving image has neither).
+DECODER_SCRIPT = r"""
+import importlib.abc, json, sys
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"{name} is blocked: the serving image has none")
+
+sys.meta_path.insert(0, Blocked())
+from pathlib import Path
+from fastapi.testclient import TestClient
+from pruneops.serving.generate import DecoderService, create_decoder_app
+from pruneops.stages import load_section
+
+slo = load_section(sys.argv[2], "reprune", "params.yaml").decode_slo_ms
+client = TestClient(create_decoder_app(DecoderService(Path(sys.argv[1]), None, decode_slo_ms=slo)))
+plain = client.post("/generate", json={"prompt": "the people", "max_new_tokens": 4})
+streamed = client.post("/generate", json={"prompt": "the people", "max_new_tokens": 4, "stream": True})
+feedback = client.post("/feedback", json={"prompt": "the people", "continuation": "of our nation"})
+print(json.dumps({
+    "statuses": [plain.status_code, streamed.status_code, feedback.status_code],
+    "tokens": plain.json()["tokens"],
+    "done_event": "event: done" in streamed.text,
+    "metrics": client.get("/metrics").text,
+    "blocked_loaded": sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers"}),
+}))
+"""
+
+
+def test_decoder_generate_stream_and_feedback_without_torch(tmp_path):
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    import json
+
+    from pruneops.timing.decode import build_genai_model
+    from tests.conftest import write_params
+    from tests.llm.decoder_helpers import save_tiny
+
+    folder = build_genai_model(save_tiny("llama", tmp_path / "hf"), tmp_path / "onnx", "fp32", threads=1)
+    (tmp_path / "project").mkdir()
+    write_params(tmp_path / "project", {"reprune": {"decode_slo_ms": 40.0}})
+    out = subprocess.run(
+        [sys.executable, "-c", DECODER_SCRIPT, str(folder), str(tmp_path / "project")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["statuses"] == [200, 200, 200] and result["tokens"] == 4 and result["done_event"]
+    assert result["blocked_loaded"] == []
+    assert "pruneops_decode_slo_seconds 0.04" in result["metrics"]
