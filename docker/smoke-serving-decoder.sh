@@ -34,7 +34,7 @@ chmod -R a+rX "$work"
 "$engine" run -d --name "$name" --network host -e PRUNEOPS_HOST=127.0.0.1 -e "PRUNEOPS_PORT=$port" \
   -v "$work/models:/app/models:ro" --entrypoint sh "$image" \
   -c 'exec pruneops --root /app serve-decoder --registry models --host "$PRUNEOPS_HOST" --port "$PRUNEOPS_PORT"' \
-  >/dev/null
+  >/dev/null 2>"$work/run.err" || { cat "$work/run.err" >&2; exit 1; }  # (podman's systemd notices are noise)
 $py - "$port" "$work" <<'PY'
 import json, sys, time, urllib.request
 from pathlib import Path
