@@ -146,7 +146,7 @@ def recover_(
         optimizer.step()
         schedule.step()
         used += batch.numel()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if progress:
             progress(used, losses[-1])
     student.eval()
