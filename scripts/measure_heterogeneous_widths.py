@@ -16,7 +16,7 @@ uniform paired over blocks with a bootstrap interval. Time: the same total MLP w
 predicted decode time under the cost model (linear in layer weights); what odd per-layer widths cost
 in ONNX Runtime is measured directly: one token through each layer's gate/up/down MatMuls at its
 width (one thread, interleaved rounds), summed over layers, against the uniform sum.
-Writes `docs/results/llm/heterogeneous/report.md` and `results.json`.
+Writes `docs/results/llm-widths/report.md` and `results.json`.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="benchmarks/decoders/llm.yaml")
     parser.add_argument("--widths", type=int, nargs="+", default=[1024, 768])
-    parser.add_argument("--out", default="docs/results/llm/heterogeneous")
+    parser.add_argument("--out", default="docs/results/llm-widths")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
