@@ -299,12 +299,14 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     log.info("cost model: %s; dense %.2f ms/token", cost, dense_ms)
     zero = {"dense": _zero_shot(dense, tokenizer, config, data.zero_shot)}
     rows = _rows_for(dense, tokenizer, config, work, "dense", "dense", base, ["fp32", *config.precisions])
-    plans, recovery = {}, {}
+    plans, recovery, search_s = {}, {}, {}
     for target in config.targets:
         target_ms = target * dense_ms
+        searching = time.perf_counter()
         shape, tried = _plan(config, dense, data, calibration, cost, target_ms)
         plans[target] = tried
         model = cut_to_shape(dense, shape, calibration, "activation", True)
+        search_s[str(target)] = time.perf_counter() - searching  # every plan cut and scored, then the kept one
         name = f"ours {target:g}"
         extra = {"target": target, "predicted_tpot_ms": cost.predict(shape)}
         if config.recovery_tokens:
@@ -334,6 +336,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     _measure(config, rows, data, base.vocab)
     results = _results(config, rows, zero, cost, table, plans, base, command)
     results["recovery"] = recovery
+    results["plan_search_s"] = search_s
     results["wall_s"] = time.perf_counter() - started
     where = Path(out_dir) / config.bench / config.workload
     where.mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,14 @@ def _verdicts(results: dict) -> list[str]:
     return lines
 
 
+def _search_text(results: dict) -> str:
+    searched = results.get("plan_search_s") or {}
+    if not searched:
+        return ""
+    parts = [f"target {float(t):g}: {s / 60:.1f} min" for t, s in searched.items()]
+    return "Pruning (every feasible plan cut, reconstructed and scored, then the kept one): " + "; ".join(parts) + ". "
+
+
 def _recovery_text(results: dict) -> str:
     spent = results.get("recovery") or {}
     if not spent:
@@ -122,7 +130,7 @@ def write_decoder_report(results: dict) -> str:
         f"({config['val_blocks']} blocks) chooses, test ({config['test_blocks']} blocks, documents never seen by "
         "calibration or plan search) reports, with a bootstrap interval over blocks; Δ is paired against dense "
         f"fp32 on the same blocks. Out-of-domain: `{Path(config['out_of_domain'] or '-').name}`. Calibration: "
-        f"{config['calibration_blocks']} training blocks. {_recovery_text(results)}",
+        f"{config['calibration_blocks']} training blocks. {_search_text(results)}{_recovery_text(results)}",
         "",
         "![frontier](frontier.png)",
         "",

@@ -70,6 +70,7 @@ def test_bench_decoder_writes_a_report_with_every_row_measured(tmp_path, monkeyp
     assert results["recovery"]["0.85"]["tokens"] == 48 and "ours, cut only" in kinds
     report = (where / "report.md").read_text()
     assert "ours 0.85 fp32" in report and "48 tokens" in report and (where / "frontier.png").stat().st_size
+    assert 0 < results["plan_search_s"]["0.85"] < results["wall_s"] and "Pruning (every feasible plan" in report
 
 
 def test_a_bad_bench_file_is_one_line(tmp_path, capsys):
