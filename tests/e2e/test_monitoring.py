@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port, start_serving, wait_http
+from tests.monitoring.helpers import panels_without_data, prom_query
 
 pytestmark = [
     pytest.mark.e2e,
@@ -41,11 +42,6 @@ def post_json(url: str, body: dict, headers: dict | None = None) -> dict:
     )
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.load(r)
-
-
-def prom_query(base: str, expr: str) -> list:
-    with urllib.request.urlopen(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=10) as r:
-        return json.load(r)["data"]["result"]
 
 
 def start_monitoring(work, ports) -> list[subprocess.Popen]:
@@ -177,13 +173,7 @@ def test_drift_alert_reaches_receiver_and_starts_one_reprune(served_project, tmp
 
             # Every Grafana panel's queries return data from the live Prometheus.
             time.sleep(2)
-            dashboard = json.loads((ROOT / "monitoring/grafana/dashboards/pruneops.json").read_text())
-            empty = [
-                (p["title"], t["expr"])
-                for p in dashboard["panels"]
-                for t in p["targets"]
-                if not prom_query(prometheus, t["expr"])
-            ]
+            empty = panels_without_data(prometheus, "pruneops.json")
             assert not empty, f"panels without data: {empty}"
         finally:
             server.should_exit = True

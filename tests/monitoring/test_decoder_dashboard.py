@@ -19,6 +19,7 @@ pytest.importorskip("uvicorn")
 
 from tests.conftest import ROOT, free_port, wait_http  # noqa: E402
 from tests.llm.decoder_helpers import WORDS, save_tiny, speeches, tiny_tokenizer  # noqa: E402
+from tests.monitoring.helpers import panels_without_data, prom_query  # noqa: E402
 
 pytestmark = [
     pytest.mark.e2e,
@@ -31,11 +32,6 @@ def _post(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
-
-
-def _query(base: str, expr: str) -> list:
-    with urllib.request.urlopen(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=10) as r:
-        return json.load(r)["data"]["result"]
 
 
 def _prometheus(work, target: str, port: int) -> subprocess.Popen:
@@ -75,24 +71,18 @@ def test_every_decoder_panel_has_data_from_a_live_prometheus(tmp_path):
         wait_http(f"{prom}/-/ready", timeout=60)
         deadline = time.time() + 60  # traffic across several scrapes: rates need two samples
         texts = iter(speeches(200, seed=2))
-        while time.time() < deadline and not _query(prom, "pruneops:time_per_output_token_seconds:p95"):
+        while time.time() < deadline and not prom_query(prom, "pruneops:time_per_output_token_seconds:p95"):
             text = next(texts).split()
             _post(f"{serve}/generate", {"prompt": " ".join(text[:12]), "max_new_tokens": 6})
             _post(f"{serve}/feedback", {"prompt": " ".join(text[:12]), "continuation": " ".join(text[12:24])})
             _post(f"{serve}/generate", {"prompt": " ".join(WORDS[-4:] * 10), "max_new_tokens": 2})
             time.sleep(0.2)
         time.sleep(2)  # one more scrape and rule evaluation after the last request
-        dashboard = json.loads((MON / "grafana/dashboards/pruneops-decoder.json").read_text())
-        empty = [
-            (panel["title"], target["expr"])
-            for panel in dashboard["panels"]
-            for target in panel["targets"]
-            if not _query(prom, target["expr"])
-        ]
+        empty = panels_without_data(prom, "pruneops-decoder.json")
         assert not empty, f"panels without data: {empty}"
-        (tpot,) = _query(prom, "pruneops:time_per_output_token_seconds:p95")
+        (tpot,) = prom_query(prom, "pruneops:time_per_output_token_seconds:p95")
         assert 0 < float(tpot["value"][1]) <= 1.0  # within the histogram's finite buckets
-        (info,) = _query(prom, "pruneops_model_info")
+        (info,) = prom_query(prom, "pruneops_model_info")
         assert info["metric"]["model_version"] == "v1"
     finally:
         server.should_exit = True
