@@ -121,7 +121,7 @@ def test_reconstruction_reproduces_the_dense_layer_output_better_than_slicing(fa
     solved = copy.deepcopy(down)
     D.least_squares_(solved, stats, keep)
     new_w = D.weight_out_in(solved).double()
-    bias_shift = (solved.bias - down.bias).double() if getattr(down, "bias", None) is not None else 0.0
+    bias_shift = (solved.bias - down.bias).detach().double() if getattr(down, "bias", None) is not None else 0.0
     n, gram, total = stats.count, stats.gram, stats.total
 
     def error(w, shift):  # mean ||X (w - W)^T + shift||^2 from the Gram matrix
