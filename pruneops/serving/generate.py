@@ -324,20 +324,29 @@ class DecoderService:
 
 
 def _token_events(events: queue.Queue, tokenizer: object) -> Iterator[str]:
-    """Turns the decoding thread's token ids into `token` events, then passes its last event on."""
+    """Turns the decoding thread's token ids into `token` events, then passes its last event on.
+
+    Each event's text is what its tokens add to the text so far, decoded from a window that starts
+    at the previous event's tokens (the context a detokeniser needs for spaces), so a token's cost
+    does not grow with the continuation; tokens that end inside a character wait for the rest and
+    go out with the next event.
+    """
     tokens: list[int] = []
-    sent = ""
+    prefix = read = 0  # tokens[prefix:read]: the window's context, already sent
     while True:
         item = events.get()
         if not isinstance(item, int):
             yield _event(*item)
             return
         tokens.append(item)
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        text = tokenizer.decode(tokens[prefix:], skip_special_tokens=True)
         if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
             continue
-        yield _event("token", {"token": item, "text": text[len(sent) :]})
-        sent = text
+        piece = text[len(tokenizer.decode(tokens[prefix:read], skip_special_tokens=True)) :]
+        yield _event("token", {"tokens": tokens[read:], "text": piece})
+        # The next window starts at these tokens only when they show text: a skipped special token is
+        # no context (the token after it would lose the space before it).
+        prefix, read = (read if piece else prefix), len(tokens)
 
 
 def _event(name: str, data: dict) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -185,17 +186,58 @@ def test_streamed_tokens_are_the_plain_answers_tokens_and_are_counted(folders):
     response = client.post("/generate", json={**ask, "stream": True})
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = _events(response.text)
-    tokens = [data for name, data in events if name == "token"]
-    assert [name for name, _ in events] == ["token"] * len(tokens) + ["done"]
-    done = events[-1][1]
-    assert done["text"] == plain["text"] and done["tokens"] == plain["tokens"] == len(tokens)
-    assert "".join(t["text"] for t in tokens) == plain["text"]
-    assert service.decode([t["token"] for t in tokens]) == plain["text"]
+    pieces = [data for name, data in events if name == "token"]
+    assert [name for name, _ in events] == ["token"] * len(pieces) + ["done"]
+    done, ids = events[-1][1], [i for piece in pieces for i in piece["tokens"]]
+    assert done["text"] == plain["text"] and done["tokens"] == plain["tokens"] == len(ids)
+    assert "".join(piece["text"] for piece in pieces) == plain["text"]
+    assert service.decode(ids) == plain["text"]
     assert client.post("/generate", json={"prompt": "", "stream": True}).status_code == 422
     metrics = client.get("/metrics").text
     assert _metric(metrics, "pruneops_generated_tokens_total") == 2 * plain["tokens"]
     assert _metric(metrics, 'pruneops_requests_total{endpoint="generate",status="200"}') == 2
     assert _metric(metrics, 'pruneops_requests_total{endpoint="generate",status="422"}') == 1
+
+
+def test_streamed_pieces_join_into_the_decoded_text_for_a_byte_level_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    # Byte-level BPE with no merges: one token per byte, so "é" and "€" span two and three tokens.
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tokenizer = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    text = "Thank you. Café costs 5€ — merci !"
+    ids = tokenizer.encode(text).ids
+    assert len(ids) > len(text)  # multi-byte characters split across tokens
+    pieces = _pieces(ids, tokenizer)
+    assert "".join(p["text"] for p in pieces) == text
+    assert [i for p in pieces for i in p["tokens"]] == ids
+    assert all("\ufffd" not in p["text"] for p in pieces) and len(pieces) < len(ids)
+
+
+def test_a_skipped_special_token_does_not_eat_the_space_after_it(folders):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folders[1] / "tokenizer.json"))  # word-level: spaces come from decoding
+    words = tokenizer.encode("the people of our nation", add_special_tokens=False).ids
+    pad = tokenizer.token_to_id("<pad>")
+    ids = [words[0], pad, words[1], pad, pad, words[2], words[3], pad, words[4]]
+    pieces = _pieces(ids, tokenizer)
+    assert "".join(p["text"] for p in pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert [i for p in pieces for i in p["tokens"]] == ids
+
+
+def _pieces(ids: list[int], tokenizer) -> list[dict]:
+    import queue
+
+    from pruneops.serving.generate import _token_events
+
+    events: queue.Queue = queue.Queue()
+    for i in ids:
+        events.put(i)
+    events.put(("done", {}))
+    return [json.loads(e.split("data: ", 1)[1]) for e in _token_events(events, tokenizer)][:-1]
 
 
 def test_a_promoted_version_that_does_not_load_is_refused_once_and_the_served_one_stays(folders, tmp_path):
