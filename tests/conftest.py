@@ -192,6 +192,36 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
     raise TimeoutError(url)
 
 
+def post_json(url: str, body: dict, headers: dict | None = None, timeout: float = 30.0) -> dict:
+    """POSTs `body` as JSON and returns the decoded JSON answer."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"content-type": "application/json", **(headers or {})},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response)
+
+
+@pytest.fixture(scope="session")
+def tiny_genai_decoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny random Llama: its HuggingFace folder and its onnxruntime-genai export (fp32, 1 thread).
+
+    Tests copy or register it before changing anything in it.
+    """
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    from pruneops.timing.decode import build_genai_model
+    from tests.llm.decoder_helpers import save_tiny
+
+    root = tmp_path_factory.mktemp("tiny-genai-decoder")
+    hf = save_tiny("llama", root / "hf")
+    return hf, build_genai_model(hf, root / "v1", "fp32", threads=1)
+
+
 def start_serving(project: Path, port: int, *extra: str):
     """Starts `pruneops serve` for `project` on loopback (stop it by terminating the process)."""
     import subprocess

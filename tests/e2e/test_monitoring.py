@@ -6,20 +6,17 @@ within 60 s; then every Grafana panel's PromQL is run against the live Prometheu
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 
 import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import ROOT, free_port, start_serving, wait_http
+from tests.conftest import ROOT, free_port, post_json, start_serving, wait_http
 from tests.monitoring.helpers import panels_without_data, prom_query
 
 pytestmark = [
@@ -31,17 +28,6 @@ pytestmark = [
 ]
 pytest.importorskip("prefect", reason="prefect is not installed")
 TOKEN = "e2e-token"
-
-
-def post_json(url: str, body: dict, headers: dict | None = None) -> dict:
-    req = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"content-type": "application/json", **(headers or {})},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
 
 
 def start_monitoring(work, ports) -> list[subprocess.Popen]:

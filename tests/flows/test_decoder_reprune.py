@@ -17,14 +17,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
 
 from pruneops.stages import STAGE_NAMES  # noqa: E402
-from tests.conftest import free_port, wait_http, write_params  # noqa: E402
+from tests.conftest import free_port, post_json, wait_http, write_params  # noqa: E402
 from tests.llm.decoder_helpers import WORDS, decoder_params, save_small_llama, speeches  # noqa: E402
-
-
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
 
 
 def _project(root: Path, prometheus: str) -> Path:
@@ -108,11 +102,11 @@ def test_dvc_repro_then_prompt_drift_starts_a_gated_reprune_that_the_server_foll
         for text in speeches(40, seed=5):  # in-domain traffic, each answer followed by its reference
             words = text.split()
             prompt, continuation = " ".join(words[:20]), " ".join(words[20:])
-            assert _post(f"{serve}/generate", {"prompt": prompt, "max_new_tokens": 4})["tokens"] >= 1
-            _post(f"{serve}/feedback", {"prompt": prompt, "continuation": continuation})
+            assert post_json(f"{serve}/generate", {"prompt": prompt, "max_new_tokens": 4})["tokens"] >= 1
+            post_json(f"{serve}/feedback", {"prompt": prompt, "continuation": continuation})
         shifted = " ".join(WORDS[-6:])  # six words over and over: a token histogram unlike the corpus's
         for _ in range(80):
-            _post(f"{serve}/generate", {"prompt": " ".join([shifted] * 5), "max_new_tokens": 2})
+            post_json(f"{serve}/generate", {"prompt": " ".join([shifted] * 5), "max_new_tokens": 2})
         deadline, check = time.time() + 60, {"triggered": False}
         while time.time() < deadline and not check["triggered"]:
             time.sleep(2)
@@ -128,7 +122,7 @@ def test_dvc_repro_then_prompt_drift_starts_a_gated_reprune_that_the_server_foll
             time.sleep(1)
             version = json.loads(urllib.request.urlopen(f"{serve}/healthz", timeout=10).read())["version"]
         assert version == record["candidate_version"] != first
-        assert _post(f"{serve}/generate", {"prompt": "thank you", "max_new_tokens": 3})["tokens"] >= 1
+        assert post_json(f"{serve}/generate", {"prompt": "thank you", "max_new_tokens": 3})["tokens"] >= 1
     finally:
         for proc in procs:
             proc.terminate()

@@ -16,15 +16,13 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from pruneops.drift import prompt_reference  # noqa: E402
 from pruneops.serving.generate import DecoderService, create_decoder_app  # noqa: E402
-from pruneops.timing.decode import build_genai_model, greedy_tokens  # noqa: E402
-from tests.llm.decoder_helpers import VOCAB, save_tiny, speeches, tiny_tokenizer  # noqa: E402
+from pruneops.timing.decode import greedy_tokens  # noqa: E402
+from tests.llm.decoder_helpers import VOCAB, speeches, tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve-decoder")
-    hf = save_tiny("llama", root / "hf")
-    return hf, build_genai_model(hf, root / "onnx", "fp32", threads=1)
+def folders(tiny_genai_decoder):
+    return tiny_genai_decoder
 
 
 def _service(folders, reference_texts=None):

@@ -3,13 +3,10 @@ real Prometheus with the recording rules scraping it, traffic, then every panel'
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
 import yaml
@@ -17,8 +14,8 @@ import yaml
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
 pytest.importorskip("uvicorn")
 
-from tests.conftest import ROOT, free_port, wait_http  # noqa: E402
-from tests.llm.decoder_helpers import WORDS, save_tiny, speeches, tiny_tokenizer  # noqa: E402
+from tests.conftest import ROOT, free_port, post_json, wait_http  # noqa: E402
+from tests.llm.decoder_helpers import WORDS, speeches, tiny_tokenizer  # noqa: E402
 from tests.monitoring.helpers import panels_without_data, prom_query  # noqa: E402
 
 pytestmark = [
@@ -26,12 +23,6 @@ pytestmark = [
     pytest.mark.skipif(not shutil.which("prometheus"), reason="Debian's prometheus is not installed"),
 ]
 MON = ROOT / "monitoring"
-
-
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
 
 
 def _prometheus(work, target: str, port: int) -> subprocess.Popen:
@@ -47,14 +38,13 @@ def _prometheus(work, target: str, port: int) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def test_every_decoder_panel_has_data_from_a_live_prometheus(tmp_path):
+def test_every_decoder_panel_has_data_from_a_live_prometheus(tmp_path, tiny_genai_decoder):
     import uvicorn
 
     from pruneops.drift import prompt_reference
     from pruneops.serving.generate import DecoderService, create_decoder_app
-    from pruneops.timing.decode import build_genai_model
 
-    folder = build_genai_model(save_tiny("llama", tmp_path / "hf"), tmp_path / "v1", "fp32", threads=1)
+    folder = tiny_genai_decoder[1]
     tok = tiny_tokenizer()
     reference = prompt_reference([tok(t, add_special_tokens=False)["input_ids"] for t in speeches(80, seed=1)])
     service = DecoderService(folder, reference, drift_window=2000, decode_slo_ms=50.0)
@@ -73,9 +63,9 @@ def test_every_decoder_panel_has_data_from_a_live_prometheus(tmp_path):
         texts = iter(speeches(200, seed=2))
         while time.time() < deadline and not prom_query(prom, "pruneops:time_per_output_token_seconds:p95"):
             text = next(texts).split()
-            _post(f"{serve}/generate", {"prompt": " ".join(text[:12]), "max_new_tokens": 6})
-            _post(f"{serve}/feedback", {"prompt": " ".join(text[:12]), "continuation": " ".join(text[12:24])})
-            _post(f"{serve}/generate", {"prompt": " ".join(WORDS[-4:] * 10), "max_new_tokens": 2})
+            post_json(f"{serve}/generate", {"prompt": " ".join(text[:12]), "max_new_tokens": 6})
+            post_json(f"{serve}/feedback", {"prompt": " ".join(text[:12]), "continuation": " ".join(text[12:24])})
+            post_json(f"{serve}/generate", {"prompt": " ".join(WORDS[-4:] * 10), "max_new_tokens": 2})
             time.sleep(0.2)
         time.sleep(2)  # one more scrape and rule evaluation after the last request
         empty = panels_without_data(prom, "pruneops-decoder.json")

@@ -92,15 +92,12 @@ print(json.dumps({
 """
 
 
-def test_decoder_generate_stream_and_feedback_without_torch(tmp_path):
-    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+def test_decoder_generate_stream_and_feedback_without_torch(tmp_path, tiny_genai_decoder):
     import json
 
-    from pruneops.timing.decode import build_genai_model
     from tests.conftest import write_params
-    from tests.llm.decoder_helpers import save_tiny
 
-    folder = build_genai_model(save_tiny("llama", tmp_path / "hf"), tmp_path / "onnx", "fp32", threads=1)
+    folder = tiny_genai_decoder[1]
     (tmp_path / "project").mkdir()
     write_params(tmp_path / "project", {"reprune": {"decode_slo_ms": 40.0}})
     out = subprocess.run(
