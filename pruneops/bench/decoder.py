@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pruneops.data.corpus import build_corpus, read_documents, read_labelled, to_blocks
 from pruneops.errors import ConfigError
 from pruneops.io import dump_json
-from pruneops.llm.common import cut_to_shape, export_genai, time_shapes
+from pruneops.llm.common import cut_to_shape, export_genai, fit_costs, time_shapes
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import (
     block_losses,
@@ -173,8 +173,8 @@ def workload_data(config: DecoderBenchConfig, tokenizer: object) -> _Data:
 
 
 def _cost_model(config: DecoderBenchConfig, dense, tokenizer, work: Path):
-    """Times a few uniform shapes and fits the decode cost model."""
-    return time_shapes(
+    """Times a few uniform shapes and fits the decode cost model: (model, [(shape, ms per token)])."""
+    table = time_shapes(
         dense,
         tokenizer,
         work,
@@ -185,6 +185,7 @@ def _cost_model(config: DecoderBenchConfig, dense, tokenizer, work: Path):
         threads=config.threads,
         seed=config.seed,
     )
+    return fit_costs(table)["decode"], [(shape, timing.tpot_ms) for shape, timing in table]
 
 
 def _plan(config, dense, data: _Data, calibration, cost, target_ms: float) -> tuple[DecoderShape, list[dict]]:
