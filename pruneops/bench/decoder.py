@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pruneops.data.corpus import build_corpus, read_documents, read_labelled, to_blocks
 from pruneops.errors import ConfigError
 from pruneops.io import dump_json
-from pruneops.llm.common import cut_to_shape, export_genai, time_shapes
+from pruneops.llm.common import cut_to_shape, export_genai, fit_costs, time_shapes
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import (
     block_losses,
@@ -45,7 +45,7 @@ from pruneops.models.language import (
     perplexity_from_losses,
     zero_shot_accuracy,
 )
-from pruneops.planning.decoder import DecoderShape, feasible_plans, shape_of
+from pruneops.planning.decoder import DecoderShape, LoopRound, close_the_loop, feasible_plans, shape_of
 from pruneops.pruning import decoder as cuts
 from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
@@ -173,8 +173,8 @@ def workload_data(config: DecoderBenchConfig, tokenizer: object) -> _Data:
 
 
 def _cost_model(config: DecoderBenchConfig, dense, tokenizer, work: Path):
-    """Times a few uniform shapes and fits the decode cost model."""
-    return time_shapes(
+    """Times a few uniform shapes and fits the decode cost model: (model, [(shape, ms per token)])."""
+    table = time_shapes(
         dense,
         tokenizer,
         work,
@@ -185,22 +185,56 @@ def _cost_model(config: DecoderBenchConfig, dense, tokenizer, work: Path):
         threads=config.threads,
         seed=config.seed,
     )
+    return fit_costs(table)["decode"], [(shape, timing.tpot_ms) for shape, timing in table]
 
 
-def _plan(config, dense, data: _Data, calibration, cost, target_ms: float) -> tuple[DecoderShape, list[dict]]:
-    """The feasible plan with the lowest perplexity on the search blocks (held out from val and test)."""
+def _plan(config, dense, data: _Data, calibration, cost, target_ms: float, scored: dict) -> DecoderShape:
+    """The feasible plan with the lowest perplexity on the search blocks (held out from val and test).
+
+    Each plan is cut and scored once: `scored` keeps every plan's row across the loop's rounds.
+    """
     base = shape_of(dense.config)
     groups = [g for g in (config.kv_groups or range(base.kv_groups, 0, -1)) if g <= base.kv_groups]
     plans = feasible_plans(base, cost, target_ms, config.max_layers_dropped, groups, depth_step=config.depth_step)
     if not plans:
         raise ConfigError(f"bench-decoder: no uniform shape is predicted to decode in {target_ms:.2f} ms")
-    tried = []
     for shape in plans:
+        if shape in scored:
+            continue
         losses = block_losses(cut_to_shape(dense, shape, calibration, "activation", True), data.search)
-        tried.append({"shape": shape, "search_nll": float(losses.mean()), "predicted_ms": cost.predict(shape)})
+        scored[shape] = {"shape": shape, "search_nll": float(losses.mean()), "predicted_ms": cost.predict(shape)}
         log.info("plan %s: search perplexity %.2f", shape.describe(), np.exp(losses.mean()))
-    best = min(tried, key=lambda t: t["search_nll"])
-    return best["shape"], tried
+    return min((scored[s] for s in plans), key=lambda t: t["search_nll"])["shape"]
+
+
+def _plan_in_loop(
+    config, dense, tokenizer, data: _Data, calibration, cost, target: float, dense_ms, dense_folder, work
+):
+    """The closed loop for one target: (kept shape, every plan scored, the rounds timed against dense).
+
+    The first round plans for `target` x `dense_ms` (dense as the cost table measured it).
+    """
+    scored: dict[DecoderShape, dict] = {}
+    prompt = np.random.default_rng(config.seed).integers(0, shape_of(dense.config).vocab, (1, config.prompt_length))
+
+    def measure(shape: DecoderShape) -> tuple[float, float]:
+        model = cut_to_shape(dense, shape, calibration, "activation", True)
+        name = f"loop-{target:g}-{shape.layers}-{shape.kv_groups}-{shape.mlp_width}"
+        folder = export_genai(model, tokenizer, work / name, ["fp32"], config.threads)["fp32"]
+        timed = time_generation({"dense": dense_folder, "plan": folder}, prompt, config.new_tokens, config.rounds)
+        log.info("loop: %s measured %.3f of dense (target %g)", shape.describe(),
+                 timed["plan"].tpot_ms / timed["dense"].tpot_ms, target)  # fmt: skip
+        return timed["dense"].tpot_ms, timed["plan"].tpot_ms
+
+    def plan(target_ms: float) -> DecoderShape:
+        return _plan(config, dense, data, calibration, cost, target_ms, scored)
+
+    rounds = close_the_loop(plan, measure, cost, target, target * dense_ms)
+    return rounds[-1].shape, list(scored.values()), rounds
+
+
+def _round_record(r: LoopRound) -> dict:
+    return {**asdict(r), "shape": r.shape.describe(), "measured_ratio": r.measured_ratio}
 
 
 def _baselines(config, dense, calibration, cost, target_ms: float) -> dict[str, DecoderShape]:
@@ -299,14 +333,16 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     log.info("cost model: %s; dense %.2f ms/token", cost, dense_ms)
     zero = {"dense": _zero_shot(dense, tokenizer, config, data.zero_shot)}
     rows = _rows_for(dense, tokenizer, config, work, "dense", "dense", base, ["fp32", *config.precisions])
-    plans, recovery, search_s = {}, {}, {}
+    plans, recovery, search_s, loops = {}, {}, {}, {}
     for target in config.targets:
-        target_ms = target * dense_ms
         searching = time.perf_counter()
-        shape, tried = _plan(config, dense, data, calibration, cost, target_ms)
-        plans[target] = tried
+        shape, tried, rounds = _plan_in_loop(
+            config, dense, tokenizer, data, calibration, cost, target, dense_ms, rows[0].folder, work
+        )
+        plans[target], loops[str(target)] = tried, [_round_record(r) for r in rounds]
+        target_ms = rounds[-1].target_ms  # the baselines are cut to the kept plan's predicted time
         model = cut_to_shape(dense, shape, calibration, "activation", True)
-        search_s[str(target)] = time.perf_counter() - searching  # every plan cut and scored, then the kept one
+        search_s[str(target)] = time.perf_counter() - searching  # plans cut, scored and timed, then the kept one
         name = f"ours {target:g}"
         extra = {"target": target, "predicted_tpot_ms": cost.predict(shape)}
         if config.recovery_tokens:
@@ -337,6 +373,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     results = _results(config, rows, zero, cost, table, plans, base, command)
     results["recovery"] = recovery
     results["plan_search_s"] = search_s
+    results["loop"] = loops
     results["wall_s"] = time.perf_counter() - started
     where = Path(out_dir) / config.bench / config.workload
     where.mkdir(parents=True, exist_ok=True)

@@ -94,6 +94,20 @@ def _search_text(results: dict) -> str:
     return "Pruning (every feasible plan cut, reconstructed and scored, then the kept one): " + "; ".join(parts) + ". "
 
 
+def _loop_text(results: dict) -> str:
+    loops = results.get("loop") or {}
+    if not loops:
+        return ""
+    parts = [
+        f"target {float(t):g}: " + " → ".join(f"{r['shape']} at {r['measured_ratio']:.3f}" for r in rounds)
+        for t, rounds in loops.items()
+    ]
+    return (
+        "Closed loop (the best plan timed against dense fp32 before recovery; while it measured slower than the "
+        "target, a narrower plan was chosen by quality and timed; the last is kept): " + "; ".join(parts) + ". "
+    )
+
+
 def _recovery_text(results: dict) -> str:
     spent = results.get("recovery") or {}
     if not spent:
@@ -130,7 +144,8 @@ def write_decoder_report(results: dict) -> str:
         f"({config['val_blocks']} blocks) chooses, test ({config['test_blocks']} blocks, documents never seen by "
         "calibration or plan search) reports, with a bootstrap interval over blocks; Δ is paired against dense "
         f"fp32 on the same blocks. Out-of-domain: `{Path(config['out_of_domain'] or '-').name}`. Calibration: "
-        f"{config['calibration_blocks']} training blocks. {_search_text(results)}{_recovery_text(results)}",
+        f"{config['calibration_blocks']} training blocks. {_search_text(results)}{_loop_text(results)}"
+        f"{_recovery_text(results)}",
         "",
         "![frontier](frontier.png)",
         "",

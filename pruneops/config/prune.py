@@ -24,6 +24,10 @@ DEFAULT_PLAN_TRIALS = 4  # plans trained briefly per latency allocation: the bes
 
 TargetKind = Literal["ratio", "macs", "params", "latency_ms", "latency_ratio"]
 
+# What a causal LM's latency target is a ratio of: time per output token at steady decode, or time to
+# first token (prefill of `benchmark.prompt_length` tokens).
+DecoderMetric = Literal["decode", "prefill"]
+
 
 class TargetConfig(StageConfig):
     """`prune.target`: what the pruned model must reach, and in which form it is timed.
@@ -42,7 +46,9 @@ class TargetConfig(StageConfig):
     (INT8 kernels have their own fast channel counts and per-operator costs). `auto` plans in every
     form the quantize stage may ship (each `quantize.method: auto` candidate, or the one method
     named) and keeps the plan that meets the target with the least predicted accuracy loss; a
-    `latency_ratio` is then of dense fp32, so an INT8 form needs fewer cuts.
+    `latency_ratio` is then of dense fp32, so an INT8 form needs fewer cuts. `metric` (causal LMs
+    only): `decode` (time per output token, the default) or `prefill` (time to first token after a
+    `benchmark.prompt_length`-token prompt); plans, the gate and the precision choice go by it.
     """
 
     kind: TargetKind
@@ -50,6 +56,12 @@ class TargetConfig(StageConfig):
     batch: Annotated[int, Field(ge=1, le=4096)] | None = None
     reference: Text | None = None
     form: str = "fp32"
+    metric: DecoderMetric | None = None
+
+    @property
+    def decoder_metric(self) -> DecoderMetric:
+        """What a causal LM's latency ratio is of (`decode` when `metric` is not set)."""
+        return self.metric or "decode"
 
     @model_validator(mode="before")
     @classmethod

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pruneops.config.prune import DecoderMetric
 from pruneops.io import Layout, read_json
 from pruneops.models.decoders import save_causal_lm
 from pruneops.planning.decoder import DecodeCostModel, DecoderShape, fit_cost_model, shape_of, width_step
 from pruneops.pruning import decoder as cuts
-from pruneops.timing.decode import build_genai_model, time_generation
+from pruneops.timing.decode import GenerationTiming, build_genai_model, time_generation
 
 CORPUS_FILE = "corpus.npz"  # validate's token blocks; its presence marks a causal-LM run
 MODEL_DIR = "model"  # a HuggingFace folder (train, prune, finetune) or a genai folder (quantize, export)
@@ -80,6 +81,12 @@ def timing_shapes(base: DecoderShape, max_layers_dropped: int) -> list[DecoderSh
     return grid
 
 
+def fit_costs(table: list[tuple[DecoderShape, GenerationTiming]]) -> dict[DecoderMetric, DecodeCostModel]:
+    """The cost model of each latency metric (decode: ms per output token; prefill: ms to first token)."""
+    metrics: tuple[DecoderMetric, ...] = ("decode", "prefill")
+    return {m: fit_cost_model([(shape, timing.milliseconds(m)) for shape, timing in table]) for m in metrics}
+
+
 def time_shapes(
     dense: torch.nn.Module,
     tokenizer: object,
@@ -91,8 +98,8 @@ def time_shapes(
     rounds: int,
     threads: int,
     seed: int,
-) -> tuple[DecodeCostModel, list[tuple[DecoderShape, float]]]:
-    """Times the timing shapes (fp32, batch 1, interleaved) and fits the decode cost model.
+) -> list[tuple[DecoderShape, GenerationTiming]]:
+    """Times the timing shapes (fp32, batch 1, interleaved): dense first; `fit_costs` fits them.
 
     Which weights a shape keeps does not change its time, so the shapes are cut by magnitude, and
     layers from the end, without calibration.
@@ -109,5 +116,4 @@ def time_shapes(
         folders[f"shape{index}"] = export_genai(model, tokenizer, work / f"table{index}", ["fp32"], threads)["fp32"]
     prompt = np.random.default_rng(seed).integers(0, base.vocab, (1, prompt_length))
     timings = time_generation(folders, prompt, new_tokens, rounds)
-    measured = [(shape, timings[f"shape{i}"].tpot_ms) for i, shape in enumerate(grid)]
-    return fit_cost_model(measured), measured
+    return [(shape, timings[f"shape{i}"]) for i, shape in enumerate(grid)]

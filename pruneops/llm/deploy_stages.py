@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from pruneops.config import BenchmarkConfig, ExportConfig, QuantizeConfig
+from pruneops.config.prune import DecoderMetric
 from pruneops.errors import ParityError
 from pruneops.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.llm.common import MODEL_DIR, export_genai, load_blocks
@@ -34,15 +35,20 @@ class PrecisionReport(StageReport):
     """The precision that ships and what each candidate measured."""
 
     precision: str
+    metric: str
     val_perplexity: float
     fp32_val_perplexity: float
     tpot_b1_ms: float
     fp32_tpot_b1_ms: float
+    ttft_b1_ms: float
+    fp32_ttft_b1_ms: float
     candidates: dict
 
     def summary(self) -> str:
+        speedup = self.fp32_tpot_b1_ms / self.tpot_b1_ms, self.fp32_ttft_b1_ms / self.ttft_b1_ms
         return (
-            f"{self.precision}: {self.tpot_b1_ms:.2f} ms/token ({self.fp32_tpot_b1_ms / self.tpot_b1_ms:.2f}x fp32), "
+            f"{self.precision} (fastest in {self.metric} time within tolerance): {self.tpot_b1_ms:.2f} ms/token "
+            f"({speedup[0]:.2f}x fp32), first token {self.ttft_b1_ms:.1f} ms ({speedup[1]:.2f}x fp32), "
             f"validation perplexity {self.val_perplexity:.2f} (fp32 {self.fp32_val_perplexity:.2f})"
         )
 
@@ -52,13 +58,16 @@ def _timed(folders: dict[str, Path], vocab: int, batch: int, benchmark: Benchmar
     return time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
 
 
-def quantize_decoder(config: QuantizeConfig, benchmark: BenchmarkConfig, layout: Layout) -> PrecisionReport:
+def quantize_decoder(
+    config: QuantizeConfig, benchmark: BenchmarkConfig, metric: DecoderMetric, layout: Layout
+) -> PrecisionReport:
     """Exports the recovered decoder in fp32 and each of `decoder_precisions`; the fastest within tolerance ships.
 
     Each candidate is scored by its own exported logits on the validation blocks and timed
     interleaved at batch 1; a candidate whose validation perplexity exceeds fp32's by more than
-    `perplexity_tolerance` (relative) is out, fp32 always in. Writes `artifacts/quantize/model`
-    (an onnxruntime-genai folder) and every candidate's figures.
+    `perplexity_tolerance` (relative) is out, fp32 always in. Fastest is in `metric` (the prune
+    target's: weight-only INT4 speeds decoding and can slow a long prefill). Writes
+    `artifacts/quantize/model` (an onnxruntime-genai folder) and every candidate's figures.
     """
     torch.set_num_threads(config.threads)
     model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
@@ -71,19 +80,23 @@ def quantize_decoder(config: QuantizeConfig, benchmark: BenchmarkConfig, layout:
         candidates = {}
         for precision, folder in folders.items():
             ppl = float(np.exp(exported_block_losses(folder, val, threads=2).mean()))
-            candidates[precision] = {"val_perplexity": ppl, "tpot_b1_ms": timings[precision].tpot_ms}
+            timing = timings[precision]
+            candidates[precision] = {"val_perplexity": ppl, "tpot_b1_ms": timing.tpot_ms, "ttft_b1_ms": timing.ttft_ms}
         ceiling = candidates["fp32"]["val_perplexity"] * (1 + config.perplexity_tolerance)
         within = [p for p, c in candidates.items() if c["val_perplexity"] <= ceiling]
-        chosen = min(within, key=lambda p: candidates[p]["tpot_b1_ms"])
+        chosen = min(within, key=lambda p: timings[p].milliseconds(metric))
         (work / chosen).rename(staged.path(out) / MODEL_DIR)
         shutil.rmtree(work)
-        dump_json({"precision": chosen, "candidates": candidates}, staged.path(out) / CHOICE_FILE)
+        dump_json({"precision": chosen, "metric": metric, "candidates": candidates}, staged.path(out) / CHOICE_FILE)
         report = PrecisionReport(
             precision=chosen,
+            metric=metric,
             val_perplexity=candidates[chosen]["val_perplexity"],
             fp32_val_perplexity=candidates["fp32"]["val_perplexity"],
             tpot_b1_ms=candidates[chosen]["tpot_b1_ms"],
             fp32_tpot_b1_ms=candidates["fp32"]["tpot_b1_ms"],
+            ttft_b1_ms=candidates[chosen]["ttft_b1_ms"],
+            fp32_ttft_b1_ms=candidates["fp32"]["ttft_b1_ms"],
             candidates=candidates,
         )
         dump_json(report.metrics(), staged.path(layout.metrics("quantize")))
@@ -165,6 +178,9 @@ class DecoderBenchmarkReport(StageReport):
     speedup_b1_same_precision: float
     tpot_b1_ms: float
     dense_tpot_b1_ms: float
+    ttft_speedup_b1: float
+    ttft_b1_ms: float
+    dense_ttft_b1_ms: float
     test_perplexity: float
     dense_test_perplexity: float
     test_perplexity_ratio: float
@@ -175,7 +191,8 @@ class DecoderBenchmarkReport(StageReport):
         low, high = self.test_perplexity_ratio_ci
         return (
             f"served ({self.precision}): {self.tpot_b1_ms:.2f} ms/token, {self.speedup_b1:.2f}x dense fp32 "
-            f"({self.speedup_b1_same_precision:.2f}x dense {self.precision}); test perplexity "
+            f"({self.speedup_b1_same_precision:.2f}x dense {self.precision}), first token {self.ttft_b1_ms:.1f} ms "
+            f"({self.ttft_speedup_b1:.2f}x dense fp32); test perplexity "
             f"{100 * (self.test_perplexity_ratio - 1):+.1f} % [{100 * (low - 1):+.1f}, {100 * (high - 1):+.1f}]"
         )
 
@@ -228,6 +245,9 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
             speedup_b1_same_precision=same["tpot_b1_ms"] / served["tpot_b1_ms"],
             tpot_b1_ms=served["tpot_b1_ms"],
             dense_tpot_b1_ms=figures["dense fp32"]["tpot_b1_ms"],
+            ttft_speedup_b1=figures["dense fp32"]["ttft_b1_ms"] / served["ttft_b1_ms"],
+            ttft_b1_ms=served["ttft_b1_ms"],
+            dense_ttft_b1_ms=figures["dense fp32"]["ttft_b1_ms"],
             test_perplexity=served["test_perplexity"],
             dense_test_perplexity=dense.value,
             test_perplexity_ratio=served["test_ratio"],

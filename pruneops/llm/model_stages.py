@@ -11,13 +11,22 @@ import numpy as np
 import torch
 
 from pruneops.config import BenchmarkConfig, FinetuneConfig, LatencyConfig, PruneConfig
-from pruneops.errors import ConfigError, LatencyGateError
+from pruneops.config.prune import DecoderMetric
+from pruneops.errors import ConfigError, DataError, LatencyGateError
 from pruneops.io import Layout, dump_json, staged_output_paths
-from pruneops.llm.common import MODEL_DIR, cut_to_shape, export_genai, load_blocks, read_stage_json, time_shapes
+from pruneops.llm.common import (
+    MODEL_DIR,
+    cut_to_shape,
+    export_genai,
+    fit_costs,
+    load_blocks,
+    read_stage_json,
+    time_shapes,
+)
 from pruneops.llm.plots import plot_cost_model, plot_plans, plot_shape
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
-from pruneops.planning.decoder import DecodeCostModel, DecoderShape, feasible_plans, shape_of
+from pruneops.planning.decoder import DecodeCostModel, DecoderShape, close_the_loop, feasible_plans, shape_of
 from pruneops.plots import plot_history
 from pruneops.pruning.decoder import calibrate
 from pruneops.recovery import RecoverySettings, progress_marks, recover_
@@ -28,39 +37,47 @@ from pruneops.timing.machine import machine_info
 log = logging.getLogger(__name__)
 
 COST_FILE = "decode_cost.json"
-GATE_CANDIDATES = 3  # plans, lowest search perplexity first, the gate times before the stage gives up
+COST_KEYS: dict[DecoderMetric, str] = {"decode": "cost", "prefill": "prefill_cost"}  # fits in COST_FILE
+DENSE_KEYS: dict[DecoderMetric, str] = {"decode": "dense_tpot_ms", "prefill": "dense_ttft_ms"}
+UNITS: dict[DecoderMetric, str] = {"decode": "ms/token", "prefill": "ms to first token"}
 
 
 @dataclass(frozen=True)
 class DecodeCostReport(StageReport):
-    """The decode cost model fitted on shapes timed on this machine."""
+    """The decode and prefill cost models fitted on shapes timed on this machine."""
 
     dense_tpot_ms: float
     intercept_ms: float
     slope_ms: float
     residual_ms: float
     untouchable_share: float
+    dense_ttft_ms: float
+    prefill_residual_ms: float
+    prefill_untouchable_share: float
     shapes_timed: int
 
     def summary(self) -> str:
         return (
             f"decode cost: dense {self.dense_tpot_ms:.2f} ms/token, fit residual {self.residual_ms:.2f} ms on "
-            f"{self.shapes_timed} shapes; {100 * self.untouchable_share:.0f} % of it no layer cut removes"
+            f"{self.shapes_timed} shapes; {100 * self.untouchable_share:.0f} % of it no layer cut removes "
+            f"(first token: {self.dense_ttft_ms:.1f} ms, residual {self.prefill_residual_ms:.2f} ms, "
+            f"{100 * self.prefill_untouchable_share:.0f} % untouchable)"
         )
 
 
 def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecodeCostReport:
-    """Times uniform shapes of the adopted decoder (onnxruntime-genai, fp32, batch 1) and fits the cost.
+    """Times uniform shapes of the adopted decoder (onnxruntime-genai, fp32, batch 1) and fits the costs.
 
     Timed at `benchmark.threads` after a `benchmark.prompt_length`-token prompt over
-    `benchmark.new_tokens` tokens, `benchmark.rounds` interleaved rounds. Writes
-    `artifacts/latency/decode_cost.json` (the fit, every timed shape, the machine) and a plot.
+    `benchmark.new_tokens` tokens, `benchmark.rounds` interleaved rounds; one cost model per
+    metric (`decode`: time per output token, `prefill`: time to first token). Writes
+    `artifacts/latency/decode_cost.json` (the fits, every timed shape, the machine) and a plot.
     """
     torch.set_num_threads(config.threads)
     dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     base = shape_of(dense.config)
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-table-") as work:
-        cost, table = time_shapes(
+        table = time_shapes(
             dense,
             tokenizer,
             Path(work),
@@ -71,31 +88,61 @@ def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout:
             threads=benchmark.threads,
             seed=0,
         )
+    costs = fit_costs(table)
     rows = [
-        {"shape": s.describe(), "layout": asdict(s), "tpot_ms": t, "predicted_ms": cost.predict(s)} for s, t in table
+        {
+            "shape": s.describe(),
+            "layout": asdict(s),
+            "tpot_ms": t.tpot_ms,
+            "predicted_ms": costs["decode"].predict(s),
+            "ttft_ms": t.ttft_ms,
+            "predicted_ttft_ms": costs["prefill"].predict(s),
+        }
+        for s, t in table
     ]
     out, plots = layout.stage_dir("latency"), layout.plots("latency")
+    dense_timing = table[0][1]
     report = DecodeCostReport(
-        dense_tpot_ms=table[0][1],
-        intercept_ms=cost.intercept_ms,
-        slope_ms=cost.slope_ms,
-        residual_ms=cost.residual_ms,
-        untouchable_share=cost.untouchable_share(base),
+        dense_tpot_ms=dense_timing.tpot_ms,
+        intercept_ms=costs["decode"].intercept_ms,
+        slope_ms=costs["decode"].slope_ms,
+        residual_ms=costs["decode"].residual_ms,
+        untouchable_share=costs["decode"].untouchable_share(base),
+        dense_ttft_ms=dense_timing.ttft_ms,
+        prefill_residual_ms=costs["prefill"].residual_ms,
+        prefill_untouchable_share=costs["prefill"].untouchable_share(base),
         shapes_timed=len(table),
     )
     with staged_output_paths(out, layout.metrics("latency"), plots) as staged:
-        record = {"cost": asdict(cost), "dense_tpot_ms": table[0][1], "table": rows}
+        record = {
+            **{COST_KEYS[m]: asdict(c) for m, c in costs.items()},
+            **{DENSE_KEYS[m]: dense_timing.milliseconds(m) for m in costs},
+            "table": rows,
+        }
         dump_json({**record, "machine": machine_info(benchmark.threads)}, staged.dir(out) / COST_FILE)
         plot_cost_model(rows, staged.dir(plots) / "latency.png")
         dump_json(report.metrics(), staged.path(layout.metrics("latency")))
     return report
 
 
+def read_cost(layout: Layout, metric: DecoderMetric) -> tuple[DecodeCostModel, float]:
+    """The latency stage's cost model of `metric` and the dense model's measured time in it.
+
+    Raises:
+        DataError: The table was written before prefill was fitted (rerun the latency stage).
+    """
+    record = read_stage_json(layout, "latency", COST_FILE)
+    if COST_KEYS[metric] not in record:
+        raise DataError(f"{COST_FILE}: no {metric} cost model in it (written by an older PruneOps); rerun latency")
+    return DecodeCostModel(**record[COST_KEYS[metric]]), float(record[DENSE_KEYS[metric]])
+
+
 @dataclass(frozen=True)
 class DecoderPruneReport(StageReport):
-    """The kept shape: predicted and measured decode time, validation perplexity."""
+    """The kept shape: predicted and measured time in the target's metric, validation perplexity."""
 
     shape: str
+    metric: str
     target_ms: float
     predicted_ms: float
     dense_ms: float
@@ -104,39 +151,49 @@ class DecoderPruneReport(StageReport):
     val_perplexity: float
     dense_val_perplexity: float
     plans_tried: int
+    plans_timed: int  # rounds of the closed loop
+    target_met: bool
     layers_removed: list
     checkpoint: Path
+    warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
         return (
-            f"{self.shape}: {self.measured_ms:.2f} ms/token measured ({self.measured_speedup:.2f}x dense, predicted "
+            f"{self.shape}: {self.measured_ms:.2f} {UNITS[self.metric]} measured "
+            f"({self.measured_speedup:.2f}x dense, predicted "
             f"{self.predicted_ms:.2f}), validation perplexity {self.val_perplexity:.2f} "
             f"(dense {self.dense_val_perplexity:.2f}) -> {self.checkpoint}"
         )
 
 
-def _search(config: PruneConfig, dense, calibration, search: np.ndarray, cost: DecodeCostModel, target_ms, order):
-    """Every feasible plan cut and scored on the search blocks, lowest perplexity first."""
+def _search(
+    config: PruneConfig, dense, calibration, search: np.ndarray, cost: DecodeCostModel, target_ms, order, scored: dict
+) -> list[dict]:
+    """Every feasible plan cut and scored on the search blocks (once: `scored` keeps them), lowest perplexity first."""
     base = shape_of(dense.config)
     cut = config.decoder
     groups = [g for g in (cut.kv_groups or range(base.kv_groups, 0, -1)) if g <= base.kv_groups]
     depth = int(config.max_unit_ratio * base.layers)
     plans = feasible_plans(base, cost, target_ms, depth, groups, depth_step=cut.depth_step)
     if not plans:
+        unit = UNITS[config.target.decoder_metric]
         raise ConfigError(
-            f"prune.target: no uniform shape is predicted to decode in {target_ms:.2f} ms per token "
+            f"prune.target: no uniform shape is predicted to take {target_ms:.2f} {unit} "
             f"(the cost model's floor is {cost.intercept_ms:.2f} ms); raise prune.target.value or max_unit_ratio"
         )
-    tried = []
     for shape in plans:
+        if shape in scored:
+            continue
         model = cut_to_shape(dense, shape, calibration, cut.importance, cut.reconstruct, order)
         nll = float(block_losses(model, search).mean())
-        tried.append({"shape": shape, "search_perplexity": float(np.exp(nll)), "predicted_ms": cost.predict(shape)})
+        scored[shape] = {"shape": shape, "search_perplexity": float(np.exp(nll)), "predicted_ms": cost.predict(shape)}
         log.info("plan %s: search perplexity %.2f", shape.describe(), np.exp(nll))
-    return sorted(tried, key=lambda t: t["search_perplexity"])
+    return sorted((scored[s] for s in plans), key=lambda t: t["search_perplexity"])
 
 
-def _gate(dense_folder: Path, model, tokenizer, benchmark: BenchmarkConfig, work: Path) -> tuple[float, float]:
+def _gate(
+    dense_folder: Path, model, tokenizer, benchmark: BenchmarkConfig, work: Path, metric: DecoderMetric
+) -> tuple[float, float]:
     """The plan exported (fp32) and timed interleaved with the exported dense model at batch 1: (dense ms, plan ms)."""
     folders = {
         "dense": dense_folder,
@@ -144,71 +201,97 @@ def _gate(dense_folder: Path, model, tokenizer, benchmark: BenchmarkConfig, work
     }
     prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, benchmark.prompt_length))
     timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
-    return timings["dense"].tpot_ms, timings["plan"].tpot_ms
+    return timings["dense"].milliseconds(metric), timings["plan"].milliseconds(metric)
+
+
+def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, tokenizer, blocks, layout: Layout):
+    """The closed loop of `prune_decoder`: (its rounds, every plan scored, the kept plan's model)."""
+    metric = config.target.decoder_metric
+    cost, dense_ms = read_cost(layout, metric)
+    order = read_stage_json(layout, "sensitivity", "layers.json")["layer_order"]
+    calibration = calibrate(dense, torch.as_tensor(blocks["train"][: config.decoder.calibration_blocks]))
+    search, cut = blocks["val"][-config.decoder.search_blocks :], config.decoder
+    scored: dict[DecoderShape, dict] = {}
+    models: dict[DecoderShape, torch.nn.Module] = {}
+    with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
+        dense_folder = export_genai(dense, tokenizer, Path(work) / "dense", ["fp32"], benchmark.threads)["fp32"]
+
+        def plan(target_ms: float) -> DecoderShape:
+            return _search(config, dense, calibration, search, cost, target_ms, order, scored)[0]["shape"]
+
+        def measure(shape: DecoderShape) -> tuple[float, float]:
+            models[shape] = cut_to_shape(dense, shape, calibration, cut.importance, cut.reconstruct, order)
+            timed = _gate(dense_folder, models[shape], tokenizer, benchmark, Path(work) / str(len(models)), metric)
+            log.info("loop: %s measured %.3f of dense (target %.3f)", shape.describe(), timed[1] / timed[0],
+                     config.target.value)  # fmt: skip
+            return timed
+
+        rounds = close_the_loop(plan, measure, cost, config.target.value, config.target.value * dense_ms)
+    return rounds, list(scored.values()), models[rounds[-1].shape], order
 
 
 def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecoderPruneReport:
     """Cuts the adopted decoder to the uniform shape with the lowest search perplexity that meets the target.
 
-    The target is `prune.target.value` of the dense decode time per token the latency stage
-    measured; the gate times dense and the plan interleaved and keeps the first plan (best first)
-    measured at least `gate.min_speedup` faster (null: the best plan, its time reported, not gated).
+    The target is `prune.target.value` of the dense model's time in `prune.target.metric` (per
+    output token, or to the first token) the latency stage measured. The best plan is timed
+    interleaved with dense in that metric; while it measures slower than the target, a narrower
+    plan is chosen and timed (`close_the_loop`, at most `LOOP_ROUNDS` plans). A target still
+    missed after that is reported in the warnings; the gate then keeps the plan only if it
+    measured at least `gate.min_speedup` faster (null: not gated).
 
     Raises:
         ConfigError: No shape is predicted to meet the target.
-        LatencyGateError: None of the best plans measured fast enough (nothing is written).
+        LatencyGateError: The kept plan measured less than `gate.min_speedup` faster (nothing is written).
     """
     torch.set_num_threads(config.threads)
     dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     blocks = load_blocks(layout)
-    cost_record = read_stage_json(layout, "latency", "decode_cost.json")
-    cost = DecodeCostModel(**cost_record["cost"])
-    target_ms = config.target.value * cost_record["dense_tpot_ms"]
-    order = read_stage_json(layout, "sensitivity", "layers.json")["layer_order"]
-    calibration = calibrate(dense, torch.as_tensor(blocks["train"][: config.decoder.calibration_blocks]))
-    search = blocks["val"][-config.decoder.search_blocks :]
-    tried = _search(config, dense, calibration, search, cost, target_ms, order)
-    minimum = config.gate.min_speedup  # null: the best plan is timed and reported, not gated
-    cut = config.decoder
-    with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
-        dense_folder = export_genai(dense, tokenizer, Path(work) / "dense", ["fp32"], benchmark.threads)["fp32"]
-        for rank, plan in enumerate(tried[:GATE_CANDIDATES]):
-            model = cut_to_shape(dense, plan["shape"], calibration, cut.importance, cut.reconstruct, order)
-            dense_ms, plan_ms = _gate(dense_folder, model, tokenizer, benchmark, Path(work) / str(rank))
-            plan["measured_ms"], plan["dense_ms"] = plan_ms, dense_ms
-            if minimum is None or dense_ms / plan_ms >= minimum:
-                break
-            log.info("gate: %s measured %.2fx, below %.2fx", plan["shape"].describe(), dense_ms / plan_ms, minimum)
-        else:
-            measured = ", ".join(f"{t['dense_ms'] / t['measured_ms']:.2f}x" for t in tried[:GATE_CANDIDATES])
-            raise LatencyGateError(
-                f"prune.gate: none of the {min(len(tried), GATE_CANDIDATES)} best plans measured {minimum:.2f}x "
-                f"faster than dense at batch 1 ({measured}); nothing slower ships"
-            )
-    kept: DecoderShape = plan["shape"]
+    metric = config.target.decoder_metric
+    rounds, tried, model, order = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
+    last = rounds[-1]
+    speedup = last.dense_ms / last.measured_ms
+    if config.gate.min_speedup is not None and speedup < config.gate.min_speedup:
+        raise LatencyGateError(
+            f"prune.gate: {last.shape.describe()} measured {speedup:.2f}x faster than dense at batch 1 in {metric} "
+            f"time, below {config.gate.min_speedup:.2f}x ({len(rounds)} plans timed); nothing slower ships"
+        )
+    warnings = []
+    if last.measured_ratio > config.target.value:
+        warnings.append(
+            f"prune.target: {last.shape.describe()} measured {last.measured_ratio:.3f} of dense {metric} time, "
+            f"above the target {config.target.value:g} after {len(rounds)} plans timed (no narrower plan met it)"
+        )
+    kept: DecoderShape = last.shape
     val = block_losses(model, blocks["val"])
     dense_val = block_losses(dense, blocks["val"])
     dropped = sorted(order[: shape_of(dense.config).layers - kept.layers])
     rows = [{**t, "step": i, "shape": t["shape"].describe()} for i, t in enumerate(tried)]
+    loop = [{**asdict(r), "shape": r.shape.describe(), "measured_ratio": r.measured_ratio} for r in rounds]
     out, plots = layout.stage_dir("prune"), layout.plots("prune")
     with staged_output_paths(out, layout.metrics("prune"), plots) as staged:
         save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
-        dump_json({"shape": asdict(kept), "layers_removed": dropped, "plans": rows}, staged.dir(out) / "plan.json")
+        plan_record = {"shape": asdict(kept), "layers_removed": dropped, "plans": rows, "loop": loop}
+        dump_json(plan_record, staged.dir(out) / "plan.json")
         dump_json(rows, staged.dir(plots) / "history.json")
-        plot_plans(rows, kept.describe(), staged.path(plots) / "history.png")
+        plot_plans(rows, kept.describe(), staged.path(plots) / "history.png", UNITS[metric])
         plot_shape(asdict(shape_of(dense.config)), asdict(kept), staged.path(plots) / "allocation.png")
         report = DecoderPruneReport(
             shape=kept.describe(),
-            target_ms=target_ms,
-            predicted_ms=cost.predict(kept),
-            dense_ms=plan["dense_ms"],
-            measured_ms=plan["measured_ms"],
-            measured_speedup=plan["dense_ms"] / plan["measured_ms"],
+            metric=metric,
+            target_ms=rounds[0].target_ms,
+            predicted_ms=last.predicted_ms,
+            dense_ms=last.dense_ms,
+            measured_ms=last.measured_ms,
+            measured_speedup=speedup,
             val_perplexity=perplexity_from_losses(val, 0).value,
             dense_val_perplexity=perplexity_from_losses(dense_val, 0).value,
             plans_tried=len(tried),
+            plans_timed=len(rounds),
+            target_met=not warnings,
             layers_removed=dropped,
             checkpoint=out / MODEL_DIR,
+            warnings=tuple(warnings),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("prune")))
     return report

@@ -38,30 +38,34 @@ def plot_layer_sensitivity(rows: list[dict], path: Path) -> None:
 
 
 def plot_cost_model(rows: list[dict], path: Path) -> None:
-    """Measured against predicted decode time of the timed shapes."""
-    fig, ax = _pyplot().subplots(figsize=(5.5, 4))
-    measured = [r["tpot_ms"] for r in rows]
-    predicted = [r["predicted_ms"] for r in rows]
-    ax.scatter(measured, predicted)
-    for r in rows:
-        ax.annotate(r["shape"], (r["tpot_ms"], r["predicted_ms"]), fontsize=6)
-    low, high = min(measured + predicted) * 0.95, max(measured + predicted) * 1.05
-    ax.plot([low, high], [low, high], color="grey", lw=1, ls=":")
-    ax.set_xlabel("measured ms per token (batch 1)")
-    ax.set_ylabel("predicted ms per token")
-    ax.set_title("Decode cost model")
-    ax.grid(alpha=0.3)
+    """Measured against predicted time of the timed shapes: per output token, and to the first token."""
+    panels = [("tpot_ms", "predicted_ms", "ms per token (batch 1)", "Decode cost model")]
+    if all("ttft_ms" in r for r in rows):
+        panels.append(("ttft_ms", "predicted_ttft_ms", "ms to first token (batch 1)", "Prefill cost model"))
+    fig, axes = _pyplot().subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (measured_key, predicted_key, unit, title) in zip(axes[0], panels, strict=True):
+        measured = [r[measured_key] for r in rows]
+        predicted = [r[predicted_key] for r in rows]
+        ax.scatter(measured, predicted)
+        for r in rows:
+            ax.annotate(r["shape"], (r[measured_key], r[predicted_key]), fontsize=6)
+        low, high = min(measured + predicted) * 0.95, max(measured + predicted) * 1.05
+        ax.plot([low, high], [low, high], color="grey", lw=1, ls=":")
+        ax.set_xlabel(f"measured {unit}")
+        ax.set_ylabel(f"predicted {unit}")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
     _save(fig, path)
 
 
-def plot_plans(rows: list[dict], chosen: str, path: Path) -> None:
-    """Each feasible plan's predicted decode time against its search perplexity, the kept one marked."""
+def plot_plans(rows: list[dict], chosen: str, path: Path, unit: str = "ms per token") -> None:
+    """Each feasible plan's predicted time (in `unit`, batch 1) against its search perplexity, the kept one marked."""
     fig, ax = _pyplot().subplots(figsize=(6, 4))
     for r in rows:
         kept = r["shape"] == chosen
         ax.scatter(r["predicted_ms"], r["search_perplexity"], color="tab:red" if kept else "tab:blue")
         ax.annotate(r["shape"], (r["predicted_ms"], r["search_perplexity"]), fontsize=6)
-    ax.set_xlabel("predicted ms per token (batch 1)")
+    ax.set_xlabel(f"predicted {unit} (batch 1)")
     ax.set_ylabel("perplexity on the search blocks")
     ax.set_title("Feasible plans (red: kept)")
     ax.grid(alpha=0.3)

@@ -11,7 +11,7 @@ meets a target: the candidates whose quality is then measured.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -163,3 +163,68 @@ def _widest_meeting(base: DecoderShape, model: DecodeCostModel, target_ms: float
             return width
         width -= step
     return None
+
+
+LOOP_ROUNDS = 3  # plan-and-measure rounds before a missed target is reported as missed
+
+
+@dataclass(frozen=True)
+class LoopRound:
+    """One round of the closed loop: the target planned for, the plan kept, both measured."""
+
+    target_ms: float  # in the cost model's units: what the plan was predicted to meet
+    shape: DecoderShape
+    predicted_ms: float
+    dense_ms: float
+    measured_ms: float
+
+    @property
+    def measured_ratio(self) -> float:
+        """The plan's measured time as a fraction of dense's, timed interleaved."""
+        return self.measured_ms / self.dense_ms
+
+
+def close_the_loop(
+    plan: Callable[[float], DecoderShape],
+    measure: Callable[[DecoderShape], tuple[float, float]],
+    model: DecodeCostModel,
+    target_ratio: float,
+    target_ms: float,
+    rounds: int = LOOP_ROUNDS,
+) -> list[LoopRound]:
+    """Plans for a predicted time, measures the plan against dense, and plans again while it misses.
+
+    The cost model is fitted once, on a machine whose speed drifts, so a plan predicted to meet
+    the target can measure slower. After a miss the next round's target is the plan's own
+    prediction scaled by the miss (`target_ratio / measured ratio`): a narrower plan, chosen again
+    by quality. The loop stops at the first plan measured at the target, when a tighter target
+    has no plan, or after `rounds`.
+
+    Args:
+        plan: The best plan (by quality) predicted to take at most the given milliseconds.
+        measure: (dense ms, plan ms) of a shape, timed interleaved.
+        model: The cost model the plans are predicted by.
+        target_ratio: The target as a fraction of dense's measured time.
+        target_ms: The first round's target in the cost model's units.
+        rounds: At most this many plans are measured.
+
+    Returns:
+        The rounds, in order; the last one's plan is the one to keep.
+
+    Raises:
+        ConfigError: The first round has no plan (later rounds without one end the loop).
+    """
+    history: list[LoopRound] = []
+    for _ in range(rounds):
+        try:
+            shape = plan(target_ms)
+        except ConfigError:
+            if not history:
+                raise
+            break
+        dense_ms, measured_ms = measure(shape)
+        history.append(LoopRound(target_ms, shape, model.predict(shape), dense_ms, measured_ms))
+        if measured_ms <= target_ratio * dense_ms:
+            break
+        target_ms = history[-1].predicted_ms * target_ratio / history[-1].measured_ratio
+    return history

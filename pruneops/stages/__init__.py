@@ -214,7 +214,13 @@ STAGES: tuple[Stage, ...] = (
         QuantizeConfig,
         "pruneops.stages.quantize:quantize_model",
         "ONNX Runtime INT8 quantization (fp32 kept unless INT8 is faster at batch 1 and no slower elsewhere)",
-        reads=("benchmark.batch_sizes", *_DECODE_TIMING, "prune.target.kind", "prune.target.form"),
+        reads=(
+            "benchmark.batch_sizes",
+            *_DECODE_TIMING,
+            "prune.target.kind",
+            "prune.target.form",
+            "prune.target.metric",
+        ),
         upstream=("validate", "prune", "finetune"),
         builds_model=True,
         timed=True,
@@ -308,13 +314,16 @@ def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
             f"train.task: {train.task} with validate.dataset {validate.dataset}: a causal LM reads a corpus "
             "(dataset: corpus) and only a causal LM does"
         )
+    prune, quantize = configs.get("prune"), configs.get("quantize")
     if train.task != "causal_lm":
+        if prune is not None and prune.target is not None and prune.target.metric is not None:
+            raise ConfigError("prune.target.metric: applies to a causal LM only (decode or prefill time); remove it")
         return
     prune, quantize = configs.get("prune"), configs.get("quantize")
     if prune is not None and (prune.target is None or prune.target.kind != "latency_ratio" or prune.target.batch != 1):
         raise ConfigError(
-            "prune.target: a causal LM is planned on its measured decode time per token at batch 1: "
-            "kind latency_ratio, batch 1"
+            "prune.target: a causal LM is planned on its measured time at batch 1 (per output token, or to the "
+            "first token with metric: prefill): kind latency_ratio, batch 1"
         )
     if prune is not None and prune.target.reference is not None:
         raise ConfigError("prune.target.reference: not available for a causal LM (the ratio is of the dense model)")

@@ -213,7 +213,7 @@ def quantize_model(
     """
     layout = layout or Layout()
     if is_causal_lm_run(layout):
-        return quantize_decoder(config, benchmark, layout)
+        return quantize_decoder(config, benchmark, prune.target.decoder_metric, layout)
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))

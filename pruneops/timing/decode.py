@@ -16,10 +16,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pruneops.errors import PruneOpsError
+
+if TYPE_CHECKING:
+    from pruneops.config.prune import DecoderMetric
 
 PRECISIONS = ("fp32", "int8", "int4")
 
@@ -39,6 +43,10 @@ class GenerationTiming:
     def tokens_per_second(self) -> float:
         """Generated tokens per second per sequence at steady decode."""
         return 1000.0 / self.tpot_ms
+
+    def milliseconds(self, metric: DecoderMetric) -> float:
+        """The time a latency target names: per output token (`decode`) or to the first token (`prefill`)."""
+        return self.tpot_ms if metric == "decode" else self.ttft_ms
 
 
 def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "fp32", threads: int = 1) -> Path:

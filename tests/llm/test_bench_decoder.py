@@ -12,8 +12,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
 
 from pruneops.cli import main  # noqa: E402
+from pruneops.planning.decoder import LOOP_ROUNDS, DecoderShape  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.llm.decoder_helpers import save_tiny, speeches  # noqa: E402
+
+
+def pruneops_shape(fields: dict) -> str:
+    """A row's recorded shape as the loop names it."""
+    return DecoderShape(**fields).describe()
 
 
 def _timing_by_file_size(models, prompt, new_tokens=64, rounds=5, warmup=1):
@@ -28,8 +34,7 @@ def _timing_by_file_size(models, prompt, new_tokens=64, rounds=5, warmup=1):
     return out
 
 
-# ~70 s: eleven onnxruntime-genai exports (five timed shapes, then dense, ours and a baseline in two precisions).
-@pytest.mark.slow
+@pytest.mark.slow(reason="a dozen onnxruntime-genai exports: timed shapes, the loop's plans, dense, ours, baselines")
 def test_bench_decoder_writes_a_report_with_every_row_measured(tmp_path, monkeypatch):
     import pruneops.bench.decoder as bench
     import pruneops.llm.common as common
@@ -71,6 +76,13 @@ def test_bench_decoder_writes_a_report_with_every_row_measured(tmp_path, monkeyp
     report = (where / "report.md").read_text()
     assert "ours 0.85 fp32" in report and "48 tokens" in report and (where / "frontier.png").stat().st_size
     assert 0 < results["plan_search_s"]["0.85"] < results["wall_s"] and "Pruning (every feasible plan" in report
+    # The closed loop: the kept plan is its last round's, at the target as timed (file-size timings) or after
+    # every round it may take; each later round planned for a tighter target than the one before.
+    loop = results["loop"]["0.85"]
+    kept = pruneops_shape(ours["shape"])
+    assert loop[-1]["shape"] == kept and "Closed loop" in report
+    assert loop[-1]["measured_ratio"] <= 0.85 or len(loop) == LOOP_ROUNDS
+    assert all(after["target_ms"] < before["predicted_ms"] for before, after in zip(loop, loop[1:], strict=False))
 
 
 def test_a_bad_bench_file_is_one_line(tmp_path, capsys):

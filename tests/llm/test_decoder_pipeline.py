@@ -80,3 +80,67 @@ def test_dvc_yaml_of_a_decoder_project_plots_the_rows_its_stages_write(corpus_pa
     assert axes("finetune", "history.json") == ("tokens", "loss")
     assert axes("sensitivity", "curves.json") == ("layer", "perplexity_increase")
     assert axes("prune", "history.json") == ("step", "search_perplexity")
+
+
+def test_a_prefill_metric_is_refused_for_a_classifier():
+    from pruneops.errors import ConfigError
+    from pruneops.params import read_params
+
+    params = read_params(Path(__file__).parents[2] / "params.yaml")
+    params["prune"]["target"] = {"kind": "latency_ratio", "value": 0.7, "metric": "prefill"}
+    with pytest.raises(ConfigError, match="prune.target.metric: applies to a causal LM only"):
+        load_configs(params)
+
+
+def _injected_timings(ttft: dict[str, float], tpot: dict[str, float]):
+    from pruneops.timing.decode import GenerationTiming
+
+    def timed(folders, vocab, batch, benchmark, seed=0):
+        return {p: GenerationTiming(ttft[p], tpot[p], (tpot[p],), benchmark.prompt_length, 8, batch) for p in folders}
+
+    return timed
+
+
+@pytest.mark.slow(reason="the latency table and the gate export and time five shapes and a plan")
+def test_a_prefill_target_is_planned_gated_and_quantized_on_time_to_first_token(tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    import json
+
+    from pruneops.io import Layout
+    from pruneops.llm import deploy_stages
+    from pruneops.planning.decoder import DecodeCostModel, DecoderShape
+    from pruneops.stages import get_stage
+    from tests.llm.decoder_helpers import save_small_llama
+
+    save_small_llama(tmp_path / "model")
+    (tmp_path / "corpus.txt").write_text("\n\n".join(speeches(120)))
+    params = decoder_params(
+        tmp_path / "model",
+        tmp_path / "corpus.txt",
+        prune={"target": {"kind": "latency_ratio", "value": 0.8, "metric": "prefill"}},
+        finetune={"max_tokens": 0},
+        benchmark={"prompt_length": 128, "rounds": 3},
+    )
+    configs, layout = load_configs(params), Layout(tmp_path)
+    for stage in ("validate", "train", "sensitivity", "latency", "prune", "finetune"):
+        get_stage(stage).run(configs, layout)
+    cost = json.loads((tmp_path / "artifacts/latency/decode_cost.json").read_text())
+    assert cost["dense_ttft_ms"] > cost["dense_tpot_ms"] > 0  # a 128-token prefill costs more than one step
+    assert all(row["ttft_ms"] > 0 and row["predicted_ttft_ms"] > 0 for row in cost["table"])
+    prune = json.loads((tmp_path / "metrics/prune.json").read_text())
+    plan = json.loads((tmp_path / "artifacts/prune/plan.json").read_text())
+    prefill = DecodeCostModel(**cost["prefill_cost"])
+    assert prune["metric"] == "prefill"
+    assert prune["target_ms"] == pytest.approx(0.8 * cost["dense_ttft_ms"])
+    assert prune["predicted_ms"] == pytest.approx(prefill.predict(DecoderShape(**plan["shape"])))
+    assert prune["predicted_ms"] <= prune["target_ms"] + 1e-9
+    # The gate timed the first token: dense's is a 128-token prefill, tens of decode steps long.
+    assert prune["dense_ms"] > 5 * cost["dense_tpot_ms"]
+
+    # INT8 decodes faster and prefills slower (injected): a prefill target keeps fp32, a decode target INT8.
+    timed = _injected_timings({"fp32": 40.0, "int8": 55.0}, {"fp32": 4.0, "int8": 2.0})
+    monkeypatch.setattr(deploy_stages, "_timed", timed)
+    for metric, expected in (("prefill", "fp32"), ("decode", "int8")):
+        report = deploy_stages.quantize_decoder(configs["quantize"], configs["benchmark"], metric, layout)
+        assert (report.metric, report.precision) == (metric, expected)
+        assert (report.ttft_b1_ms, report.tpot_b1_ms) == ((40.0, 4.0) if expected == "fp32" else (55.0, 2.0))

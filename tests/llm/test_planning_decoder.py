@@ -1,4 +1,4 @@
-"""Decode-time planning: shapes from configs, the fitted cost, the widest feasible plans."""
+"""Decode-time planning: shapes from configs, the fitted cost, the widest feasible plans, the closed loop."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ from dataclasses import replace
 import pytest
 
 from pruneops.errors import ConfigError
-from pruneops.planning.decoder import DecoderShape, feasible_plans, fit_cost_model, shape_of, width_step
+from pruneops.planning.decoder import (
+    LOOP_ROUNDS,
+    DecodeCostModel,
+    DecoderShape,
+    close_the_loop,
+    feasible_plans,
+    fit_cost_model,
+    shape_of,
+    width_step,
+)
 
 SMOL = DecoderShape(layers=30, mlp_width=1536, kv_groups=3, queries_per_group=3, hidden=576, head_dim=64, vocab=49152)
 
@@ -63,3 +72,49 @@ def test_shape_of_reads_every_family_config():
         shape = shape_of(tiny_decoder(family).config)
         assert shape.layers == 4 and shape.mlp_width == 48, family
         assert shape.mlp_projections == (2 if family in ("gpt2", "gpt_neox") else 3)
+
+
+# The cost model the loop plans by, and the machine it measures on: `untouched_ms` more per token than the fit
+# holds, which no layer cut removes (the machine's overhead grew after the fit), so a plan predicted to meet a
+# target measures slower, as a fraction of dense, than predicted.
+FITTED = DecodeCostModel(intercept_ms=6.0, slope_ms=3e-7, residual_ms=0.0)
+
+
+def _machine(untouched_ms: float):
+    def true(s: DecoderShape) -> float:
+        return untouched_ms + FITTED.predict(s)
+
+    def measure(shape: DecoderShape) -> tuple[float, float]:
+        return true(SMOL), true(shape)
+
+    return measure
+
+
+def _widest_full_depth(target_ms: float) -> DecoderShape:
+    plans = feasible_plans(SMOL, FITTED, target_ms, 0, [3])
+    if not plans:
+        raise ConfigError("no plan")
+    return plans[0]
+
+
+def test_a_plan_measured_at_the_target_is_kept_in_one_round():
+    rounds = close_the_loop(_widest_full_depth, _machine(0.0), FITTED, 0.64, 0.64 * FITTED.predict(SMOL))
+    assert len(rounds) == 1 and rounds[0].measured_ratio <= 0.64
+
+
+def test_a_missed_target_is_planned_again_narrower_until_measured():
+    measure = _machine(3.0)
+    rounds = close_the_loop(_widest_full_depth, measure, FITTED, 0.64, 0.64 * FITTED.predict(SMOL))
+    assert rounds[0].measured_ratio > 0.64  # the fit under-predicts: the first plan misses
+    assert 1 < len(rounds) <= LOOP_ROUNDS and rounds[-1].measured_ratio <= 0.64
+    for before, after in zip(rounds, rounds[1:], strict=False):  # each round: a tighter target, a narrower plan
+        assert after.target_ms == pytest.approx(before.predicted_ms * 0.64 / before.measured_ratio)
+        assert after.shape.mlp_width < before.shape.mlp_width and after.predicted_ms <= after.target_ms
+
+
+def test_a_loop_that_cannot_reach_the_target_stops_and_says_what_it_measured():
+    # 30 ms no cut removes: half of dense is out of reach at full depth
+    rounds = close_the_loop(_widest_full_depth, _machine(30.0), FITTED, 0.5, 0.5 * FITTED.predict(SMOL))
+    assert rounds and all(r.measured_ratio > 0.5 for r in rounds) and len(rounds) <= LOOP_ROUNDS
+    with pytest.raises(ConfigError, match="no plan"):
+        close_the_loop(_widest_full_depth, _machine(0.0), FITTED, 0.01, 0.01 * FITTED.predict(SMOL))
