@@ -45,7 +45,7 @@ from pruneops.models.language import (
     perplexity_from_losses,
     zero_shot_accuracy,
 )
-from pruneops.planning.decoder import DecoderShape, LoopRound, close_the_loop, feasible_plans, shape_of
+from pruneops.planning.decoder import DecoderShape, close_the_loop, feasible_plans, shape_of
 from pruneops.pruning import decoder as cuts
 from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
@@ -233,10 +233,6 @@ def _plan_in_loop(
     return rounds[-1].shape, list(scored.values()), rounds
 
 
-def _round_record(r: LoopRound) -> dict:
-    return {**asdict(r), "shape": r.shape.describe(), "measured_ratio": r.measured_ratio}
-
-
 def _baselines(config, dense, calibration, cost, target_ms: float) -> dict[str, DecoderShape]:
     base = shape_of(dense.config)
     width = feasible_plans(base, cost, target_ms, 0, [base.kv_groups], min_width_fraction=1 / base.mlp_width)
@@ -339,7 +335,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
         shape, tried, rounds = _plan_in_loop(
             config, dense, tokenizer, data, calibration, cost, target, dense_ms, rows[0].folder, work
         )
-        plans[target], loops[str(target)] = tried, [_round_record(r) for r in rounds]
+        plans[target], loops[str(target)] = tried, [r.record() for r in rounds]
         target_ms = rounds[-1].target_ms  # the baselines are cut to the kept plan's predicted time
         model = cut_to_shape(dense, shape, calibration, "activation", True)
         search_s[str(target)] = time.perf_counter() - searching  # plans cut, scored and timed, then the kept one

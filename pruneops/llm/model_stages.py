@@ -267,7 +267,7 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     dense_val = block_losses(dense, blocks["val"])
     dropped = sorted(order[: shape_of(dense.config).layers - kept.layers])
     rows = [{**t, "step": i, "shape": t["shape"].describe()} for i, t in enumerate(tried)]
-    loop = [{**asdict(r), "shape": r.shape.describe(), "measured_ratio": r.measured_ratio} for r in rounds]
+    loop = [r.record() for r in rounds]
     out, plots = layout.stage_dir("prune"), layout.plots("prune")
     with staged_output_paths(out, layout.metrics("prune"), plots) as staged:
         save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)

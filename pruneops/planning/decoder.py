@@ -12,7 +12,7 @@ meets a target: the candidates whose quality is then measured.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -182,6 +182,10 @@ class LoopRound:
     def measured_ratio(self) -> float:
         """The plan's measured time as a fraction of dense's, timed interleaved."""
         return self.measured_ms / self.dense_ms
+
+    def record(self) -> dict:
+        """The round as JSON: its fields, the shape described, the measured ratio."""
+        return {**asdict(self), "shape": self.shape.describe(), "measured_ratio": self.measured_ratio}
 
 
 def close_the_loop(
