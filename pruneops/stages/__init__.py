@@ -319,7 +319,6 @@ def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
         if prune is not None and prune.target is not None and prune.target.metric is not None:
             raise ConfigError("prune.target.metric: applies to a causal LM only (decode or prefill time); remove it")
         return
-    prune, quantize = configs.get("prune"), configs.get("quantize")
     if prune is not None and (prune.target is None or prune.target.kind != "latency_ratio" or prune.target.batch != 1):
         raise ConfigError(
             "prune.target: a causal LM is planned on its measured time at batch 1 (per output token, or to the "
