@@ -37,15 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from pruneops.data.corpus import build_corpus, read_documents, read_labelled, to_blocks
 from pruneops.errors import ConfigError
 from pruneops.io import dump_json
-from pruneops.llm.common import cut_to_shape, export_genai, fit_costs, time_shapes
+from pruneops.llm.common import PlanLoop, PlanSpace, cut_to_shape, export_genai, fit_costs, time_shapes
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import (
-    block_losses,
     paired_ratio_interval,
     perplexity_from_losses,
     zero_shot_accuracy,
 )
-from pruneops.planning.decoder import DecoderShape, close_the_loop, feasible_plans, shape_of
+from pruneops.planning.decoder import DecoderShape, feasible_plans, shape_of
 from pruneops.pruning import decoder as cuts
 from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
@@ -188,49 +187,26 @@ def _cost_model(config: DecoderBenchConfig, dense, tokenizer, work: Path):
     return fit_costs(table)["decode"], [(shape, timing.tpot_ms) for shape, timing in table]
 
 
-def _plan(config, dense, data: _Data, calibration, cost, target_ms: float, scored: dict) -> DecoderShape:
-    """The feasible plan with the lowest perplexity on the search blocks (held out from val and test).
-
-    Each plan is cut and scored once: `scored` keeps every plan's row across the loop's rounds.
-    """
-    base = shape_of(dense.config)
-    groups = [g for g in (config.kv_groups or range(base.kv_groups, 0, -1)) if g <= base.kv_groups]
-    plans = feasible_plans(base, cost, target_ms, config.max_layers_dropped, groups, depth_step=config.depth_step)
-    if not plans:
-        raise ConfigError(f"bench-decoder: no uniform shape is predicted to decode in {target_ms:.2f} ms")
-    for shape in plans:
-        if shape in scored:
-            continue
-        losses = block_losses(cut_to_shape(dense, shape, calibration, "activation", True), data.search)
-        scored[shape] = {"shape": shape, "search_nll": float(losses.mean()), "predicted_ms": cost.predict(shape)}
-        log.info("plan %s: search perplexity %.2f", shape.describe(), np.exp(losses.mean()))
-    return min((scored[s] for s in plans), key=lambda t: t["search_nll"])["shape"]
-
-
 def _plan_in_loop(
     config, dense, tokenizer, data: _Data, calibration, cost, target: float, dense_ms, dense_folder, work
 ):
     """The closed loop for one target: (kept shape, every plan scored, the rounds timed against dense).
 
-    The first round plans for `target` x `dense_ms` (dense as the cost table measured it).
+    Plans are ranked on the search blocks (held out from val and test); the first round plans for
+    `target` x `dense_ms` (dense as the cost table measured it).
     """
-    scored: dict[DecoderShape, dict] = {}
-    prompt = np.random.default_rng(config.seed).integers(0, shape_of(dense.config).vocab, (1, config.prompt_length))
-
-    def measure(shape: DecoderShape) -> tuple[float, float]:
-        model = cut_to_shape(dense, shape, calibration, "activation", True)
-        name = f"loop-{target:g}-{shape.layers}-{shape.kv_groups}-{shape.mlp_width}"
-        folder = export_genai(model, tokenizer, work / name, ["fp32"], config.threads)["fp32"]
-        timed = time_generation({"dense": dense_folder, "plan": folder}, prompt, config.new_tokens, config.rounds)
-        log.info("loop: %s measured %.3f of dense (target %g)", shape.describe(),
-                 timed["plan"].tpot_ms / timed["dense"].tpot_ms, target)  # fmt: skip
-        return timed["dense"].tpot_ms, timed["plan"].tpot_ms
-
-    def plan(target_ms: float) -> DecoderShape:
-        return _plan(config, dense, data, calibration, cost, target_ms, scored)
-
-    rounds = close_the_loop(plan, measure, cost, target, target * dense_ms)
-    return rounds[-1].shape, list(scored.values()), rounds
+    base = shape_of(dense.config)
+    space = PlanSpace(config.max_layers_dropped, tuple(config.kv_groups or ()), config.depth_step)
+    prompt = np.random.default_rng(config.seed).integers(0, base.vocab, (1, config.prompt_length))
+    loop = PlanLoop(
+        dense, tokenizer, calibration, data.search, cost, space, dense_folder, work,
+        prompt, config.new_tokens, config.rounds, config.threads,
+    )  # fmt: skip
+    try:
+        rounds = loop.run(target, target * dense_ms)
+    except ConfigError as err:
+        raise ConfigError(f"bench-decoder: target {target:g}: {err}") from err
+    return rounds[-1].shape, list(loop.scored.values()), rounds
 
 
 def _baselines(config, dense, calibration, cost, target_ms: float) -> dict[str, DecoderShape]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -177,7 +178,7 @@ def write_decoder_report(results: dict) -> str:
         "Plans tried per target (search perplexity on validation blocks kept apart from the reported ones):",
         "",
         *(
-            f"- {float(t):g}: " + "; ".join(f"{p['shape']} → {2.718281828 ** p['search_nll']:.2f}" for p in tried)
+            f"- {float(t):g}: " + "; ".join(f"{p['shape']} → {math.exp(p['search_nll']):.2f}" for p in tried)
             for t, tried in results["plans"].items()
         ),
         "",

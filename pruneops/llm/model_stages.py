@@ -16,7 +16,9 @@ from pruneops.errors import ConfigError, DataError, LatencyGateError
 from pruneops.io import Layout, dump_json, staged_output_paths
 from pruneops.llm.common import (
     MODEL_DIR,
-    cut_to_shape,
+    UNITS,
+    PlanLoop,
+    PlanSpace,
     export_genai,
     fit_costs,
     load_blocks,
@@ -26,12 +28,11 @@ from pruneops.llm.common import (
 from pruneops.llm.plots import plot_cost_model, plot_plans, plot_shape
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
-from pruneops.planning.decoder import DecodeCostModel, DecoderShape, close_the_loop, feasible_plans, shape_of
+from pruneops.planning.decoder import DecodeCostModel, DecoderShape, shape_of
 from pruneops.plots import plot_history
 from pruneops.pruning.decoder import calibrate
 from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.stages import StageReport
-from pruneops.timing.decode import time_generation
 from pruneops.timing.machine import machine_info
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 COST_FILE = "decode_cost.json"
 COST_KEYS: dict[DecoderMetric, str] = {"decode": "cost", "prefill": "prefill_cost"}  # fits in COST_FILE
 DENSE_KEYS: dict[DecoderMetric, str] = {"decode": "dense_tpot_ms", "prefill": "dense_ttft_ms"}
-UNITS: dict[DecoderMetric, str] = {"decode": "ms/token", "prefill": "ms to first token"}
 
 
 @dataclass(frozen=True)
@@ -166,68 +166,33 @@ class DecoderPruneReport(StageReport):
         )
 
 
-def _search(
-    config: PruneConfig, dense, calibration, search: np.ndarray, cost: DecodeCostModel, target_ms, order, scored: dict
-) -> list[dict]:
-    """Every feasible plan cut and scored on the search blocks (once: `scored` keeps them), lowest perplexity first."""
-    base = shape_of(dense.config)
-    cut = config.decoder
-    groups = [g for g in (cut.kv_groups or range(base.kv_groups, 0, -1)) if g <= base.kv_groups]
-    depth = int(config.max_unit_ratio * base.layers)
-    plans = feasible_plans(base, cost, target_ms, depth, groups, depth_step=cut.depth_step)
-    if not plans:
-        unit = UNITS[config.target.decoder_metric]
-        raise ConfigError(
-            f"prune.target: no uniform shape is predicted to take {target_ms:.2f} {unit} "
-            f"(the cost model's floor is {cost.intercept_ms:.2f} ms); raise prune.target.value or max_unit_ratio"
-        )
-    for shape in plans:
-        if shape in scored:
-            continue
-        model = cut_to_shape(dense, shape, calibration, cut.importance, cut.reconstruct, order)
-        nll = float(block_losses(model, search).mean())
-        scored[shape] = {"shape": shape, "search_perplexity": float(np.exp(nll)), "predicted_ms": cost.predict(shape)}
-        log.info("plan %s: search perplexity %.2f", shape.describe(), np.exp(nll))
-    return sorted((scored[s] for s in plans), key=lambda t: t["search_perplexity"])
-
-
-def _gate(
-    dense_folder: Path, model, tokenizer, benchmark: BenchmarkConfig, work: Path, metric: DecoderMetric
-) -> tuple[float, float]:
-    """The plan exported (fp32) and timed interleaved with the exported dense model at batch 1: (dense ms, plan ms)."""
-    folders = {
-        "dense": dense_folder,
-        "plan": export_genai(model, tokenizer, work / "plan", ["fp32"], benchmark.threads)["fp32"],
-    }
-    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, (1, benchmark.prompt_length))
-    timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
-    return timings["dense"].milliseconds(metric), timings["plan"].milliseconds(metric)
-
-
 def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, tokenizer, blocks, layout: Layout):
-    """The closed loop of `prune_decoder`: (its rounds, every plan scored, the kept plan's model)."""
-    metric = config.target.decoder_metric
+    """The closed loop of `prune_decoder`: (its rounds, every plan scored, the kept plan's model, the layer order)."""
+    metric, cut = config.target.decoder_metric, config.decoder
     cost, dense_ms = read_cost(layout, metric)
     order = read_stage_json(layout, "sensitivity", "layers.json")["layer_order"]
-    calibration = calibrate(dense, torch.as_tensor(blocks["train"][: config.decoder.calibration_blocks]))
-    search, cut = blocks["val"][-config.decoder.search_blocks :], config.decoder
-    scored: dict[DecoderShape, dict] = {}
-    models: dict[DecoderShape, torch.nn.Module] = {}
+    base = shape_of(dense.config)
+    space = PlanSpace(
+        max_layers_dropped=int(config.max_unit_ratio * base.layers),
+        kv_groups=tuple(cut.kv_groups or ()),
+        depth_step=cut.depth_step,
+        importance=cut.importance,
+        reconstruct=cut.reconstruct,
+        layer_order=order,
+    )
+    calibration = calibrate(dense, torch.as_tensor(blocks["train"][: cut.calibration_blocks]))
+    prompt = np.random.default_rng(0).integers(0, base.vocab, (1, benchmark.prompt_length))
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
         dense_folder = export_genai(dense, tokenizer, Path(work) / "dense", ["fp32"], benchmark.threads)["fp32"]
-
-        def plan(target_ms: float) -> DecoderShape:
-            return _search(config, dense, calibration, search, cost, target_ms, order, scored)[0]["shape"]
-
-        def measure(shape: DecoderShape) -> tuple[float, float]:
-            models[shape] = cut_to_shape(dense, shape, calibration, cut.importance, cut.reconstruct, order)
-            timed = _gate(dense_folder, models[shape], tokenizer, benchmark, Path(work) / str(len(models)), metric)
-            log.info("loop: %s measured %.3f of dense (target %.3f)", shape.describe(), timed[1] / timed[0],
-                     config.target.value)  # fmt: skip
-            return timed
-
-        rounds = close_the_loop(plan, measure, cost, config.target.value, config.target.value * dense_ms)
-    return rounds, list(scored.values()), models[rounds[-1].shape], order
+        loop = PlanLoop(
+            dense, tokenizer, calibration, blocks["val"][-cut.search_blocks :], cost, space, dense_folder, Path(work),
+            prompt, benchmark.new_tokens, benchmark.rounds, benchmark.threads, metric,
+        )  # fmt: skip
+        try:
+            rounds = loop.run(config.target.value, config.target.value * dense_ms)
+        except ConfigError as err:
+            raise ConfigError(f"prune.target: {err}; raise prune.target.value or max_unit_ratio") from err
+    return rounds, list(loop.scored.values()), loop.models[rounds[-1].shape], order
 
 
 def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecoderPruneReport:
