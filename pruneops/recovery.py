@@ -5,7 +5,9 @@ divergence of softened logits, scaled by T²), weighted by `distill_weight` agai
 next-token loss on the training text (1: distillation only; 0: the text alone). Training stops
 when `max_tokens` tokens have been consumed (whole batches; the last one is cut to fit), so the
 report says exactly what recovery cost: tokens and wall time. The learning rate warms up
-linearly over the first tenth and decays with a cosine to zero at the budget.
+linearly over the first tenth and decays with a cosine to zero at the budget. With
+`compute_dtype` bf16 the forward passes of student and teacher run under CPU autocast (matrix
+products in bfloat16); weights, gradients and the optimiser stay fp32.
 """
 
 from __future__ import annotations
@@ -15,12 +17,19 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
 from pruneops.errors import ConfigError
+from pruneops.timing.machine import cpu_flags
+
+log = logging.getLogger(__name__)
+
+ComputeDtype = Literal["fp32", "bf16"]
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX-512 / AMX, Arm (cpuinfo `Features`)
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class RecoverySettings:
     distill_weight: float = 1.0  # loss = this x KL to the teacher + (1 - this) x next-token cross-entropy
     weight_decay: float = 0.0
     seed: int = 0
+    compute_dtype: ComputeDtype = "fp32"  # bf16: forward passes under CPU autocast
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,16 @@ def progress_marks(
                 history.append({"step": len(history), "tokens": used, "loss": loss})
 
     return progress
+
+
+def compute_dtype_warning(compute_dtype: ComputeDtype) -> str | None:
+    """The warning where bf16 is asked of a CPU without bfloat16 instructions (it runs emulated, slower)."""
+    if compute_dtype != "bf16" or any(flag in cpu_flags() for flag in NATIVE_BF16_FLAGS):
+        return None
+    return (
+        f"recovery: compute_dtype bf16 on a CPU without bfloat16 instructions ({'/'.join(NATIVE_BF16_FLAGS)}): "
+        "it runs emulated, slower than fp32; use fp32 here"
+    )
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -120,6 +140,9 @@ def recover_(
             else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total_steps - warmup)))
         ),
     )
+    if warning := compute_dtype_warning(settings.compute_dtype):
+        log.warning(warning)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.compute_dtype == "bf16")
     teacher.eval()
     student.train()
     order = torch.randperm(len(blocks), generator=generator)
@@ -129,10 +152,11 @@ def recover_(
         index = torch.stack([order[(cursor + i) % len(order)] for i in range(take)])
         cursor += take
         batch = blocks[index]
-        logits = student(input_ids=batch, use_cache=False).logits
+        with autocast:
+            logits = student(input_ids=batch, use_cache=False).logits
         loss = torch.zeros((), dtype=torch.float32)
         if settings.distill_weight > 0.0:
-            with torch.no_grad():
+            with torch.no_grad(), autocast:
                 target = teacher(input_ids=batch, use_cache=False).logits
             loss = settings.distill_weight * distillation_loss(logits, target, settings.temperature)
         if settings.distill_weight < 1.0:

@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -97,6 +97,8 @@ class DecoderBenchConfig(BaseModel):
     recovery_batch_blocks: Annotated[int, Field(ge=1, le=1024)] = 4
     # KL to the dense model's weight; the rest is next-token loss on the corpus (1: distillation only).
     recovery_distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    # bf16: recovery's forward passes under CPU autocast (weights and optimiser fp32), as finetune.compute_dtype.
+    recovery_compute_dtype: Literal["fp32", "bf16"] = "fp32"
     prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
     new_tokens: Annotated[int, Field(ge=2, le=4096)] = 32
     batches: list[Annotated[int, Field(ge=1, le=256)]] = [1, 8]
@@ -244,6 +246,7 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
         lr=config.recovery_lr,
         distill_weight=config.recovery_distill_weight,
         seed=config.seed,
+        compute_dtype=config.recovery_compute_dtype,
     )
     result = recover_(model, dense, data.train, settings, progress_marks(config.recovery_tokens, 10, log))
     return {
@@ -252,6 +255,7 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
         "wall_s": result.wall_s,
         "lr": config.recovery_lr,
         "distill_weight": config.recovery_distill_weight,
+        "compute_dtype": config.recovery_compute_dtype,
         "first_loss": result.losses[0],
         "last_loss": result.losses[-1],
     }

@@ -115,7 +115,8 @@ def _recovery_text(results: dict) -> str:
         return "**No recovery training** ran (0 tokens): every figure is of the cut alone."
     parts = [
         f"target {float(t):g}: {r['tokens']:,} tokens in {r['wall_s'] / 60:.1f} min "
-        f"({r['tokens'] / r['wall_s']:.0f} tokens/s, lr {r['lr']:g}; distillation loss {r['first_loss']:.3f} → "
+        f"({r['tokens'] / r['wall_s']:.0f} tokens/s, {r.get('compute_dtype', 'fp32')} compute, lr {r['lr']:g}; "
+        f"distillation loss {r['first_loss']:.3f} → "
         f"{r['last_loss']:.3f})"
         for t, r in spent.items()
     ]
@@ -158,7 +159,10 @@ def write_decoder_report(results: dict) -> str:
         + (
             f"{selected['name']}"
             if selected
-            else "none: no target's deployed model is within the budget without recovery"
+            else (
+                "none: no target's deployed model is within the budget"
+                + (" after its recovery" if config.get("recovery_tokens") else " (no recovery was run)")
+            )
         ),
         "",
         "Decode cost model (fitted on the shapes below, batch 1, fp32): "

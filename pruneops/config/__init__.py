@@ -382,6 +382,10 @@ class FinetuneConfig(FitParams):
     # Causal LMs: the distillation budget in training tokens (logit KL from the unpruned model,
     # `lr` with warm-up and cosine decay, `batch_size` blocks per step); 0: the cut model as it is.
     max_tokens: Annotated[int, Field(ge=0, le=10**12)] = 0
+    # Causal LMs: bf16 runs recovery's forward passes under CPU autocast (weights and optimiser stay
+    # fp32): more tokens per second where the CPU has bfloat16 instructions (avx512_bf16, AMX),
+    # slower where it emulates them (the run warns).
+    compute_dtype: Literal["fp32", "bf16"] = "fp32"
 
     @model_validator(mode="after")
     def _nodes_meet_somewhere(self) -> FinetuneConfig:

@@ -31,7 +31,7 @@ from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.planning.decoder import DecodeCostModel, DecoderShape, shape_of
 from pruneops.plots import plot_history
 from pruneops.pruning.decoder import calibrate
-from pruneops.recovery import RecoverySettings, progress_marks, recover_
+from pruneops.recovery import RecoverySettings, compute_dtype_warning, progress_marks, recover_
 from pruneops.stages import StageReport
 from pruneops.timing.machine import machine_info
 
@@ -274,6 +274,8 @@ class RecoveryReport(StageReport):
     val_perplexity: float
     dense_val_perplexity: float
     checkpoint: Path
+    compute_dtype: str = "fp32"
+    warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
         return (
@@ -307,10 +309,12 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             distill_weight=config.distill_weight,
             weight_decay=config.weight_decay,
             seed=config.seed,
+            compute_dtype=config.compute_dtype,
         )
         progress = progress_marks(config.max_tokens, 20, log, history)
         result = recover_(model, dense, blocks["train"], settings, progress)
         tokens, steps, wall = result.tokens, result.steps, result.wall_s
+    warning = compute_dtype_warning(config.compute_dtype) if config.max_tokens else None
     after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
     out, plots = layout.stage_dir("finetune"), layout.plots("finetune")
@@ -329,6 +333,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             val_perplexity=after,
             dense_val_perplexity=dense_ppl,
             checkpoint=out / MODEL_DIR,
+            compute_dtype=config.compute_dtype,
+            warnings=(warning,) if warning else (),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
     return report

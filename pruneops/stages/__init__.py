@@ -314,10 +314,12 @@ def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
             f"train.task: {train.task} with validate.dataset {validate.dataset}: a causal LM reads a corpus "
             "(dataset: corpus) and only a causal LM does"
         )
-    prune, quantize = configs.get("prune"), configs.get("quantize")
+    prune, quantize, finetune = configs.get("prune"), configs.get("quantize"), configs.get("finetune")
     if train.task != "causal_lm":
         if prune is not None and prune.target is not None and prune.target.metric is not None:
             raise ConfigError("prune.target.metric: applies to a causal LM only (decode or prefill time); remove it")
+        if finetune is not None and finetune.compute_dtype != "fp32":
+            raise ConfigError("finetune.compute_dtype: applies to a causal LM's recovery only; remove it")
         return
     if prune is not None and (prune.target is None or prune.target.kind != "latency_ratio" or prune.target.batch != 1):
         raise ConfigError(

@@ -82,13 +82,20 @@ def test_dvc_yaml_of_a_decoder_project_plots_the_rows_its_stages_write(corpus_pa
     assert axes("prune", "history.json") == ("step", "search_perplexity")
 
 
-def test_a_prefill_metric_is_refused_for_a_classifier():
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("prune", "target", {"kind": "latency_ratio", "value": 0.7, "metric": "prefill"}, "prune.target.metric"),
+        ("finetune", "compute_dtype", "bf16", "finetune.compute_dtype"),
+    ],
+)
+def test_a_causal_lm_setting_is_refused_for_a_classifier(section, key, value, message):
     from pruneops.errors import ConfigError
     from pruneops.params import read_params
 
     params = read_params(Path(__file__).parents[2] / "params.yaml")
-    params["prune"]["target"] = {"kind": "latency_ratio", "value": 0.7, "metric": "prefill"}
-    with pytest.raises(ConfigError, match="prune.target.metric: applies to a causal LM only"):
+    params[section][key] = value
+    with pytest.raises(ConfigError, match=f"{message}: applies to a causal LM"):
         load_configs(params)
 
 

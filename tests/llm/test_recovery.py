@@ -27,7 +27,8 @@ def test_distillation_loss_is_zero_for_equal_logits_and_positive_otherwise():
     assert float(distillation_loss(logits, logits.flip(-1), 2.0)) > 0
 
 
-def test_recovery_spends_exactly_its_budget_and_brings_the_student_closer_to_the_teacher():
+@pytest.mark.parametrize("compute_dtype", ["fp32", "bf16"])
+def test_recovery_spends_exactly_its_budget_and_brings_the_student_closer_to_the_teacher(compute_dtype):
     teacher = tiny_decoder("llama")
     student = copy.deepcopy(teacher)
     train, held_out = random_blocks(32, 16, seed=1), random_blocks(8, 16, seed=2)
@@ -38,7 +39,7 @@ def test_recovery_spends_exactly_its_budget_and_brings_the_student_closer_to_the
         student,
         teacher,
         train,
-        RecoverySettings(max_tokens=120 * 16 + 5, batch_blocks=4, lr=3e-3),
+        RecoverySettings(max_tokens=120 * 16 + 5, batch_blocks=4, lr=3e-3, compute_dtype=compute_dtype),
         progress=lambda used, loss: seen.append(used),
     )
     # whole blocks up to the budget: 120 blocks and one more for the 5 tokens left
@@ -46,6 +47,20 @@ def test_recovery_spends_exactly_its_budget_and_brings_the_student_closer_to_the
     after = _kl_to(teacher, student, held_out)
     assert after < 0.8 * before, (before, after)
     assert not student.training
+    assert all(p.dtype == torch.float32 for p in student.parameters())  # bf16 is compute only
+
+
+def test_bf16_on_a_cpu_without_bfloat16_instructions_is_a_warning(monkeypatch, caplog):
+    import pruneops.recovery as R
+
+    monkeypatch.setattr(R, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert "runs emulated" in R.compute_dtype_warning("bf16")
+    assert R.compute_dtype_warning("fp32") is None
+    model = tiny_decoder("llama")
+    recover_(copy.deepcopy(model), model, random_blocks(4, 16), RecoverySettings(max_tokens=16, compute_dtype="bf16"))
+    assert any("runs emulated" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(R, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert R.compute_dtype_warning("bf16") is None
 
 
 def test_recovery_never_touches_the_teacher():
