@@ -2,9 +2,9 @@
 
 Usage: `python scripts/measure_decoder_int4.py --config benchmarks/decoders/llm.yaml`
 
-Exports the workload's dense model in fp32, INT8 and each INT4 `algo_config` of the builder (RTN;
-RTN with the output projection in INT8; k-quant; k-quant with the output projection and the
-llama.cpp "mixed" layers in INT8), scores each by its own exported logits on the workload's
+Exports the workload's dense model in fp32, INT8 and INT4 with the builder's default and each of
+its `algo_config`s (RTN; RTN with the output projection in INT8; k-quant; k-quant with the output
+projection and the llama.cpp "mixed" layers in INT8), scores each by its own exported logits on the workload's
 validation and test blocks (change against fp32, paired 95 % interval over blocks), and times all
 of them interleaved (batch 1, the workload's prompt length, new tokens, rounds and threads).
 """
@@ -26,6 +26,7 @@ from pruneops.timing.decode import exported_block_losses, time_generation
 VARIANTS = {  # name -> (builder precision, builder extra options)
     "fp32": ("fp32", []),
     "int8": ("int8", []),
+    "int4": ("int4", []),  # the builder's default, what `int4` means in PruneOps
     "int4 rtn": ("int4", ["algo_config=rtn"]),
     "int4 rtn_last": ("int4", ["algo_config=rtn_last"]),
     "int4 k_quant": ("int4", ["algo_config=k_quant"]),
