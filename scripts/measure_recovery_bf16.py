@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pruneops.bench.decoder import load_bench_config, workload_data
+from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data
 from pruneops.llm.common import cut_to_shape
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import block_losses
 from pruneops.planning.decoder import shape_of
 from pruneops.pruning.decoder import calibrate
-from pruneops.recovery import RecoverySettings, compute_dtype_warning, recover_
+from pruneops.recovery import compute_dtype_warning, recover_
 
 
 def main() -> None:
@@ -45,14 +45,7 @@ def main() -> None:
         print(warning)
     for dtype in ("bf16", "fp32"):
         model = copy.deepcopy(cut)
-        settings = RecoverySettings(
-            max_tokens=args.tokens,
-            batch_blocks=config.recovery_batch_blocks,
-            lr=config.recovery_lr,
-            distill_weight=config.recovery_distill_weight,
-            seed=config.seed,
-            compute_dtype=dtype,
-        )
+        settings = replace(recovery_settings(config), max_tokens=args.tokens, compute_dtype=dtype)
         result = recover_(model, dense, data.train, settings)
         nll = float(block_losses(model, data.val).mean())
         print(

@@ -192,7 +192,7 @@ def _cost_model(config: DecoderBenchConfig, dense, tokenizer, work: Path):
 def _plan_in_loop(
     config, dense, tokenizer, data: _Data, calibration, cost, target: float, dense_ms, dense_folder, work
 ):
-    """The closed loop for one target: (kept shape, every plan scored, the rounds timed against dense).
+    """The closed loop for one target: (kept plan's model, every plan scored, the rounds timed against dense).
 
     Plans are ranked on the search blocks (held out from val and test); the first round plans for
     `target` x `dense_ms` (dense as the cost table measured it).
@@ -208,7 +208,7 @@ def _plan_in_loop(
         rounds = loop.run(target, target * dense_ms)
     except ConfigError as err:
         raise ConfigError(f"bench-decoder: target {target:g}: {err}") from err
-    return rounds[-1].shape, list(loop.scored.values()), rounds
+    return loop.models[rounds[-1].shape], list(loop.scored.values()), rounds
 
 
 def _baselines(config, dense, calibration, cost, target_ms: float) -> dict[str, DecoderShape]:
@@ -238,9 +238,9 @@ def _zero_shot(model, tokenizer, config: DecoderBenchConfig, examples) -> tuple[
     )
 
 
-def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
-    """Distils the dense model into the cut one within the token budget; returns what it spent."""
-    settings = RecoverySettings(
+def recovery_settings(config: DecoderBenchConfig) -> RecoverySettings:
+    """The bench file's recovery of ours, as `recover_` takes it."""
+    return RecoverySettings(
         max_tokens=config.recovery_tokens,
         batch_blocks=config.recovery_batch_blocks,
         lr=config.recovery_lr,
@@ -248,6 +248,11 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
         seed=config.seed,
         compute_dtype=config.recovery_compute_dtype,
     )
+
+
+def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
+    """Distils the dense model into the cut one within the token budget; returns what it spent."""
+    settings = recovery_settings(config)
     result = recover_(model, dense, data.train, settings, progress_marks(config.recovery_tokens, 10, log))
     return {
         "tokens": result.tokens,
@@ -312,13 +317,13 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
     plans, recovery, search_s, loops = {}, {}, {}, {}
     for target in config.targets:
         searching = time.perf_counter()
-        shape, tried, rounds = _plan_in_loop(
+        model, tried, rounds = _plan_in_loop(
             config, dense, tokenizer, data, calibration, cost, target, dense_ms, rows[0].folder, work
         )
         plans[target], loops[str(target)] = tried, [r.record() for r in rounds]
         target_ms = rounds[-1].target_ms  # the baselines are cut to the kept plan's predicted time
-        model = cut_to_shape(dense, shape, calibration, "activation", True)
-        search_s[str(target)] = time.perf_counter() - searching  # plans cut, scored and timed, then the kept one
+        shape = rounds[-1].shape
+        search_s[str(target)] = time.perf_counter() - searching  # plans cut, scored and timed
         name = f"ours {target:g}"
         extra = {"target": target, "predicted_tpot_ms": cost.predict(shape)}
         if config.recovery_tokens:

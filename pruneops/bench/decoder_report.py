@@ -92,7 +92,8 @@ def _search_text(results: dict) -> str:
     if not searched:
         return ""
     parts = [f"target {float(t):g}: {s / 60:.1f} min" for t, s in searched.items()]
-    return "Pruning (every feasible plan cut, reconstructed and scored, then the kept one): " + "; ".join(parts) + ". "
+    head = "Pruning (every feasible plan cut, reconstructed and scored, the best timed against dense): "
+    return head + "; ".join(parts) + ". "
 
 
 def _loop_text(results: dict) -> str:
