@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -571,6 +572,23 @@ def sweep_receiver() -> None:
             _http_case(client, "receiver", case, path, kwargs)
 
 
+def _wait_for_line(proc: subprocess.Popen, marker: str, timeout_s: float) -> bool:
+    """Read the process's stderr until a line holds `marker` (True), it exits or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    found: list[bool] = []
+
+    def read() -> None:
+        for line in proc.stderr:
+            if marker in line:
+                found.append(True)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(max(deadline - time.monotonic(), 0.0))
+    return bool(found)
+
+
 def sweep_kill(work: Path, pipeline: Path) -> None:
     """SIGKILL a stage mid-run: the previous outputs stay, the next run sweeps the leftovers and works."""
     root = Path(tempfile.mkdtemp(dir=work))
@@ -578,11 +596,18 @@ def sweep_kill(work: Path, pipeline: Path) -> None:
         src = pipeline / part
         shutil.copytree(src, root / part) if src.is_dir() else shutil.copy(src, root / part)
     params = base_params()
-    params["train"].update(epochs=60, patience=60)
+    # As many epochs as the config allows: the kill lands mid-training however fast the machine is.
+    params["train"].update(epochs=10_000, patience=10_000)
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     before = (root / "artifacts/train/model.safetensors").read_bytes()
-    proc = subprocess.Popen([sys.executable, "-m", "pruneops.cli", "--root", str(root), "train"], cwd=root)
-    time.sleep(8.0)  # mid-training (60 epochs take longer)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pruneops.cli", "--root", str(root), "train"],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    training = _wait_for_line(proc, "train epoch 2/", timeout_s=120.0)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     intact = (root / "artifacts/train/model.safetensors").read_bytes() == before
@@ -590,8 +615,8 @@ def sweep_kill(work: Path, pipeline: Path) -> None:
     record(
         "kill -9",
         "train killed mid-epoch: previous model intact",
-        "handled" if intact else "silent",
-        f"{len(left)} twin(s) left",
+        "handled" if intact and training else "silent",
+        f"{len(left)} twin(s) left" if training else "no second epoch logged within 120 s",
     )
     params["train"].update(epochs=1, patience=1)
     (root / "params.yaml").write_text(yaml.safe_dump(params))
@@ -1021,6 +1046,9 @@ def main() -> int:
         f"\n{len(RESULTS)} cases in {time.time() - started:.0f} s: " + ", ".join(f"{k} {v}" for k, v in totals.items())
     )
     print("per entry point: " + ", ".join(f"{k} {v}" for k, v in by_entry.items()))
+    for entry, case, outcome, detail in RESULTS:  # repeated last, where a log's tail shows them
+        if outcome != "handled":
+            print(f"NOT HANDLED: {outcome} {entry} / {case}: {detail[:200]}")
     return len(RESULTS) - totals["handled"]
 
 
