@@ -321,10 +321,10 @@ def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
         if finetune is not None and finetune.compute_dtype != "fp32":
             raise ConfigError("finetune.compute_dtype: applies to a causal LM's recovery only; remove it")
         return
-    if prune is not None and (prune.target is None or prune.target.kind != "latency_ratio" or prune.target.batch != 1):
+    if prune is not None and (prune.target is None or not prune.target.is_latency or prune.target.batch != 1):
         raise ConfigError(
             "prune.target: a causal LM is planned on its measured time at batch 1 (per output token, or to the "
-            "first token with metric: prefill): kind latency_ratio, batch 1"
+            "first token with metric: prefill): kind latency_ratio or latency_ms, batch 1"
         )
     if prune is not None and prune.target.reference is not None:
         raise ConfigError("prune.target.reference: not available for a causal LM (the ratio is of the dense model)")

@@ -51,6 +51,30 @@ def test_a_decoder_params_mistake_is_one_line(corpus_params, tmp_path, capsys, s
     assert named in _one_line_error(corpus_params, tmp_path, capsys)
 
 
+@pytest.mark.parametrize(
+    ("target", "dense_ms", "ratio"),
+    [
+        ({"kind": "latency_ratio", "value": 0.7}, 20.0, 0.7),
+        ({"kind": "latency_ms", "value": 12.0}, 20.0, 0.6),
+        ({"kind": "latency_ms", "value": 300.0, "metric": "prefill"}, 400.0, 0.75),
+    ],
+)
+def test_a_latency_target_is_a_fraction_of_dense_time(corpus_params, target, dense_ms, ratio):
+    from pruneops.llm.model_stages import target_ratio
+
+    corpus_params["prune"] = {**corpus_params["prune"], "target": target}
+    assert target_ratio(load_configs(corpus_params)["prune"], dense_ms) == pytest.approx(ratio, rel=1e-12)
+
+
+def test_a_latency_ms_target_dense_already_meets_is_refused(corpus_params):
+    from pruneops.errors import ConfigError
+    from pruneops.llm.model_stages import target_ratio
+
+    corpus_params["prune"] = {**corpus_params["prune"], "target": {"kind": "latency_ms", "value": 25.0}}
+    with pytest.raises(ConfigError, match=r"25 ms.*not below the dense model's 20.00"):
+        target_ratio(load_configs(corpus_params)["prune"], 20.0)
+
+
 def test_a_corpus_that_fails_its_expectations_writes_nothing(tmp_path):
     from pruneops.errors import DataValidationError
     from pruneops.io import Layout
@@ -109,7 +133,7 @@ def _injected_timings(ttft: dict[str, float], tpot: dict[str, float]):
 
 
 @pytest.mark.slow(reason="the latency table and the gate export and time five shapes and a plan")
-def test_a_prefill_target_is_planned_gated_and_quantized_on_time_to_first_token(tmp_path, monkeypatch):
+def test_a_prefill_target_in_ms_is_planned_gated_and_quantized_on_time_to_first_token(tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
     import json
 
@@ -129,9 +153,14 @@ def test_a_prefill_target_is_planned_gated_and_quantized_on_time_to_first_token(
         benchmark={"prompt_length": 128, "rounds": 3},
     )
     configs, layout = load_configs(params), Layout(tmp_path)
-    for stage in ("validate", "train", "sensitivity", "latency", "prune", "finetune"):
+    for stage in ("validate", "train", "sensitivity", "latency"):
         get_stage(stage).run(configs, layout)
     cost = json.loads((tmp_path / "artifacts/latency/decode_cost.json").read_text())
+    # The same target as an SLO in milliseconds: 0.8 of the dense time to first token just measured.
+    params["prune"]["target"] = {"kind": "latency_ms", "value": 0.8 * cost["dense_ttft_ms"], "metric": "prefill"}
+    configs = load_configs(params)
+    for stage in ("prune", "finetune"):
+        get_stage(stage).run(configs, layout)
     assert cost["dense_ttft_ms"] > cost["dense_tpot_ms"] > 0  # a 128-token prefill costs more than one step
     assert all(row["ttft_ms"] > 0 and row["predicted_ttft_ms"] > 0 for row in cost["table"])
     prune = json.loads((tmp_path / "metrics/prune.json").read_text())
