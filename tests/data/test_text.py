@@ -22,7 +22,7 @@ from tests.text_helpers import build_tokenizer, make_reviews
 
 pytest.importorskip("tokenizers", reason="tokenizers (the `hf` extra) is not installed")
 
-ASSETS = Path(__file__).resolve().parents[2] / "state" / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"  # where make text-assets puts them
 
 
 def _config(tmp_path, path, **kw) -> ValidateConfig:
@@ -143,7 +143,7 @@ def test_max_length_holds_the_quantile_rounded_up():
 
 
 @pytest.mark.slow
-def test_real_reviews_with_minilmbuild_tokenizer(tmp_path):
+def test_real_reviews_validate_with_the_minilm_tokenizer(tmp_path):
     reviews, minilm = ASSETS / "rotten_tomatoes_corpus_full.csv.bz2", ASSETS / "all-minilm-l6-v2"
     if not reviews.is_file() or not (minilm / "tokenizer.json").is_file():
         pytest.skip("Rotten Tomatoes reviews / MiniLM not fetched: run `make text-assets`")
