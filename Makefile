@@ -71,10 +71,10 @@ run: repo
 	@cat artifacts/benchmark/benchmark.md
 
 # `make test`: every test but the `slow` group (full pipelines through DVC, the bench, the family
-# runs, real assets); `make test-slow` runs that group, and CI runs both.
+# runs, real assets); `make test-slow` runs that group (CI runs `make test`; see .ci/run).
 test: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
-	@echo "make test: the slow group (full pipelines, bench, families, real assets) is left to make test-slow; CI runs both"
+	@echo "make test: the slow group (full pipelines, bench, families, real assets) is left to make test-slow"
 
 # A Ray cluster on this machine for compute.backend: ray (it prints the address and how to join).
 RAY_NODES ?= 2

@@ -3,8 +3,9 @@
 A `DecoderShape` is what a config expresses: layer count, MLP width, KV groups and query heads
 per group. Decoding one token at batch 1 reads every weight once, so its time is close to linear
 in the weights a token touches; `DecodeCostModel` fits `time = intercept + slope * layer_weights`
-(least squares) on shapes timed on this machine. The intercept holds what no layer cut touches:
-the tied output projection over the vocabulary, the embedding and the runtime's per-step overhead.
+(least squares, intercept at least 0) on shapes timed on this machine. The intercept holds what no
+layer cut touches: the tied output projection over the vocabulary, the embedding and the runtime's
+per-step overhead.
 `feasible_plans` lists, for each depth and KV-group count, the widest MLP whose predicted time
 meets a target: the candidates whose quality is then measured.
 """
@@ -89,7 +90,10 @@ class DecodeCostModel:
 
 
 def fit_cost_model(timed: Iterable[tuple[DecoderShape, float]]) -> DecodeCostModel:
-    """Least-squares fit on (shape, measured ms per token) pairs.
+    """Least-squares fit on (shape, measured ms per token) pairs, the intercept held at 0 or above.
+
+    Noisy timings of a small model can tilt the free line below the origin, which would predict
+    negative times for deep cuts; the constrained fit never does.
 
     Raises:
         ConfigError: Fewer than two distinct shapes, or a fit that predicts time growing as weights fall.
@@ -101,6 +105,10 @@ def fit_cost_model(timed: Iterable[tuple[DecoderShape, float]]) -> DecodeCostMod
         raise ConfigError("decode cost model: needs at least two timed shapes of different sizes")
     design = np.stack([np.ones_like(x), x], axis=1)
     (intercept, slope), *_ = np.linalg.lstsq(design, y, rcond=None)
+    if intercept < 0:
+        # A step costs something however few weights it reads: the best fit with the intercept
+        # held at its bound, 0, is the least-squares line through the origin.
+        intercept, slope = 0.0, float(x @ y / (x @ x))
     if slope <= 0:
         raise ConfigError(
             f"decode cost model: time does not fall with the weights cut (slope {slope:.3g} ms per weight); "

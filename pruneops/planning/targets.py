@@ -243,13 +243,25 @@ def plan(
     threads: int,
     choose: Callable[[tuple[Any, ...]], int] | None = None,
 ) -> Plan:
-    """The plan for any target kind (see the module docstring); `choose` as `plan_latency` takes it."""
+    """The plan for any target kind (see the module docstring); `choose` as `plan_latency` takes it.
+
+    Raises:
+        ConfigError: A latency target without a sweep, or a `latency_ms` target that dense already
+            meets in the form planned (there is nothing to cut for).
+    """
     if config.latency_target:
         if sweep is None:
             raise ConfigError(
                 f"prune.target.kind: {config.target_kind} allocates from the sweep; set prune.use_sensitivity"
             )
-        return plan_latency(config, sweep, latency_dir, threads, choose=choose)
+        planned = plan_latency(config, sweep, latency_dir, threads, choose=choose)
+        if config.target_kind == "latency_ms" and planned.target_ms >= planned.dense_predicted_ms:
+            raise ConfigError(
+                f"prune.target.value: {planned.target_ms:g} ms is not below the dense model's "
+                f"{planned.dense_predicted_ms:.4g} ms at batch {config.target.batch} in {config.latency_form} "
+                "(the latency stage's measurement): dense already meets it"
+            )
+        return planned
 
     def size_at(ratio: float, allocation: Allocation | None) -> float:
         twin = copy.deepcopy(model)

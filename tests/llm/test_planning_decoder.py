@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from pruneops.errors import ConfigError
@@ -41,6 +42,19 @@ def test_a_linear_cost_is_recovered_exactly_and_predicts_unseen_shapes():
     unseen = replace(SMOL, layers=24, mlp_width=1024, kv_groups=2)
     assert model.predict(unseen) == pytest.approx(truth(unseen))
     assert model.untouchable_share(SMOL) == pytest.approx(4.0 / truth(SMOL))
+
+
+def test_timings_that_tilt_the_line_below_the_origin_fit_with_the_intercept_at_zero():
+    # Three shapes whose free line crosses zero above 0 weights: the fit is held at the origin.
+    shapes = [SMOL, replace(SMOL, layers=20), replace(SMOL, layers=10)]
+    timed = [(s, 1e-6 * s.layer_weights - 2.0 + noise) for s, noise in zip(shapes, (0.1, -0.2, 0.1), strict=True)]
+    model = fit_cost_model(timed)
+    x = np.array([s.layer_weights for s in shapes], dtype=float)
+    y = np.array([t for _, t in timed])
+    assert model.intercept_ms == 0.0 and model.slope_ms == pytest.approx(float(x @ y / (x @ x)))
+    assert model.predict(replace(SMOL, layers=1)) > 0 and model.untouchable_share(SMOL) == 0.0
+    free = np.polyfit(x, y, 1)  # the unconstrained line, for contrast, is below zero at the origin
+    assert free[1] < 0 and model.residual_ms >= np.sqrt(np.mean((np.polyval(free, x) - y) ** 2))
 
 
 def test_noise_that_inverts_the_cost_is_refused():

@@ -157,6 +157,23 @@ def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_p
     assert planned.predicted_ms <= 0.5 * planned.dense_predicted_ms * 1.001
 
 
+def test_a_target_in_ms_that_dense_already_meets_is_refused_and_one_below_it_is_planned(synthetic, tmp_path):
+    from pruneops.config import PruneConfig
+    from pruneops.errors import ConfigError
+    from pruneops.planning.targets import plan
+
+    latency, sizes = synthetic
+    latency.calibration[1] = (0.0, 1.0)
+    _save_tables(tmp_path, latency)
+    sweep = _sweep(sizes, lambda n: [0.0, 0.01, 0.02])
+    dense = latency.predict({}, 1)
+    config = PruneConfig(target={"kind": "latency_ms", "value": dense, "batch": 1}, max_unit_ratio=0.8)
+    with pytest.raises(ConfigError, match=r"^prune.target.value: .* ms is not below the dense model's .*already meets"):
+        plan(config, sweep, None, None, list(SHAPE), tmp_path, 1)
+    below = plan(config.with_target(value=0.7 * dense), sweep, None, None, list(SHAPE), tmp_path, 1)
+    assert below.dense_predicted_ms == pytest.approx(dense) and below.predicted_ms <= 0.7 * dense * 1.001
+
+
 def test_a_latency_plan_is_the_one_the_trials_choose_from_the_shortlist(synthetic, tmp_path):
     from pruneops.config import PruneConfig, TrialsConfig
     from pruneops.planning.targets import plan_latency
