@@ -1,0 +1,163 @@
+"""A decoder's hidden width (embedding channels) cut, measured before any recovery; Llama layouts only.
+
+The pruning units of the pipeline (MLP neurons, KV groups, layers) leave the hidden width, and
+with it the tied output projection over the vocabulary, untouched. This measures what cutting it
+would give: for each hidden width asked, the validation perplexity and the decode time of
+
+- `hidden<w>`: the residual stream cut to `w` channels, ranked by the mean magnitude of every
+  RMSNorm's output (Minitron's embedding-channel importance), each RMSNorm rescaled by the
+  calibration energy the removed channels held (the norm then divides by the full stream's RMS,
+  as before the cut); every projection that reads or writes the stream, the embedding and the
+  tied output projection sliced to the kept channels;
+- `mlp<m>`: the pipeline's own MLP cut (activation importance, least-squares reconstruction) to
+  the width `m` that reads as many weights per token as `hidden<w>`;
+
+and dense, exported through onnxruntime-genai (fp32) and timed interleaved in one process at the
+bench's prompt length, tokens and threads. It prints JSON.
+
+    python scripts/measure_decoder_hidden_width.py --config benchmarks/decoders/llm.yaml --widths 512 448
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from pruneops.bench.decoder import load_bench_config, workload_data
+from pruneops.llm.common import export_genai
+from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm
+from pruneops.models.language import perplexity
+from pruneops.planning.decoder import shape_of, width_step
+from pruneops.pruning.decoder import calibrate, prune_to_shape_, rebuild
+from pruneops.timing.decode import time_generation
+from pruneops.timing.machine import machine_info
+
+
+def _norms(model: nn.Module) -> list[nn.Module]:
+    """Every RMSNorm that reads the residual stream: two per layer, then the final one."""
+    norms = [m for layer in model.model.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+    return [*norms, model.model.norm]
+
+
+def channel_statistics(model: nn.Module, blocks: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Per channel: the summed mean |norm output| over every norm, and each norm's mean squared input."""
+    norms = _norms(model)
+    hidden = model.config.hidden_size
+    magnitude = [torch.zeros(hidden, dtype=torch.float64) for _ in norms]
+    energy = [torch.zeros(hidden, dtype=torch.float64) for _ in norms]
+    count = [0]
+
+    def hook(index: int):
+        def gather(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            x, y = args[0].reshape(-1, hidden).double(), output.reshape(-1, hidden).double()
+            magnitude[index] += y.abs().sum(0)
+            energy[index] += (x * x).sum(0)
+            if index == 0:
+                count[0] += x.shape[0]
+
+        return gather
+
+    handles = [n.register_forward_hook(hook(i)) for i, n in enumerate(norms)]
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(blocks), 4):
+                model(input_ids=blocks[start : start + 4], use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return sum(m / count[0] for m in magnitude), [e / count[0] for e in energy]
+
+
+def cut_hidden_(model: nn.Module, width: int, importance: torch.Tensor, energy: list[torch.Tensor]) -> None:
+    """Keeps the `width` most important residual-stream channels of a Llama-layout model, in place."""
+    hidden = model.config.hidden_size
+    keep = torch.sort(torch.topk(importance, width).indices).values
+    for norm, e in zip(_norms(model), energy, strict=True):
+        rescale = float(torch.sqrt(hidden / width * e[keep].sum() / e.sum()))
+        norm.weight = nn.Parameter(norm.weight.data[keep] * rescale)
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj, mlp.gate_proj, mlp.up_proj):
+            keep_inputs_(projection, keep)
+        for projection in (attention.o_proj, mlp.down_proj):
+            keep_outputs_(projection, keep)
+    embedding = model.model.embed_tokens
+    embedding.weight = nn.Parameter(embedding.weight.data[:, keep].contiguous())
+    embedding.embedding_dim = width
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = embedding.weight
+    else:
+        keep_inputs_(model.lm_head, keep)
+    model.config.head_dim = model.config.head_dim or hidden // model.config.num_attention_heads
+    model.config.hidden_size = width
+
+
+def matching_mlp_width(model: nn.Module, width: int) -> int:
+    """The MLP width whose per-token weights (layers and output projection) equal a hidden cut to `width`."""
+    shape = shape_of(model.config)
+    dense = shape.layer_weights + shape.output_weights
+    scaled = dense * width / shape.hidden  # every weight that reads or writes the stream scales with it
+    per_neuron = shape.layers * shape.mlp_projections * shape.hidden
+    step = width_step(shape.mlp_width)
+    return int(round((shape.mlp_width - (dense - scaled) / per_neuron) / step) * step)
+
+
+def main() -> None:
+    """Cuts, scores and times each width against dense; prints the figures as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=Path("benchmarks/decoders/llm.yaml"))
+    parser.add_argument("--widths", type=int, nargs="+", default=[512, 448])
+    args = parser.parse_args()
+    config = load_bench_config(args.config)
+    torch.set_num_threads(2)
+    dense, tokenizer = load_causal_lm(config.model)
+    if layout_of(dense).name != "llama":
+        raise SystemExit(f"measure_hidden_width: Llama layouts only, not {layout_of(dense).name}")
+    data = workload_data(config, tokenizer)
+    importance, energy = channel_statistics(dense, data.calibration)
+    calibration = calibrate(dense, data.calibration)
+    base = shape_of(dense.config)
+    models = {"dense": dense}
+    for width in args.widths:
+        hidden = copy.deepcopy(dense)
+        cut_hidden_(hidden, width, importance, energy)
+        models[f"hidden{width}"] = rebuild(hidden)  # the config expresses it: strict reload
+        mlp = matching_mlp_width(dense, width)
+        narrow = copy.deepcopy(dense)
+        prune_to_shape_(narrow, base.layers, mlp, base.kv_groups, base.queries_per_group, calibration)
+        models[f"mlp{mlp}"] = narrow
+    results = {}
+    for name, model in models.items():
+        shape = shape_of(model.config)
+        score = perplexity(model, data.val)
+        results[name] = {
+            "shape": f"hidden {shape.hidden}, MLP {shape.mlp_width}",
+            "weights_per_token": shape.layer_weights + shape.output_weights,
+            "val_perplexity": [score.value, score.low, score.high],
+        }
+        print(name, results[name], flush=True)
+    with tempfile.TemporaryDirectory(prefix="pruneops-hidden-") as work:
+        folders = {
+            n: export_genai(m, tokenizer, Path(work) / n, ["fp32"], config.threads)["fp32"] for n, m in models.items()
+        }
+        prompt = np.random.default_rng(0).integers(0, base.vocab, (1, config.prompt_length))
+        timings = time_generation(folders, prompt, config.new_tokens, config.rounds)
+    dense_perplexity = results["dense"]["val_perplexity"][0]
+    for name, timing in timings.items():
+        results[name]["tpot_ms"] = timing.tpot_ms
+        results[name]["speedup"] = timings["dense"].tpot_ms / timing.tpot_ms
+        results[name]["val_perplexity_ratio"] = results[name]["val_perplexity"][0] / dense_perplexity
+    widths = " ".join(map(str, args.widths))
+    command = f"python scripts/measure_decoder_hidden_width.py --config {args.config} --widths {widths}"
+    print(json.dumps({"command": command, "machine": machine_info(config.threads), "rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""scripts/measure_decoder_hidden_width.py: the hidden-width cut it measures is a model the config expresses."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "measure_decoder_hidden_width.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("measure_decoder_hidden_width", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_full_width_cut_is_the_model_and_a_narrower_one_reloads_and_exports(tmp_path):
+    from pruneops.models.language import block_losses
+    from pruneops.planning.decoder import shape_of
+    from pruneops.pruning.decoder import rebuild
+
+    script = _script()
+    dense = tiny_decoder("llama")
+    blocks = random_blocks(8)
+    importance, energy = script.channel_statistics(dense, blocks)
+    hidden = dense.config.hidden_size
+    same = copy.deepcopy(dense)
+    script.cut_hidden_(same, hidden, importance, energy)  # every channel kept: the rescale is 1
+    with torch.inference_mode():
+        assert torch.allclose(same(input_ids=blocks).logits, dense(input_ids=blocks).logits, atol=1e-5)
+    narrow = copy.deepcopy(dense)
+    width = hidden * 3 // 4
+    script.cut_hidden_(narrow, width, importance, energy)
+    reloaded = rebuild(narrow)  # strict load into a model built from the changed config
+    shape = shape_of(reloaded.config)
+    assert shape.hidden == width and shape.head_dim == shape_of(dense.config).head_dim
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
+    assert torch.isfinite(torch.as_tensor(block_losses(reloaded, blocks))).all()
+    # onnxruntime-genai's builder takes it (q/k/v wider than the stream): greedy tokens as torch's.
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    from pruneops.llm.common import export_genai
+    from pruneops.timing.decode import greedy_tokens
+    from tests.llm.decoder_helpers import tiny_tokenizer
+
+    folder = export_genai(reloaded, tiny_tokenizer(), tmp_path, ["fp32"], 1)["fp32"]
+    ids = blocks[:1, :12]
+    with torch.inference_mode():
+        for _ in range(8):
+            ids = torch.cat([ids, reloaded(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert greedy_tokens(folder, blocks[:1, :12].numpy(), 8).tolist() == ids[:, 12:].tolist()
+    # Its per-token weights are those the matching MLP width reads, within one width step.
+    mlp = script.matching_mlp_width(dense, width)
+    dense_shape = shape_of(dense.config)
+    cut_weights = shape.layer_weights + shape.output_weights
+    mlp_shape = dense_shape.__class__(**{**dense_shape.__dict__, "mlp_width": mlp})
+    step = dense_shape.layers * dense_shape.mlp_projections * dense_shape.hidden * 8
+    assert abs(mlp_shape.layer_weights + mlp_shape.output_weights - cut_weights) <= step / 2 + 1
