@@ -12,10 +12,14 @@ would give: for each hidden width asked, the validation perplexity and the decod
 - `mlp<m>`: the pipeline's own MLP cut (activation importance, least-squares reconstruction) to
   the width `m` that reads as many weights per token as `hidden<w>`;
 
-and dense, exported through onnxruntime-genai (fp32) and timed interleaved in one process at the
-bench's prompt length, tokens and threads. It prints JSON.
+and dense: validation and test perplexity with the paired 95 % interval of each ratio to dense's,
+and each exported through onnxruntime-genai (fp32 and INT8) and timed interleaved in one process
+at the bench's prompt length, tokens and threads. `--mlp-widths` names the MLP cuts instead (e.g. the one
+that decodes as fast as a hidden cut); `--recover-tokens` then recovers every cut as the bench file
+recovers its plans (distillation from dense, its learning rate and precision), within that many
+tokens, and scores it again. It prints JSON.
 
-    python scripts/measure_decoder_hidden_width.py --config benchmarks/decoders/llm.yaml --widths 512 448
+    python scripts/measure_decoder_hidden_width.py --config benchmarks/decoders/llm.yaml --widths 504 432
 """
 
 from __future__ import annotations
@@ -23,19 +27,22 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import tempfile
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from pruneops.bench.decoder import load_bench_config, workload_data
+from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data
 from pruneops.llm.common import export_genai
 from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm
-from pruneops.models.language import perplexity
+from pruneops.models.language import paired_ratio_interval, perplexity
 from pruneops.planning.decoder import shape_of, width_step
 from pruneops.pruning.decoder import calibrate, prune_to_shape_, rebuild
+from pruneops.recovery import recover_
 from pruneops.timing.decode import time_generation
 from pruneops.timing.machine import machine_info
 
@@ -109,17 +116,50 @@ def matching_mlp_width(model: nn.Module, width: int) -> int:
     return int(round((shape.mlp_width - (dense - scaled) / per_neuron) / step) * step)
 
 
+def _score(model: nn.Module, data, dense: dict | None) -> dict:
+    """Validation and test perplexity, each with its paired 95 % ratio against dense (same blocks)."""
+    shape = shape_of(model.config)
+    row = {"shape": f"hidden {shape.hidden}, MLP {shape.mlp_width}", "weights_per_token": shape.layer_weights}
+    row["weights_per_token"] += shape.output_weights
+    for split, blocks in (("val", data.val), ("test", data.test)):
+        score = perplexity(model, blocks)
+        row[f"{split}_perplexity"] = [score.value, score.low, score.high]
+        row[f"_{split}"] = score
+        if dense is not None:
+            row[f"{split}_perplexity_ratio"] = list(paired_ratio_interval(score, dense[f"_{split}"]))
+    return row
+
+
+def _print(results: dict) -> None:
+    for name, row in results.items():
+        ratios = {k: [round(x, 3) for x in v] for k, v in row.items() if k.endswith("perplexity_ratio")}
+        print(name, row["shape"], ratios, flush=True)
+
+
 def main() -> None:
     """Cuts, scores and times each width against dense; prints the figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("benchmarks/decoders/llm.yaml"))
-    parser.add_argument("--widths", type=int, nargs="+", default=[512, 448])
+    parser.add_argument("--widths", type=int, nargs="+", default=[504, 432])
+    parser.add_argument(
+        "--mlp-widths", type=int, nargs="*", help="MLP cuts to compare (default: each hidden cut's weight match)"
+    )
+    parser.add_argument(
+        "--recover-tokens", type=int, default=0, help="then recover every cut as the bench file does, this many tokens"
+    )
     args = parser.parse_args()
     config = load_bench_config(args.config)
     torch.set_num_threads(2)
     dense, tokenizer = load_causal_lm(config.model)
     if layout_of(dense).name != "llama":
-        raise SystemExit(f"measure_hidden_width: Llama layouts only, not {layout_of(dense).name}")
+        raise SystemExit(f"measure_decoder_hidden_width: Llama layouts only, not {layout_of(dense).name}")
+    heads = dense.config.num_attention_heads
+    if bad := [w for w in args.widths if w % heads or w > dense.config.hidden_size]:
+        # transformers refuses to save a config whose hidden size its head count does not divide.
+        raise SystemExit(
+            f"measure_decoder_hidden_width: widths {bad}: each a multiple of {heads} (the heads), at most "
+            f"{dense.config.hidden_size}"
+        )
     data = workload_data(config, tokenizer)
     importance, energy = channel_statistics(dense, data.calibration)
     calibration = calibrate(dense, data.calibration)
@@ -129,34 +169,40 @@ def main() -> None:
         hidden = copy.deepcopy(dense)
         cut_hidden_(hidden, width, importance, energy)
         models[f"hidden{width}"] = rebuild(hidden)  # the config expresses it: strict reload
-        mlp = matching_mlp_width(dense, width)
+    mlp_widths = args.mlp_widths if args.mlp_widths is not None else [matching_mlp_width(dense, w) for w in args.widths]
+    for mlp in mlp_widths:
         narrow = copy.deepcopy(dense)
         prune_to_shape_(narrow, base.layers, mlp, base.kv_groups, base.queries_per_group, calibration)
         models[f"mlp{mlp}"] = narrow
-    results = {}
-    for name, model in models.items():
-        shape = shape_of(model.config)
-        score = perplexity(model, data.val)
-        results[name] = {
-            "shape": f"hidden {shape.hidden}, MLP {shape.mlp_width}",
-            "weights_per_token": shape.layer_weights + shape.output_weights,
-            "val_perplexity": [score.value, score.low, score.high],
-        }
-        print(name, results[name], flush=True)
+    results = {"dense": _score(dense, data, None)}
+    results.update({name: _score(m, data, results["dense"]) for name, m in models.items() if name != "dense"})
+    _print(results)
+    if args.recover_tokens:
+        settings = replace(recovery_settings(config), max_tokens=args.recover_tokens)
+        for name, model in models.items():
+            if name != "dense":
+                spent = recover_(model, dense, data.train, settings)
+                cut = {k: v for k, v in results[name].items() if k.endswith("perplexity_ratio")}
+                results[name] = {**_score(model, data, results["dense"]), "cut_only": cut}
+                results[name]["recovery"] = {"tokens": spent.tokens, "wall_s": spent.wall_s, **asdict(settings)}
+        _print(results)
+    precisions = ["fp32", "int8"]
     with tempfile.TemporaryDirectory(prefix="pruneops-hidden-") as work:
         folders = {
-            n: export_genai(m, tokenizer, Path(work) / n, ["fp32"], config.threads)["fp32"] for n, m in models.items()
+            f"{n} {p}": path
+            for n, m in models.items()
+            for p, path in export_genai(m, tokenizer, Path(work) / n, precisions, config.threads).items()
         }
         prompt = np.random.default_rng(0).integers(0, base.vocab, (1, config.prompt_length))
         timings = time_generation(folders, prompt, config.new_tokens, config.rounds)
-    dense_perplexity = results["dense"]["val_perplexity"][0]
-    for name, timing in timings.items():
-        results[name]["tpot_ms"] = timing.tpot_ms
-        results[name]["speedup"] = timings["dense"].tpot_ms / timing.tpot_ms
-        results[name]["val_perplexity_ratio"] = results[name]["val_perplexity"][0] / dense_perplexity
-    widths = " ".join(map(str, args.widths))
-    command = f"python scripts/measure_decoder_hidden_width.py --config {args.config} --widths {widths}"
-    print(json.dumps({"command": command, "machine": machine_info(config.threads), "rows": results}, indent=1))
+    for name in models:
+        for precision in precisions:
+            timing = timings[f"{name} {precision}"]
+            results[name][f"tpot_ms_{precision}"] = timing.tpot_ms
+            results[name][f"speedup_{precision}_vs_dense_fp32"] = timings["dense fp32"].tpot_ms / timing.tpot_ms
+    command = "python scripts/measure_decoder_hidden_width.py " + " ".join(sys.argv[1:])
+    rows = {n: {k: v for k, v in r.items() if not k.startswith("_")} for n, r in results.items()}
+    print(json.dumps({"command": command, "machine": machine_info(config.threads), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
