@@ -1,8 +1,8 @@
-"""A decoder's hidden width (embedding channels) cut, measured before any recovery; Llama layouts only.
+"""A decoder's hidden width (embedding channels) cut, measured against MLP cuts; Llama layouts only.
 
 The pruning units of the pipeline (MLP neurons, KV groups, layers) leave the hidden width, and
 with it the tied output projection over the vocabulary, untouched. This measures what cutting it
-would give: for each hidden width asked, the validation perplexity and the decode time of
+would give: for each hidden width asked, the perplexity and the decode time of
 
 - `hidden<w>`: the residual stream cut to `w` channels, ranked by the mean magnitude of every
   RMSNorm's output (Minitron's embedding-channel importance), each RMSNorm rescaled by the
@@ -119,8 +119,8 @@ def matching_mlp_width(model: nn.Module, width: int) -> int:
 def _score(model: nn.Module, data, dense: dict | None) -> dict:
     """Validation and test perplexity, each with its paired 95 % ratio against dense (same blocks)."""
     shape = shape_of(model.config)
-    row = {"shape": f"hidden {shape.hidden}, MLP {shape.mlp_width}", "weights_per_token": shape.layer_weights}
-    row["weights_per_token"] += shape.output_weights
+    weights = shape.layer_weights + shape.output_weights
+    row = {"shape": f"hidden {shape.hidden}, MLP {shape.mlp_width}", "weights_per_token": weights}
     for split, blocks in (("val", data.val), ("test", data.test)):
         score = perplexity(model, blocks)
         row[f"{split}_perplexity"] = [score.value, score.low, score.high]
