@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def _script():
 
 def test_a_full_width_cut_is_the_model_and_a_narrower_one_reloads_and_exports(tmp_path):
     from pruneops.models.language import block_losses
-    from pruneops.planning.decoder import shape_of
+    from pruneops.planning.decoder import shape_of, width_step
     from pruneops.pruning.decoder import rebuild
 
     script = _script()
@@ -52,15 +53,14 @@ def test_a_full_width_cut_is_the_model_and_a_narrower_one_reloads_and_exports(tm
     from tests.llm.decoder_helpers import tiny_tokenizer
 
     folder = export_genai(reloaded, tiny_tokenizer(), tmp_path, ["fp32"], 1)["fp32"]
-    ids = blocks[:1, :12]
-    with torch.inference_mode():
-        for _ in range(8):
-            ids = torch.cat([ids, reloaded(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert greedy_tokens(folder, blocks[:1, :12].numpy(), 8).tolist() == ids[:, 12:].tolist()
+    prompt = blocks[:1, :12]
+    expected = reloaded.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8, do_sample=False
+    )[:, 12:]
+    assert greedy_tokens(folder, prompt.numpy(), 8).tolist() == expected.tolist()
     # Its per-token weights are those the matching MLP width reads, within one width step.
-    mlp = script.matching_mlp_width(dense, width)
     dense_shape = shape_of(dense.config)
+    mlp_shape = replace(dense_shape, mlp_width=script.matching_mlp_width(dense, width))
+    step = dense_shape.layers * dense_shape.mlp_projections * dense_shape.hidden * width_step(dense_shape.mlp_width)
     cut_weights = shape.layer_weights + shape.output_weights
-    mlp_shape = dense_shape.__class__(**{**dense_shape.__dict__, "mlp_width": mlp})
-    step = dense_shape.layers * dense_shape.mlp_projections * dense_shape.hidden * 8
     assert abs(mlp_shape.layer_weights + mlp_shape.output_weights - cut_weights) <= step / 2 + 1
