@@ -6,8 +6,10 @@ next-token loss on the training text (1: distillation only; 0: the text alone). 
 when `max_tokens` tokens have been consumed (whole batches; the last one is cut to fit), so the
 report says exactly what recovery cost: tokens and wall time. The learning rate warms up
 linearly over the first tenth and decays with a cosine to zero at the budget. With
-`compute_dtype` bf16 the forward passes of student and teacher run under CPU autocast (matrix
-products in bfloat16); weights, gradients and the optimiser stay fp32.
+`compute_dtype` bf16 the forward passes of student and teacher run under autocast (matrix
+products in bfloat16); weights, gradients and the optimiser stay fp32. `device` says where
+recovery trains: the CPU, or a CUDA device, where student and teacher move for the run and
+come back to where they were after it. A CUDA device that torch does not see is refused.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class RecoverySettings:
     distill_weight: float = 1.0  # loss = this x KL to the teacher + (1 - this) x next-token cross-entropy
     weight_decay: float = 0.0
     seed: int = 0
-    compute_dtype: ComputeDtype = "fp32"  # bf16: forward passes under CPU autocast
+    compute_dtype: ComputeDtype = "fp32"  # bf16: forward passes under autocast
+    device: str = "cpu"  # `cpu`, `cuda` or `cuda:N`
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,33 @@ def progress_marks(
     return progress
 
 
-def compute_dtype_warning(compute_dtype: ComputeDtype) -> str | None:
-    """The warning where bf16 is asked of a CPU without bfloat16 instructions (it runs emulated, slower)."""
-    if compute_dtype != "bf16" or any(flag in cpu_flags() for flag in NATIVE_BF16_FLAGS):
+def training_device(name: str) -> torch.device:
+    """The torch device `name` (`cpu`, `cuda`, `cuda:N`), refused where torch cannot run on it.
+
+    Raises:
+        ConfigError: Not a CPU or CUDA device, or a CUDA device that this torch does not see.
+    """
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ConfigError(f"recovery device {name!r} is not a torch device (cpu, cuda, cuda:N)") from error
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"recovery device {name!r}: recovery trains on cpu or cuda")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ConfigError(
+                f"recovery device {name!r}: torch {torch.__version__} sees {count} CUDA device(s) here; use cpu"
+            )
+    return device
+
+
+def compute_dtype_warning(compute_dtype: ComputeDtype, device: str = "cpu") -> str | None:
+    """The warning where bf16 is asked of a CPU without bfloat16 instructions (it runs emulated, slower).
+
+    CUDA devices compute bf16 natively (Ampere and later) and get no warning.
+    """
+    if compute_dtype != "bf16" or device != "cpu" or any(flag in cpu_flags() for flag in NATIVE_BF16_FLAGS):
         return None
     return (
         f"recovery: compute_dtype bf16 on a CPU without bfloat16 instructions ({'/'.join(NATIVE_BF16_FLAGS)}): "
@@ -113,11 +140,11 @@ def recover_(
         student: The cut causal LM (trained in place, left in eval mode).
         teacher: The unpruned model (frozen).
         blocks: (n, length) training token blocks, cycled in a seeded order.
-        settings: Budget and optimiser.
+        settings: Budget, optimiser and device.
         progress: Called after each step with (tokens used, loss).
 
     Raises:
-        ConfigError: No blocks, or a budget smaller than one block.
+        ConfigError: No blocks, a budget smaller than one block, or a device torch cannot use.
     """
     blocks = torch.as_tensor(np.asarray(blocks), dtype=torch.long)
     if len(blocks) == 0 or settings.max_tokens < blocks.shape[1]:
@@ -125,6 +152,28 @@ def recover_(
             f"finetune.max_tokens: {settings.max_tokens} is less than one {blocks.shape[-1]}-token block "
             "(or there are no training blocks)"
         )
+    device = training_device(settings.device)
+    if warning := compute_dtype_warning(settings.compute_dtype, device.type):
+        log.warning(warning)
+    homes = [(model, next(model.parameters()).device) for model in (student, teacher)]
+    student.to(device)
+    teacher.to(device)
+    try:
+        return _train(student, teacher, blocks, settings, device, progress)
+    finally:
+        for model, home in homes:
+            model.to(home)
+
+
+def _train(
+    student: nn.Module,
+    teacher: nn.Module,
+    blocks: torch.Tensor,
+    settings: RecoverySettings,
+    device: torch.device,
+    progress: Callable[[int, float], None] | None,
+) -> RecoveryResult:
+    """The training loop of `recover_`, with student and teacher already on `device`."""
     generator = torch.Generator().manual_seed(settings.seed)
     per_step = settings.batch_blocks * blocks.shape[1]
     total_steps = math.ceil(settings.max_tokens / per_step)
@@ -140,9 +189,7 @@ def recover_(
             else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total_steps - warmup)))
         ),
     )
-    if warning := compute_dtype_warning(settings.compute_dtype):
-        log.warning(warning)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.compute_dtype == "bf16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.compute_dtype == "bf16")
     teacher.eval()
     student.train()
     order = torch.randperm(len(blocks), generator=generator)
@@ -151,10 +198,10 @@ def recover_(
         take = min(settings.batch_blocks, math.ceil((settings.max_tokens - used) / blocks.shape[1]))
         index = torch.stack([order[(cursor + i) % len(order)] for i in range(take)])
         cursor += take
-        batch = blocks[index]
+        batch = blocks[index].to(device)
         with autocast:
             logits = student(input_ids=batch, use_cache=False).logits
-        loss = torch.zeros((), dtype=torch.float32)
+        loss = torch.zeros((), dtype=torch.float32, device=device)
         if settings.distill_weight > 0.0:
             with torch.no_grad(), autocast:
                 target = teacher(input_ids=batch, use_cache=False).logits

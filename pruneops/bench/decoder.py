@@ -97,8 +97,10 @@ class DecoderBenchConfig(BaseModel):
     recovery_batch_blocks: Annotated[int, Field(ge=1, le=1024)] = 4
     # KL to the dense model's weight; the rest is next-token loss on the corpus (1: distillation only).
     recovery_distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
-    # bf16: recovery's forward passes under CPU autocast (weights and optimiser fp32), as finetune.compute_dtype.
+    # bf16: recovery's forward passes under autocast (weights and optimiser fp32), as finetune.compute_dtype.
     recovery_compute_dtype: Literal["fp32", "bf16"] = "fp32"
+    # Where recovery trains, as finetune.device: cpu, or cuda / cuda:N where torch sees one.
+    recovery_device: Annotated[str, Field(pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$")] = "cpu"
     prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
     new_tokens: Annotated[int, Field(ge=2, le=4096)] = 32
     batches: list[Annotated[int, Field(ge=1, le=256)]] = [1, 8]
@@ -247,6 +249,7 @@ def recovery_settings(config: DecoderBenchConfig) -> RecoverySettings:
         distill_weight=config.recovery_distill_weight,
         seed=config.seed,
         compute_dtype=config.recovery_compute_dtype,
+        device=config.recovery_device,
     )
 
 
@@ -261,6 +264,7 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
         "lr": config.recovery_lr,
         "distill_weight": config.recovery_distill_weight,
         "compute_dtype": config.recovery_compute_dtype,
+        "device": config.recovery_device,
         "first_loss": result.losses[0],
         "last_loss": result.losses[-1],
     }

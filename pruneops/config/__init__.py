@@ -386,6 +386,9 @@ class FinetuneConfig(FitParams):
     # fp32): more tokens per second where the CPU has bfloat16 instructions (avx512_bf16, AMX),
     # slower where it emulates them (the run warns).
     compute_dtype: Literal["fp32", "bf16"] = "fp32"
+    # Causal LMs: where recovery trains: `cpu`, or `cuda` / `cuda:N` (refused where torch sees no
+    # such device). The recovered model is saved from the CPU either way.
+    device: Annotated[str, Field(pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$")] = "cpu"
 
     @model_validator(mode="after")
     def _nodes_meet_somewhere(self) -> FinetuneConfig:

@@ -299,11 +299,12 @@ class RecoveryReport(StageReport):
     dense_val_perplexity: float
     checkpoint: Path
     compute_dtype: str = "fp32"
+    device: str = "cpu"
     warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
         return (
-            f"{self.tokens:,} tokens in {self.wall_s / 60:.1f} min: validation perplexity "
+            f"{self.tokens:,} tokens in {self.wall_s / 60:.1f} min on {self.device}: validation perplexity "
             f"{self.val_perplexity_before:.2f} -> {self.val_perplexity:.2f} (dense {self.dense_val_perplexity:.2f}) "
             f"-> {self.checkpoint}"
         )
@@ -334,11 +335,12 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             weight_decay=config.weight_decay,
             seed=config.seed,
             compute_dtype=config.compute_dtype,
+            device=config.device,
         )
         progress = progress_marks(config.max_tokens, 20, log, history)
         result = recover_(model, dense, blocks["train"], settings, progress)
         tokens, steps, wall = result.tokens, result.steps, result.wall_s
-    warning = compute_dtype_warning(config.compute_dtype) if config.max_tokens else None
+    warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
     after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
     out, plots = layout.stage_dir("finetune"), layout.plots("finetune")
@@ -358,6 +360,7 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             dense_val_perplexity=dense_ppl,
             checkpoint=out / MODEL_DIR,
             compute_dtype=config.compute_dtype,
+            device=config.device,
             warnings=(warning,) if warning else (),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("finetune")))

@@ -32,15 +32,16 @@ class Perplexity:
 
 
 def block_losses(model: nn.Module, blocks: torch.Tensor | np.ndarray, batch_size: int = 8) -> np.ndarray:
-    """Mean next-token NLL of each block (n,)."""
+    """Mean next-token NLL of each block (n,), computed on the device the model's weights are on."""
     blocks = torch.as_tensor(blocks)
+    device = next(model.parameters(), torch.empty(0)).device  # a model without weights runs on the CPU
     out = []
     with torch.inference_mode():
         for start in range(0, len(blocks), batch_size):
-            ids = blocks[start : start + batch_size]
+            ids = blocks[start : start + batch_size].to(device)
             logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
             nll = nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-            out.append(nll.mean(1).double().numpy())
+            out.append(nll.mean(1).double().cpu().numpy())
     return np.concatenate(out)
 
 

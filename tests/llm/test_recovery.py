@@ -89,3 +89,51 @@ def test_progress_marks_record_evenly_spaced_steps():
         progress(used, used / 1000)
     assert [row["tokens"] for row in history] == [64, 320, 576, 832]  # every 250 tokens, at the next step
     assert [row["step"] for row in history] == [0, 1, 2, 3] and history[-1]["loss"] == 0.832
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refusal of a missing CUDA device: this machine has one")
+def test_a_cuda_device_that_torch_does_not_see_is_refused_before_training():
+    model = tiny_decoder("llama")
+    before = [p.clone() for p in model.parameters()]
+    with pytest.raises(ConfigError, match=r"recovery device 'cuda': torch .* sees 0 CUDA device\(s\) here; use cpu"):
+        recover_(copy.deepcopy(model), model, random_blocks(4, 16), RecoverySettings(max_tokens=16, device="cuda"))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(("name", "message"), [("meta", "trains on cpu or cuda"), ("gpu0", "not a torch device")])
+def test_a_device_recovery_cannot_train_on_is_refused(name, message):
+    from pruneops.recovery import training_device
+
+    with pytest.raises(ConfigError, match=message):
+        training_device(name)
+
+
+def test_finetune_takes_only_cpu_or_cuda_devices():
+    from pydantic import ValidationError
+
+    from pruneops.config import FinetuneConfig
+
+    assert FinetuneConfig(device="cuda:1").device == "cuda:1"
+    with pytest.raises(ValidationError, match="device"):
+        FinetuneConfig(device="tpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compute_dtype", ["fp32", "bf16"])
+def test_recovery_on_cuda_trains_there_and_hands_both_models_back_on_the_cpu(compute_dtype):
+    teacher = tiny_decoder("llama")
+    student = copy.deepcopy(teacher)
+    train, held_out = random_blocks(32, 16, seed=1), random_blocks(8, 16, seed=2)
+    D.prune_mlp_(student, 16, D.calibrate(teacher, train[:8]), "activation", reconstruct=False)
+    before = _kl_to(teacher, student, held_out)
+    settings = RecoverySettings(
+        max_tokens=120 * 16, batch_blocks=4, lr=3e-3, compute_dtype=compute_dtype, device="cuda"
+    )
+    recover_(student, teacher, train, settings)
+    assert {p.device.type for m in (student, teacher) for p in m.parameters()} == {"cpu"}
+    assert _kl_to(teacher, student, held_out) < 0.8 * before
+    # perplexity on the GPU agrees with the CPU's to float tolerance (different kernels, same sums)
+    cpu = block_losses(student, held_out)
+    cuda = block_losses(student.cuda(), held_out)
+    assert abs(cuda - cpu).max() < 1e-3 * abs(cpu).max()
