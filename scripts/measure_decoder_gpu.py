@@ -30,12 +30,14 @@ the CPU with one round and few tokens (a check of the script, not a measurement)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -118,7 +120,8 @@ def generate_eager(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> S
 class GraphDecoder:
     """The decode step of one model at one batch, on a static cache, captured once as a CUDA graph.
 
-    Off CUDA the same static-cache step runs eagerly (a check of the code path, not of graphs).
+    Off CUDA the same static-cache step runs eagerly, warm-ups included (a check of the code path,
+    not of graphs).
     """
 
     def __init__(self, model: nn.Module, batch: int, prompt_length: int, new_tokens: int, device: torch.device):
@@ -130,22 +133,40 @@ class GraphDecoder:
         self.position = torch.zeros(1, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        self.prepared = False
 
     def _step(self) -> torch.Tensor:
         return self.model(
             input_ids=self.ids, past_key_values=self.cache, cache_position=self.position, use_cache=True
         ).logits
 
-    def _capture(self) -> None:
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up off the default stream, as capture requires
+    def _rewind(self, length: int) -> None:
+        """Sets the static cache's own write position to `length`.
+
+        transformers' static layers count the tokens they hold in a tensor that every step advances
+        in place (warm-ups and graph replays included), and write the next keys there.
+        """
+        for layer in self.cache.layers:
+            counter = getattr(layer, "cumulative_length", None)
+            if isinstance(counter, torch.Tensor):
+                counter.fill_(length)
+
+    def _prepare(self) -> None:
+        """Two warm-up steps (off the default stream on CUDA, as capture requires), then the capture."""
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        if cuda:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+            for _ in range(2):
                 self._step()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._step()
+        if cuda:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self._step()
+        self._rewind(self.prompt_length)  # the warm-ups wrote the first step's keys: it writes them again
+        self.prepared = True
 
     @torch.inference_mode()
     def generate(self, prompt: torch.Tensor, new_tokens: int) -> Steps:
@@ -157,10 +178,10 @@ class GraphDecoder:
         token = _next(out.logits)
         _sync(self.device)
         ttft = time.perf_counter() - started
-        if self.device.type == "cuda" and self.graph is None:
+        if not self.prepared:
             self.ids.copy_(token)
             self.position.fill_(self.prompt_length)
-            self._capture()  # its warm-up writes the first step's keys again, with the same values
+            self._prepare()
         tokens, times = [token], []
         for step in range(new_tokens - 1):
             started = time.perf_counter()
@@ -251,13 +272,22 @@ def _public(row: dict) -> dict:
     }
 
 
-def recover_on_device(dense: nn.Module, data, config, specs: list[str], device: torch.device, cpu_run: bool) -> dict:
-    """Each `shape:tokens[:distill_weight]` cut, recovered on `device`, scored against dense."""
+def recover_on_device(
+    dense: nn.Module,
+    data,
+    config,
+    specs: list[str],
+    device: torch.device,
+    cpu_run: bool,
+    results: dict,
+    save: Callable[[], None],
+) -> None:
+    """Each `shape:tokens[:distill_weight]` cut, recovered on `device`, scored against dense, into `results`."""
     base = shape_of(dense.config)
     calibration = calibrate(dense, data.calibration)
     dense_scores = score(dense.to(device), data, None)
     dense.cpu()  # cuts are made on the CPU, beside the calibration statistics; recovery moves both
-    results = {"dense": _public(dense_scores)}
+    results["dense"] = _public(dense_scores)
     for spec in specs:
         parts = spec.split(":")
         shape, tokens = parse_shape(spec, base), int(parts[3])
@@ -277,8 +307,8 @@ def recover_on_device(dense: nn.Module, data, config, specs: list[str], device: 
             "recovery": {"tokens": spent.tokens, "steps": spent.steps, "wall_s": spent.wall_s, **asdict(settings)},
         }
         print(spec, json.dumps(_brief(results[spec])), flush=True)
+        save()
         del cut
-    return results
 
 
 def _brief(result: dict) -> dict:
@@ -313,6 +343,7 @@ def main() -> None:
         "--random-weights", action="store_true", help="time models of random weights (no data; --model: its config)"
     )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--latency", action=argparse.BooleanOptionalAction, default=True, help="time the shapes")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -328,37 +359,50 @@ def main() -> None:
         dense, tokenizer = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config.model)).eval(), None
     else:
         dense, tokenizer = load_causal_lm(config.model)
-    base = shape_of(dense.config)
     rounds, new_tokens = (args.rounds, config.new_tokens) if cuda else (1, 4)
-    report: dict = {"machine": machine(), "config": str(args.config), "model": config.model, "shapes": {}}
+    report: dict = {"machine": machine(), "config": str(args.config), "model": config.model}
     data = None if args.random_weights else workload_data(config, tokenizer)
-    shapes = {"dense": base, **{spec: parse_shape(spec, base) for spec in args.shapes}}
-    report["shapes"] = {name: shape.describe() for name, shape in shapes.items()}
-    if args.random_weights:
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after each part, so that a run stopped at its time limit keeps what it measured
+        (args.out / "gpu-decoder.json").write_text(json.dumps(report, indent=1, default=str))
+
+    if args.recover and data is not None:
+        report["recovery"] = {}
+        recover_on_device(dense, data, config, args.recover, device, not cuda, report["recovery"], save)
+    if args.latency:
+        report.update(measure_latency(dense, data, config, args.shapes, device, rounds, new_tokens))
+        for row in report["latency"]:
+            print(json.dumps(row), flush=True)
+        save()
+    print(f"wrote {args.out / 'gpu-decoder.json'}")
+
+
+def measure_latency(
+    dense: nn.Module, data, config, specs: list[str], device: torch.device, rounds: int, new_tokens: int
+) -> dict:
+    """TTFT and TPOT of dense and each shape on `device`: the workload's cuts, or random weights (no data)."""
+    base = shape_of(dense.config)
+    shapes = {"dense": base, **{spec: parse_shape(spec, base) for spec in specs}}
+    if data is None:
         models = {name: random_model_of(dense, shape) for name, shape in shapes.items()}
     else:
         calibration = calibrate(dense, data.calibration)
-        models = {"dense": dense}
-        models.update(
-            {n: cut_to_shape(dense, s, calibration, "activation", True) for n, s in shapes.items() if n != "dense"}
-        )
+        cut = {n: cut_to_shape(dense, s, calibration, "activation", True) for n, s in shapes.items() if n != "dense"}
+        models = {"dense": dense, **cut}
     generator = np.random.default_rng(0)
     prompts = {
         b: torch.as_tensor(generator.integers(0, base.vocab, (b, config.prompt_length)), device=device)
         for b in config.batches
     }
     started = time.perf_counter()
-    report["latency"] = time_on_device(models, prompts, new_tokens, rounds, device)
-    report["latency_wall_s"] = time.perf_counter() - started
-    report["latency_weights"] = "random" if args.random_weights else "the workload's cuts"
-    for row in report["latency"]:
-        print(json.dumps(row), flush=True)
-    del models
-    if args.recover and data is not None:
-        report["recovery"] = recover_on_device(dense, data, config, args.recover, device, not cuda)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu-decoder.json").write_text(json.dumps(report, indent=1, default=str))
-    print(f"wrote {args.out / 'gpu-decoder.json'}")
+    rows = time_on_device(models, prompts, new_tokens, rounds, device)
+    return {
+        "shapes": {name: shape.describe() for name, shape in shapes.items()},
+        "latency_weights": "random" if data is None else "the workload's cuts",
+        "latency_wall_s": time.perf_counter() - started,
+        "latency": rows,
+    }
 
 
 if __name__ == "__main__":
