@@ -23,7 +23,8 @@ Usage:
     python scripts/measure_decoder_gpu.py --config benchmarks/decoders/llm.yaml --out DIR \\
         [--model PATH] [--shapes 30:704:3 18:1536:3] [--recover 30:704:3:300000] [--random-weights]
 
-Writes `DIR/gpu-decoder.json` and prints a summary. Without a CUDA device it says so and runs on
+Writes `DIR/gpu-decoder.json` and `DIR/gpu-decoder.md` and prints a summary; `--render A.json B.json
+--out DIR` writes the markdown of saved reports again. Without a CUDA device it says so and runs on
 the CPU with one round and few tokens (a check of the script, not a measurement).
 """
 
@@ -331,6 +332,76 @@ def machine() -> dict:
     return {**info, "transformers": transformers.__version__}
 
 
+def _ratio(cell: dict) -> str:
+    ratio, low, high = cell["ratio"]
+    return f"{ratio:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def render_latency(report: dict) -> list[str]:
+    """The latency part as a markdown table: TPOT per mode, batch and dtype, and graph speed-ups over dense."""
+    rows = {(r["model"], r["dtype"], r["mode"], r["batch"]): r for r in report["latency"] if "error" not in r}
+    errors = [
+        f"- {r['model']} {r['dtype']} batch {r['batch']}: {r['error']}" for r in report["latency"] if "error" in r
+    ]
+    batches = sorted({key[3] for key in rows})
+    head = ["model", "shape", "dtype", "TTFT b1 (ms)"]
+    head += [f"TPOT b{b} {mode} (ms)" for b in batches for mode in ("eager", "graph")]
+    head += [f"graph b{b} vs dense" for b in batches]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for dtype in DTYPES:
+        for name, shape in report["shapes"].items():
+            if (name, dtype, "eager", batches[0]) not in rows:
+                continue
+            cells = [name, shape, dtype, f"{rows[(name, dtype, 'eager', batches[0])]['ttft_ms']:.1f}"]
+            for b in batches:
+                cells += [
+                    f"{rows[(name, dtype, m, b)]['tpot_ms']:.2f}" if (name, dtype, m, b) in rows else "–"
+                    for m in ("eager", "graph")
+                ]
+            for b in batches:
+                ours, dense = rows.get((name, dtype, "graph", b)), rows.get(("dense", dtype, "graph", b))
+                cells.append(f"{dense['tpot_ms'] / ours['tpot_ms']:.2f}×" if ours and dense else "–")
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines + errors
+
+
+def render_recovery(results: dict) -> list[str]:
+    """The recovery part as a markdown table: budget, time, throughput and paired perplexity ratios."""
+    dense = results["dense"]
+    splits = [s for s in ("val", "test", "ood") if s in dense]
+    head = ["cut", "shape", "tokens", "wall (s)", "tokens/s", "distill weight", "compute"]
+    head += [f"{s} ppl ratio, cut only" for s in splits] + [f"{s} ppl ratio, recovered" for s in splits]
+    lines = [
+        "Dense perplexity: " + ", ".join(f"{s} {dense[s]['perplexity'][0]:.2f}" for s in splits) + ".",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for spec, result in results.items():
+        if spec == "dense":
+            continue
+        spent = result["recovery"]
+        cells = [spec, result["shape"], f"{spent['tokens']:,}", f"{spent['wall_s']:.1f}"]
+        cells += [f"{spent['tokens'] / spent['wall_s']:,.0f}", str(spent["distill_weight"]), spent["compute_dtype"]]
+        cells += [_ratio(result[phase][s]) for phase in ("cut_only", "recovered") for s in splits]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render(reports: list[dict]) -> str:
+    """Every saved report's parts as markdown, each under the machine it ran on."""
+    out = ["# Decoder LLM on a CUDA device", ""]
+    for report in reports:
+        where = ", ".join(f"{k} {v}" for k, v in report["machine"].items())
+        if "latency" in report:
+            out += [f"## Decode latency ({report['latency_weights']} weights)", "", f"Machine: {where}.", ""]
+            out += render_latency(report) + [""]
+        if "recovery" in report:
+            out += ["## Recovery on the GPU", "", f"Machine: {where}; model `{report['model']}`.", ""]
+            out += render_recovery(report["recovery"]) + [""]
+    return "\n".join(out)
+
+
 def main() -> None:
     """Times the shapes and recovers the cuts on the CUDA device; writes JSON and prints a summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -344,7 +415,12 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--latency", action=argparse.BooleanOptionalAction, default=True, help="time the shapes")
+    parser.add_argument("--render", nargs="+", type=Path, help="only write OUT/gpu-decoder.md from saved reports")
     args = parser.parse_args()
+    if args.render:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu-decoder.md").write_text(render([json.loads(p.read_text()) for p in args.render]))
+        return
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     if not cuda:
@@ -375,7 +451,8 @@ def main() -> None:
         for row in report["latency"]:
             print(json.dumps(row), flush=True)
         save()
-    print(f"wrote {args.out / 'gpu-decoder.json'}")
+    (args.out / "gpu-decoder.md").write_text(render([report]))
+    print(f"wrote {args.out / 'gpu-decoder.json'} and gpu-decoder.md")
 
 
 def measure_latency(

@@ -50,3 +50,17 @@ def test_every_model_dtype_mode_and_batch_gets_a_row_and_the_warm_up_round_is_dr
     fp32 = [r for r in rows if r["dtype"] == "fp32"]
     assert all(r["ttft_ms"] > 0 and r["tpot_ms"] > 0 for r in rows)
     assert all(r["rows_greedy_equal_to_eager"] == r["batch"] for r in fp32)
+
+
+def test_the_markdown_gives_one_row_per_model_and_dtype_with_graph_speed_ups_over_dense():
+    script = _script()
+    dense = tiny_decoder("llama")
+    shallow = script.random_model_of(dense, script.parse_shape("1:32:1", script.shape_of(dense.config)))
+    prompts = {1: torch.randint(3, 40, (1, 5))}
+    rows = script.time_on_device({"dense": dense, "1:32:1": shallow}, prompts, 3, 1, torch.device("cpu"))
+    report = {"machine": {"gpu": "none"}, "latency_weights": "random", "latency": rows}
+    report["shapes"] = {"dense": "2 layers", "1:32:1": "1 layer"}
+    table = [line for line in script.render([report]).splitlines() if line.startswith("| dense |")]
+    assert len(table) == 2 and all(line.endswith("| 1.00× |") for line in table)  # fp32 and bf16, each against itself
+    graph = {(r["model"], r["dtype"]): r["tpot_ms"] for r in rows if r["mode"] == "graph"}
+    assert f"| {graph[('dense', 'fp32')] / graph[('1:32:1', 'fp32')]:.2f}× |" in script.render([report])
