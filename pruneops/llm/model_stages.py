@@ -31,7 +31,7 @@ from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.planning.decoder import DecodeCostModel, DecoderShape, shape_of
 from pruneops.plots import plot_history
 from pruneops.pruning.decoder import calibrate
-from pruneops.recovery import RecoverySettings, compute_dtype_warning, progress_marks, recover_
+from pruneops.recovery import RecoverySettings, compute_dtype_warning, progress_marks, recover_, training_device
 from pruneops.stages import StageReport
 from pruneops.timing.machine import machine_info
 
@@ -318,6 +318,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     `batch_size` blocks per step; 0 tokens passes the pruned model on as it is.
     """
     torch.set_num_threads(config.threads)
+    if config.max_tokens:
+        training_device(config.device)  # a device torch does not see is refused before anything loads
     dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     model, _ = load_causal_lm(layout.stage_dir("prune") / MODEL_DIR)
     blocks = load_blocks(layout)

@@ -180,3 +180,16 @@ def test_a_prefill_target_in_ms_is_planned_gated_and_quantized_on_time_to_first_
         report = deploy_stages.quantize_decoder(configs["quantize"], configs["benchmark"], metric, layout)
         assert (report.metric, report.precision) == (metric, expected)
         assert (report.ttft_b1_ms, report.tpot_b1_ms) == ((40.0, 4.0) if expected == "fp32" else (55.0, 2.0))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal of a missing CUDA device")
+def test_finetune_on_a_cuda_device_torch_does_not_see_stops_in_one_line_before_loading(corpus_params, tmp_path, capsys):
+    save_tiny("llama", tmp_path / "model")
+    corpus_params["finetune"] = {**corpus_params["finetune"], "max_tokens": 1024, "device": "cuda"}
+    write_params(tmp_path, corpus_params)
+    assert main(["--params", str(tmp_path / "params.yaml"), "validate"]) == 0
+    capsys.readouterr()
+    assert main(["--params", str(tmp_path / "params.yaml"), "finetune"]) == 2  # before train and prune have run
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "recovery device 'cuda'" in err[0] and "use cpu" in err[0], err
+    assert not (tmp_path / "artifacts" / "finetune").exists()
