@@ -21,6 +21,15 @@ def _kl_to(teacher, student, blocks):
         return float(distillation_loss(student(input_ids=blocks).logits, teacher(input_ids=blocks).logits, 1.0))
 
 
+def _student_with_half_its_mlp():
+    """A tiny Llama teacher, a copy of it with its MLP cut in half, and training and held-out blocks."""
+    teacher = tiny_decoder("llama")
+    student = copy.deepcopy(teacher)
+    train, held_out = random_blocks(32, 16, seed=1), random_blocks(8, 16, seed=2)
+    D.prune_mlp_(student, 16, D.calibrate(teacher, train[:8]), "activation", reconstruct=False)
+    return teacher, student, train, held_out
+
+
 def test_distillation_loss_is_zero_for_equal_logits_and_positive_otherwise():
     logits = torch.randn(2, 5, 11)
     assert float(distillation_loss(logits, logits, 2.0)) == pytest.approx(0.0, abs=1e-6)
@@ -29,10 +38,7 @@ def test_distillation_loss_is_zero_for_equal_logits_and_positive_otherwise():
 
 @pytest.mark.parametrize("compute_dtype", ["fp32", "bf16"])
 def test_recovery_spends_exactly_its_budget_and_brings_the_student_closer_to_the_teacher(compute_dtype):
-    teacher = tiny_decoder("llama")
-    student = copy.deepcopy(teacher)
-    train, held_out = random_blocks(32, 16, seed=1), random_blocks(8, 16, seed=2)
-    D.prune_mlp_(student, 16, D.calibrate(teacher, train[:8]), "activation", reconstruct=False)
+    teacher, student, train, held_out = _student_with_half_its_mlp()
     before = _kl_to(teacher, student, held_out)
     seen = []
     result = recover_(
@@ -122,10 +128,7 @@ def test_finetune_takes_only_cpu_or_cuda_devices():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("compute_dtype", ["fp32", "bf16"])
 def test_recovery_on_cuda_trains_there_and_hands_both_models_back_on_the_cpu(compute_dtype):
-    teacher = tiny_decoder("llama")
-    student = copy.deepcopy(teacher)
-    train, held_out = random_blocks(32, 16, seed=1), random_blocks(8, 16, seed=2)
-    D.prune_mlp_(student, 16, D.calibrate(teacher, train[:8]), "activation", reconstruct=False)
+    teacher, student, train, held_out = _student_with_half_its_mlp()
     before = _kl_to(teacher, student, held_out)
     settings = RecoverySettings(
         max_tokens=120 * 16, batch_blocks=4, lr=3e-3, compute_dtype=compute_dtype, device="cuda"
