@@ -5,14 +5,15 @@ generated tokens, batches and recovery settings):
 
 1. **Latency on CUDA** (`--shapes`): dense and each shape `layers:mlp_width:kv_groups`, cut from
    the dense model as the bench cuts ours (activation importance, least-squares reconstruction;
-   with `--random-weights`, a model of that shape with random weights: the timing of dense
-   matrix products does not depend on the values). Each in fp32 and bf16, timed interleaved
-   round by round in one process, at each batch: time to first token (prefill of the prompt and
-   the first token) and time per output token (each further token with the KV cache), every step
-   synchronised, so it is what a caller streaming tokens waits. Two ways to run the step:
-   `eager` (transformers' forward with its dynamic cache, what `generate` does) and `graph` (the
-   same forward with a static cache, captured once as a CUDA graph and replayed: no per-kernel
-   launch cost). The graph's greedy tokens are checked against eager's.
+   with `--random-weights`, cut from a dense model of random weights as the latency stage cuts its
+   timing shapes: the timing of dense matrix products does not depend on the values). Each in
+   fp32 and bf16, timed interleaved round by round in one process, at each batch: time to first
+   token (prefill of the prompt and the first token) and time per output token (each further
+   token with the KV cache), every step synchronised, so it is what a caller streaming tokens
+   waits. Two ways to run the step: `eager` (transformers' forward with its dynamic cache, what
+   `generate` does) and `graph` (the same forward with a static cache, captured once as a CUDA
+   graph and replayed: no per-kernel launch cost). The graph's greedy tokens are checked against
+   eager's.
 2. **Recovery on the GPU** (`--recover shape:tokens[:distill_weight]`): the shape cut from the
    dense model, distilled from it on the workload's training blocks on the CUDA device with the
    bench file's recovery settings (its learning rate, batch, bf16 or fp32), within that many tokens;
@@ -50,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data  # noqa: E402
-from pruneops.llm.common import cut_to_shape  # noqa: E402
+from pruneops.llm.common import cut_for_timing, cut_to_shape  # noqa: E402
 from pruneops.models.decoders import load_causal_lm  # noqa: E402
 from pruneops.models.language import paired_ratio_interval, perplexity  # noqa: E402
 from pruneops.planning.decoder import DecoderShape, shape_of  # noqa: E402
@@ -64,19 +65,6 @@ def parse_shape(text: str, base: DecoderShape) -> DecoderShape:
     """`layers:mlp_width:kv_groups` as a shape of the dense model's family."""
     layers, mlp, groups = (int(x) for x in text.split(":")[:3])
     return replace(base, layers=layers, mlp_width=mlp, kv_groups=groups)
-
-
-def random_model_of(dense: nn.Module, shape: DecoderShape) -> nn.Module:
-    """A model of `shape` with random weights (for timing only)."""
-    from transformers import AutoModelForCausalLM
-
-    config = copy.deepcopy(dense.config)
-    config.num_hidden_layers = shape.layers
-    config.intermediate_size = shape.mlp_width
-    config.num_key_value_heads = shape.kv_groups
-    config.num_attention_heads = shape.kv_groups * shape.queries_per_group
-    config.head_dim = shape.head_dim
-    return AutoModelForCausalLM.from_config(config).eval()
 
 
 @dataclass
@@ -268,9 +256,8 @@ def score(model: nn.Module, data, dense: dict | None) -> dict:
 
 
 def _public(row: dict) -> dict:
-    return {
-        k: ({kk: vv for kk, vv in v.items() if kk != "_score"} if isinstance(v, dict) else v) for k, v in row.items()
-    }
+    """The row without its Perplexity objects (kept for paired ratios), for JSON."""
+    return {split: {k: v for k, v in values.items() if k != "_score"} for split, values in row.items()}
 
 
 def recover_on_device(
@@ -462,7 +449,7 @@ def measure_latency(
     base = shape_of(dense.config)
     shapes = {"dense": base, **{spec: parse_shape(spec, base) for spec in specs}}
     if data is None:
-        models = {name: random_model_of(dense, shape) for name, shape in shapes.items()}
+        models = {name: dense if name == "dense" else cut_for_timing(dense, shape) for name, shape in shapes.items()}
     else:
         calibration = calibrate(dense, data.calibration)
         cut = {n: cut_to_shape(dense, s, calibration, "activation", True) for n, s in shapes.items() if n != "dense"}

@@ -85,6 +85,16 @@ def export_genai(model: torch.nn.Module, tokenizer: object, folder: Path, precis
     return out
 
 
+def cut_for_timing(dense: torch.nn.Module, shape: DecoderShape) -> torch.nn.Module:
+    """A copy of `dense` in `shape`, to be timed only.
+
+    Which weights a shape keeps does not change its time, so it is cut by magnitude, and layers
+    from the end, without calibration.
+    """
+    layers = shape_of(dense.config).layers
+    return cut_to_shape(dense, shape, None, "magnitude", False, list(range(layers - 1, -1, -1)))
+
+
 def timing_shapes(base: DecoderShape, max_layers_dropped: int) -> list[DecoderShape]:
     """The uniform shapes a decode cost model is fitted on: dense, shallower, narrower, both, fewer KV groups."""
     step = width_step(base.mlp_width)
@@ -115,20 +125,15 @@ def time_shapes(
     threads: int,
     seed: int,
 ) -> list[tuple[DecoderShape, GenerationTiming]]:
-    """Times the timing shapes (fp32, batch 1, interleaved): dense first; `fit_costs` fits them.
+    """Times the timing shapes (fp32, batch 1, interleaved; each `cut_for_timing`): dense first.
 
-    Which weights a shape keeps does not change its time, so the shapes are cut by magnitude, and
-    layers from the end, without calibration.
+    `fit_costs` fits them.
     """
     base = shape_of(dense.config)
     grid = timing_shapes(base, max_layers_dropped)
     folders = {}
     for index, shape in enumerate(grid):
-        model = (
-            dense
-            if shape == base
-            else cut_to_shape(dense, shape, None, "magnitude", False, list(range(base.layers - 1, -1, -1)))
-        )
+        model = dense if shape == base else cut_for_timing(dense, shape)
         folders[f"shape{index}"] = export_genai(model, tokenizer, work / f"table{index}", ["fp32"], threads)["fp32"]
     prompt = np.random.default_rng(seed).integers(0, base.vocab, (1, prompt_length))
     timings = time_generation(folders, prompt, new_tokens, rounds)

@@ -39,7 +39,7 @@ def test_every_model_dtype_mode_and_batch_gets_a_row_and_the_warm_up_round_is_dr
     script = _script()
     dense = tiny_decoder("llama")
     base = script.shape_of(dense.config)
-    narrow = script.random_model_of(dense, script.parse_shape("1:16:1", base))
+    narrow = script.cut_for_timing(dense, script.parse_shape("1:16:1", base))
     assert script.shape_of(narrow.config).describe() == f"1 layers, MLP 16, 1x{base.queries_per_group} heads"
     prompts = {b: torch.randint(3, 40, (b, 5)) for b in (1, 2)}
     rows = script.time_on_device({"dense": dense, "narrow": narrow}, prompts, 3, 2, torch.device("cpu"))
@@ -55,7 +55,7 @@ def test_every_model_dtype_mode_and_batch_gets_a_row_and_the_warm_up_round_is_dr
 def test_the_markdown_gives_one_row_per_model_and_dtype_with_graph_speed_ups_over_dense():
     script = _script()
     dense = tiny_decoder("llama")
-    shallow = script.random_model_of(dense, script.parse_shape("1:32:1", script.shape_of(dense.config)))
+    shallow = script.cut_for_timing(dense, script.parse_shape("1:32:1", script.shape_of(dense.config)))
     prompts = {1: torch.randint(3, 40, (1, 5))}
     rows = script.time_on_device({"dense": dense, "1:32:1": shallow}, prompts, 3, 1, torch.device("cpu"))
     report = {"machine": {"gpu": "none"}, "latency_weights": "random", "latency": rows}
