@@ -187,9 +187,10 @@ def test_finetune_on_a_cuda_device_torch_does_not_see_stops_in_one_line_before_l
     save_tiny("llama", tmp_path / "model")
     corpus_params["finetune"] = {**corpus_params["finetune"], "max_tokens": 1024, "device": "cuda"}
     write_params(tmp_path, corpus_params)
-    assert main(["--params", str(tmp_path / "params.yaml"), "validate"]) == 0
+    project = ["--root", str(tmp_path), "--params", str(tmp_path / "params.yaml")]
+    assert main([*project, "validate"]) == 0
     capsys.readouterr()
-    assert main(["--params", str(tmp_path / "params.yaml"), "finetune"]) == 2  # before train and prune have run
+    assert main([*project, "finetune"]) == 2  # before train and prune have run
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recovery device 'cuda'" in err[0] and "use cpu" in err[0], err
     assert not (tmp_path / "artifacts" / "finetune").exists()
