@@ -15,11 +15,15 @@ would give: for each hidden width asked, the perplexity and the decode time of
 and dense: validation and test perplexity with the paired 95 % interval of each ratio to dense's,
 and each exported through onnxruntime-genai (fp32 and INT8) and timed interleaved in one process
 at the bench's prompt length, tokens and threads. `--mlp-widths` names the MLP cuts instead (e.g. the one
-that decodes as fast as a hidden cut); `--recover-tokens` then recovers every cut as the bench file
-recovers its plans (distillation from dense, its learning rate and precision), within that many
-tokens, and scores it again. It prints JSON.
+that decodes as fast as a hidden cut); `--combined H:M` adds a cut of both, the MLP to `M` first,
+then the hidden width to `H` (channels ranked on the MLP-cut model). `--recover-tokens` then recovers
+every cut as the bench file recovers its plans (distillation from dense, its learning rate and
+precision), within that many tokens, and scores it again. Every exported form (fp32, INT8) is also
+scored by its own logits, as the bench scores what it deploys: test perplexity paired against the
+exported dense fp32's. It prints JSON.
 
     python scripts/measure_decoder_hidden_width.py --config benchmarks/decoders/llm.yaml --widths 504 432
+    python scripts/measure_decoder_hidden_width.py --widths --mlp-widths 704 --combined 504:704 --recover-tokens 300000
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from torch import nn
 from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data
 from pruneops.llm.common import export_genai
 from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm
-from pruneops.models.language import paired_ratio_interval, perplexity
+from pruneops.models.language import paired_ratio_interval, perplexity, perplexity_from_losses
 from pruneops.planning.decoder import shape_of, width_step
 from pruneops.pruning.decoder import calibrate, prune_to_shape_, rebuild
 from pruneops.recovery import recover_
-from pruneops.timing.decode import time_generation
+from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
 
 
@@ -136,13 +140,40 @@ def _print(results: dict) -> None:
         print(name, row["shape"], ratios, flush=True)
 
 
+def _cuts(
+    dense: nn.Module, data, widths: list[int], mlp_widths: list[int] | None, combined: list[tuple[int, int]]
+) -> dict[str, nn.Module]:
+    """Dense and every cut asked for, by name: hidden widths, MLP widths, then both together."""
+    importance, energy = channel_statistics(dense, data.calibration)
+    calibration = calibrate(dense, data.calibration)
+    base = shape_of(dense.config)
+    models = {"dense": dense}
+    for width in widths:
+        hidden = copy.deepcopy(dense)
+        cut_hidden_(hidden, width, importance, energy)
+        models[f"hidden{width}"] = rebuild(hidden)  # the config expresses it: strict reload
+    for mlp in mlp_widths if mlp_widths is not None else [matching_mlp_width(dense, w) for w in widths]:
+        narrow = copy.deepcopy(dense)
+        prune_to_shape_(narrow, base.layers, mlp, base.kv_groups, base.queries_per_group, calibration)
+        models[f"mlp{mlp}"] = narrow
+    for hidden, mlp in combined:
+        both = copy.deepcopy(dense)
+        prune_to_shape_(both, base.layers, mlp, base.kv_groups, base.queries_per_group, calibration)
+        cut_hidden_(both, hidden, *channel_statistics(both, data.calibration))
+        models[f"hidden{hidden}_mlp{mlp}"] = rebuild(both)
+    return models
+
+
 def main() -> None:
     """Cuts, scores and times each width against dense; prints the figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("benchmarks/decoders/llm.yaml"))
-    parser.add_argument("--widths", type=int, nargs="+", default=[504, 432])
+    parser.add_argument("--widths", type=int, nargs="*", default=[504, 432])
     parser.add_argument(
         "--mlp-widths", type=int, nargs="*", help="MLP cuts to compare (default: each hidden cut's weight match)"
+    )
+    parser.add_argument(
+        "--combined", nargs="*", default=[], metavar="H:M", help="cuts of both: hidden width H, MLP width M"
     )
     parser.add_argument(
         "--recover-tokens", type=int, default=0, help="then recover every cut as the bench file does, this many tokens"
@@ -154,26 +185,15 @@ def main() -> None:
     if layout_of(dense).name != "llama":
         raise SystemExit(f"measure_decoder_hidden_width: Llama layouts only, not {layout_of(dense).name}")
     heads = dense.config.num_attention_heads
-    if bad := [w for w in args.widths if w % heads or w > dense.config.hidden_size]:
+    combined = [tuple(int(x) for x in c.split(":")) for c in args.combined]
+    if bad := [w for w in [*args.widths, *(h for h, _ in combined)] if w % heads or w > dense.config.hidden_size]:
         # transformers refuses to save a config whose hidden size its head count does not divide.
         raise SystemExit(
             f"measure_decoder_hidden_width: widths {bad}: each a multiple of {heads} (the heads), at most "
             f"{dense.config.hidden_size}"
         )
     data = workload_data(config, tokenizer)
-    importance, energy = channel_statistics(dense, data.calibration)
-    calibration = calibrate(dense, data.calibration)
-    base = shape_of(dense.config)
-    models = {"dense": dense}
-    for width in args.widths:
-        hidden = copy.deepcopy(dense)
-        cut_hidden_(hidden, width, importance, energy)
-        models[f"hidden{width}"] = rebuild(hidden)  # the config expresses it: strict reload
-    mlp_widths = args.mlp_widths if args.mlp_widths is not None else [matching_mlp_width(dense, w) for w in args.widths]
-    for mlp in mlp_widths:
-        narrow = copy.deepcopy(dense)
-        prune_to_shape_(narrow, base.layers, mlp, base.kv_groups, base.queries_per_group, calibration)
-        models[f"mlp{mlp}"] = narrow
+    models = _cuts(dense, data, args.widths, args.mlp_widths, combined)
     results = {"dense": _score(dense, data, None)}
     results.update({name: _score(m, data, results["dense"]) for name, m in models.items() if name != "dense"})
     _print(results)
@@ -193,11 +213,17 @@ def main() -> None:
             for n, m in models.items()
             for p, path in export_genai(m, tokenizer, Path(work) / n, precisions, config.threads).items()
         }
-        prompt = np.random.default_rng(0).integers(0, base.vocab, (1, config.prompt_length))
+        prompt = np.random.default_rng(0).integers(0, dense.config.vocab_size, (1, config.prompt_length))
         timings = time_generation(folders, prompt, config.new_tokens, config.rounds)
+        exported = {
+            key: perplexity_from_losses(exported_block_losses(folder, data.test), 0) for key, folder in folders.items()
+        }
     for name in models:
         for precision in precisions:
             timing = timings[f"{name} {precision}"]
+            results[name][f"exported_test_perplexity_ratio_{precision}"] = list(
+                paired_ratio_interval(exported[f"{name} {precision}"], exported["dense fp32"])
+            )
             results[name][f"tpot_ms_{precision}"] = timing.tpot_ms
             results[name][f"speedup_{precision}_vs_dense_fp32"] = timings["dense fp32"].tpot_ms / timing.tpot_ms
     command = "python scripts/measure_decoder_hidden_width.py " + " ".join(sys.argv[1:])
