@@ -481,9 +481,11 @@ class RepruneConfig(StageConfig):
     feedback_dir: Text = "data/feedback"
     latency_repeats: Annotated[int, Field(ge=1, le=1_000_000)] = 200
     # Decoder LLMs: the most held-out perplexity a candidate may add (relative to production's), and
-    # the time per output token it must meet (null: no slower than production, timed interleaved).
+    # the time per output token and to the first token it must meet (each null: no slower than
+    # production, timed interleaved).
     perplexity_tolerance: Annotated[float, Field(ge=0.0, le=100.0)] = 0.02
     decode_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] | None = None
+    prefill_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] | None = None
 
 
 class ServeConfig(StageConfig):

@@ -1,7 +1,7 @@
 """The re-prune gate's evaluation: a candidate against production on recent and held-out data.
 
 Classifiers by accuracy and batch-1 latency (`decide_promotion`), decoder LLMs by perplexity of
-their own exported logits and time per output token (`decide_decoder_promotion`); the held-out
+their own exported logits, time per output token and time to first token (`decide_decoder_promotion`); the held-out
 set is frozen in the registry the first time it is needed.
 """
 
@@ -58,7 +58,11 @@ def _decoder_decision(
     folders = {"candidate": candidate.path, **({"production": production.path} if production else {})}
     evaluations = evaluate_decoders(folders, datasets, bench.prompt_length, bench.new_tokens, bench.rounds)
     return decide_decoder_promotion(
-        evaluations["candidate"], evaluations.get("production"), cfg.perplexity_tolerance, cfg.decode_slo_ms
+        evaluations["candidate"],
+        evaluations.get("production"),
+        cfg.perplexity_tolerance,
+        cfg.decode_slo_ms,
+        cfg.prefill_slo_ms,
     )
 
 

@@ -28,8 +28,13 @@ def _project(root: Path, prometheus: str) -> Path:
     save_small_llama(root / "model")
     (root / "corpus.txt").write_text("\n\n".join(speeches(120)))
     params = decoder_params(Path("model"), Path("corpus.txt"))
-    # A tolerance and an SLO this loose promote any working candidate: the test is of the loop.
-    params["reprune"] = {"drift_source": prometheus, "perplexity_tolerance": 10.0, "decode_slo_ms": 1000.0}
+    # A tolerance and SLOs this loose promote any working candidate: the test is of the loop.
+    params["reprune"] = {
+        "drift_source": prometheus,
+        "perplexity_tolerance": 10.0,
+        "decode_slo_ms": 1000.0,
+        "prefill_slo_ms": 10000.0,
+    }
     write_params(root, params)
     write_dvc_yaml(root)
     (root / ".gitignore").write_text("/state/\n/models/\n")  # the feedback is versioned by the flow (dvc add)

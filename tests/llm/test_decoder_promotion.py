@@ -1,4 +1,4 @@
-"""The decoder promotion rule: perplexity within a tolerance on every dataset, decode time within the SLO."""
+"""The decoder promotion rule: perplexity within a tolerance on every dataset, both latencies within their SLOs."""
 
 from __future__ import annotations
 
@@ -6,29 +6,45 @@ import pytest
 
 from pruneops.registry.promotion import DECODE_TIMING_NOISE, DecoderEvaluation, decide_decoder_promotion
 
-PRODUCTION = DecoderEvaluation({"recent": 20.0, "holdout": 30.0}, tpot_ms_b1=10.0)
-SLOWER = 10.0 * (1 + DECODE_TIMING_NOISE) + 0.1  # ms per token: beyond production's and its timing noise
+PRODUCTION = DecoderEvaluation({"recent": 20.0, "holdout": 30.0}, tpot_ms_b1=10.0, ttft_ms_b1=500.0)
+SLOWER = 1 + DECODE_TIMING_NOISE + 0.01  # a factor beyond production's time and its timing noise
+WITHIN = 1 + DECODE_TIMING_NOISE - 0.02  # a factor within the timing noise
+
+
+def _candidate(recent: float, holdout: float, tpot_ms: float, ttft_ms: float = 500.0) -> DecoderEvaluation:
+    return DecoderEvaluation({"recent": recent, "holdout": holdout}, tpot_ms, ttft_ms)
 
 
 @pytest.mark.parametrize(
     ("candidate", "tolerance", "slo", "promote"),
     [
-        (DecoderEvaluation({"recent": 20.3, "holdout": 30.5}, 9.0), 0.02, None, True),  # +1.5 %, +1.7 %: within 2 %
-        (DecoderEvaluation({"recent": 20.3, "holdout": 30.7}, 9.0), 0.02, None, False),  # holdout +2.3 %
-        (DecoderEvaluation({"recent": 19.0, "holdout": 29.0}, SLOWER), 0.02, None, False),
-        (DecoderEvaluation({"recent": 19.0, "holdout": 29.0}, 10.5), 0.02, None, True),  # within the timing noise
-        (DecoderEvaluation({"recent": 19.0, "holdout": 29.0}, 10.5), 0.02, 10.2, False),  # the SLO replaces it
-        (DecoderEvaluation({"recent": 19.0, "holdout": 29.0}, 12.0), 0.02, 20.0, True),
+        (_candidate(20.3, 30.5, 9.0), 0.02, None, True),  # +1.5 %, +1.7 %: within 2 %
+        (_candidate(20.3, 30.7, 9.0), 0.02, None, False),  # holdout +2.3 %
+        (_candidate(19.0, 29.0, 10.0 * SLOWER), 0.02, None, False),
+        (_candidate(19.0, 29.0, 10.0 * WITHIN), 0.02, None, True),  # within the timing noise
+        (_candidate(19.0, 29.0, 10.5), 0.02, 10.2, False),  # the SLO replaces it
+        (_candidate(19.0, 29.0, 12.0), 0.02, 20.0, True),
+        (_candidate(19.0, 29.0, 9.0, 500.0 * SLOWER), 0.02, None, False),  # decodes faster, prefills slower
+        (_candidate(19.0, 29.0, 9.0, 500.0 * WITHIN), 0.02, None, True),
     ],
 )  # fmt: skip
 def test_a_candidate_is_promoted_only_within_every_bound(candidate, tolerance, slo, promote):
     decision = decide_decoder_promotion(candidate, PRODUCTION, tolerance, slo)
     assert decision.promote is promote, decision.reasons
-    assert len(decision.reasons) == 3  # the time rule and one line per dataset
+    assert len(decision.reasons) == 4  # the two time rules and one line per dataset
 
 
-def test_the_first_decoder_is_judged_by_the_slo_alone():
-    first = DecoderEvaluation({"recent": 99.0}, 5.0)
+def test_a_prefill_slo_replaces_the_comparison_with_production():
+    slower_prefill = _candidate(19.0, 29.0, 9.0, 500.0 * SLOWER)
+    assert decide_decoder_promotion(slower_prefill, PRODUCTION, 0.02, None, prefill_slo_ms=600.0).promote
+    decision = decide_decoder_promotion(_candidate(19.0, 29.0, 9.0, 450.0), PRODUCTION, 0.02, None, 400.0)
+    assert not decision.promote
+    assert "time to first token 450.000 ms > SLO 400.0 ms" in decision.reasons
+
+
+def test_the_first_decoder_is_judged_by_the_slos_alone():
+    first = DecoderEvaluation({"recent": 99.0}, 5.0, 300.0)
     assert decide_decoder_promotion(first, None, 0.02, 6.0).promote
     assert not decide_decoder_promotion(first, None, 0.02, 4.0).promote
     assert decide_decoder_promotion(first, None, 0.02, None).promote
+    assert not decide_decoder_promotion(first, None, 0.02, None, prefill_slo_ms=250.0).promote
