@@ -116,8 +116,13 @@ def _serve_decoder(args: argparse.Namespace) -> int:
     feedback = Path(args.feedback_file) if args.feedback_file else None
     params = Path(args.root) / args.params
     threshold = load_section(args.root, "serve", args.params).psi_threshold if params.is_file() else 0.2
-    slo_ms = load_section(args.root, "reprune", args.params).decode_slo_ms if params.is_file() else None
-    options = {"feedback_file": feedback, "psi_threshold": threshold, "decode_slo_ms": slo_ms}
+    gate = load_section(args.root, "reprune", args.params) if params.is_file() else None
+    options = {
+        "feedback_file": feedback,
+        "psi_threshold": threshold,
+        "decode_slo_ms": gate.decode_slo_ms if gate else None,
+        "prefill_slo_ms": gate.prefill_slo_ms if gate else None,
+    }
     if args.registry:
         from pruneops.serving.generate import follow_production
 

@@ -103,13 +103,21 @@ class PromptDrift:
 class DecoderMetrics:
     """Prometheus metrics of the decoder app (own registry, `pruneops_` prefix)."""
 
-    def __init__(self, version: str, psi_threshold: float = 0.2, decode_slo_ms: float | None = None) -> None:
+    def __init__(
+        self,
+        version: str,
+        psi_threshold: float = 0.2,
+        decode_slo_ms: float | None = None,
+        prefill_slo_ms: float | None = None,
+    ) -> None:
         r = self.registry = CollectorRegistry()
         self.version = version
-        if decode_slo_ms is not None:  # reprune.decode_slo_ms: the decode-latency alert's threshold
-            Gauge("pruneops_decode_slo_seconds", "reprune.decode_slo_ms, for the alert", registry=r).set(
-                decode_slo_ms / 1e3
-            )
+        # reprune.decode_slo_ms and reprune.prefill_slo_ms: the latency alerts' thresholds (absent when null).
+        for name, slo_ms in (("decode", decode_slo_ms), ("prefill", prefill_slo_ms)):
+            if slo_ms is not None:
+                Gauge(f"pruneops_{name}_slo_seconds", f"reprune.{name}_slo_ms, for the alert", registry=r).set(
+                    slo_ms / 1e3
+                )
         self.info = Gauge("pruneops_model_info", "The model served (1)", ["model_version"], registry=r)
         self.info.labels(version).set(1)
         self.reload_errors = Counter("pruneops_model_reload_errors_total", "Promoted models refused", registry=r)
@@ -155,8 +163,9 @@ class DecoderService:
         feedback_file: Path | None = None,
         psi_threshold: float = 0.2,
         decode_slo_ms: float | None = None,
+        prefill_slo_ms: float | None = None,
     ):
-        self.metrics = DecoderMetrics(Path(folder).name, psi_threshold, decode_slo_ms)
+        self.metrics = DecoderMetrics(Path(folder).name, psi_threshold, decode_slo_ms, prefill_slo_ms)
         self.drift_window = drift_window
         self.feedback: deque[float] = deque(maxlen=feedback_window)
         self.feedback_file = Path(feedback_file) if feedback_file else None

@@ -47,7 +47,7 @@ def test_every_decoder_panel_has_data_from_a_live_prometheus(tmp_path, tiny_gena
     folder = tiny_genai_decoder[1]
     tok = tiny_tokenizer()
     reference = prompt_reference([tok(t, add_special_tokens=False)["input_ids"] for t in speeches(80, seed=1)])
-    service = DecoderService(folder, reference, drift_window=2000, decode_slo_ms=50.0)
+    service = DecoderService(folder, reference, drift_window=2000, decode_slo_ms=50.0, prefill_slo_ms=500.0)
     ports = {"serve": free_port(), "prometheus": free_port()}
     server = uvicorn.Server(
         uvicorn.Config(create_decoder_app(service), host="127.0.0.1", port=ports["serve"], log_level="warning")

@@ -77,8 +77,9 @@ from fastapi.testclient import TestClient
 from pruneops.serving.generate import DecoderService, create_decoder_app
 from pruneops.stages import load_section
 
-slo = load_section(sys.argv[2], "reprune", "params.yaml").decode_slo_ms
-client = TestClient(create_decoder_app(DecoderService(Path(sys.argv[1]), None, decode_slo_ms=slo)))
+gate = load_section(sys.argv[2], "reprune", "params.yaml")
+service = DecoderService(Path(sys.argv[1]), None, decode_slo_ms=gate.decode_slo_ms, prefill_slo_ms=gate.prefill_slo_ms)
+client = TestClient(create_decoder_app(service))
 plain = client.post("/generate", json={"prompt": "the people", "max_new_tokens": 4})
 streamed = client.post("/generate", json={"prompt": "the people", "max_new_tokens": 4, "stream": True})
 feedback = client.post("/feedback", json={"prompt": "the people", "continuation": "of our nation"})
@@ -99,7 +100,7 @@ def test_decoder_generate_stream_and_feedback_without_torch(tmp_path, tiny_genai
 
     folder = tiny_genai_decoder[1]
     (tmp_path / "project").mkdir()
-    write_params(tmp_path / "project", {"reprune": {"decode_slo_ms": 40.0}})
+    write_params(tmp_path / "project", {"reprune": {"decode_slo_ms": 40.0, "prefill_slo_ms": 300.0}})
     out = subprocess.run(
         [sys.executable, "-c", DECODER_SCRIPT, str(folder), str(tmp_path / "project")],
         capture_output=True,
@@ -112,3 +113,4 @@ def test_decoder_generate_stream_and_feedback_without_torch(tmp_path, tiny_genai
     assert result["statuses"] == [200, 200, 200] and result["tokens"] == 4 and result["done_event"]
     assert result["blocked_loaded"] == []
     assert "pruneops_decode_slo_seconds 0.04" in result["metrics"]
+    assert "pruneops_prefill_slo_seconds 0.3" in result["metrics"]
