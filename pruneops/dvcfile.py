@@ -132,8 +132,11 @@ def _user_paths(stage: Stage, configs: dict[str, StageConfig]) -> list[tuple[str
             ("train.init_weights", configs["train"].init_weights),
             ("train.pretrained", configs["train"].pretrained),
         ]
-    if stage.name == "prune" and configs["prune"].target:
-        named.append(("prune.target.reference", configs["prune"].target.reference))
+    if stage.name == "prune" and configs["prune"].target and configs["prune"].target.reference:
+        reference = configs["prune"].target.reference
+        if "train" in configs and configs["train"].task == "causal_lm":
+            reference = Path(reference).parent.as_posix()  # the onnxruntime-genai folder: its weights and config
+        named.append(("prune.target.reference", reference))
     return [(key, value) for key, value in named if value]
 
 

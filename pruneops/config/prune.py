@@ -40,7 +40,9 @@ class TargetConfig(StageConfig):
     the project) whose latency the ratio is of instead of dense's: 1.0 asks to be as fast as that
     model (one served now, or another pruning tool's result), which the gate times interleaved with
     dense and each plan, so that the comparison holds in whatever state the machine is in. It is
-    timed as it is (not quantized); its inputs must be named as the model's export names them.
+    timed as it is (not quantized); its inputs must be named as the model's export names them. For
+    a causal LM it is the `model.onnx` of an onnxruntime-genai folder (the whole folder is the DVC
+    dependency), timed with dense in the target's `metric`.
     `form`: the form that latency, and the gate's, is measured in: `fp32`, or a quantizer's name
     (`static`, `dynamic`) when that is what will be deployed: INT8 and fp32 do not rank plans alike
     (INT8 kernels have their own fast channel counts and per-operator costs). `auto` plans in every

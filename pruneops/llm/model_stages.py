@@ -29,10 +29,12 @@ from pruneops.llm.plots import plot_cost_model, plot_plans, plot_shape
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.planning.decoder import DecodeCostModel, DecoderShape, shape_of
+from pruneops.planning.loop import mildest_ratio
 from pruneops.plots import plot_history
 from pruneops.pruning.decoder import calibrate
 from pruneops.recovery import RecoverySettings, compute_dtype_warning, progress_marks, recover_, training_device
 from pruneops.stages import StageReport
+from pruneops.timing.decode import time_generation
 from pruneops.timing.machine import machine_info
 
 log = logging.getLogger(__name__)
@@ -156,6 +158,7 @@ class DecoderPruneReport(StageReport):
     layers_removed: list
     checkpoint: Path
     warnings: tuple[str, ...] = ()
+    reference_of_dense: float | None = None  # prune.target.reference's time over dense's, timed here
 
     def summary(self) -> str:
         return (
@@ -183,14 +186,66 @@ def target_ratio(config: PruneConfig, dense_ms: float) -> float:
     return target.value / dense_ms
 
 
+def reference_folder(config: PruneConfig, layout: Layout) -> Path | None:
+    """`prune.target.reference`'s onnxruntime-genai folder (the one its `model.onnx` lies in), or None.
+
+    Raises:
+        ConfigError: The file is missing or its folder is not an onnxruntime-genai model.
+    """
+    if not config.target.reference:
+        return None
+    path = (layout.root / config.target.reference).resolve()
+    if not path.is_file() or not (path.parent / "genai_config.json").is_file():
+        raise ConfigError(
+            f"prune.target.reference: {config.target.reference} is not the model.onnx of an onnxruntime-genai model "
+            "folder (a causal LM is timed against one, e.g. the folder served now)"
+        )
+    return path.parent
+
+
+def aim_at_decoder_reference(
+    config: PruneConfig, benchmark: BenchmarkConfig, folders: dict[str, Path], prompt: np.ndarray
+) -> dict:
+    """Times the reference and dense interleaved in the target's metric: the ratio of dense to plan for.
+
+    The ratio asked of the reference (`prune.target.value`) becomes a ratio of dense, at most
+    1/`gate.min_speedup` (what the gate lets pass); the record says when it was held there.
+    """
+    metric = config.target.decoder_metric
+    timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
+    ms = {name: timings[name].tpot_ms if metric == "decode" else timings[name].ttft_ms for name in folders}
+    of_dense = ms["reference"] / ms["dense"]
+    ratio = min(config.target.value * of_dense, mildest_ratio(config))
+    record = {
+        "folder": str(folders["reference"]),
+        "metric": metric,
+        "reference_ms": ms["reference"],
+        "dense_ms": ms["dense"],
+        "reference_of_dense": of_dense,
+        "planned_ratio_of_dense": ratio,
+    }
+    if ratio < config.target.value * of_dense:
+        held = (
+            f"1/prune.gate.min_speedup ({ratio:.3f})"
+            if config.gate.min_speedup
+            else "dense's time (prune.gate.min_speedup null)"
+        )
+        record["note"] = f"the reference measured {of_dense:.3f} of dense: the target is held to {held} instead"
+    log.info("latency target reference %s: %.3f of dense %s time: aiming at %.3f", folders["reference"], of_dense,
+             metric, ratio)  # fmt: skip
+    return record
+
+
 def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, tokenizer, blocks, layout: Layout):
     """The closed loop of `prune_decoder`.
 
     Returns:
-        Its rounds, every plan scored, the kept plan's model, the layer order, the target as a ratio of dense.
+        Its rounds, every plan scored, the kept plan's model, the layer order, the target as a ratio of
+        dense, and the reference's timing (None without `prune.target.reference`).
     """
     metric, cut = config.target.decoder_metric, config.decoder
     cost, dense_ms = read_cost(layout, metric)
+    reference = reference_folder(config, layout)
     ratio = target_ratio(config, dense_ms)
     order = read_stage_json(layout, "sensitivity", "layers.json")["layer_order"]
     base = shape_of(dense.config)
@@ -206,6 +261,10 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
     prompt = np.random.default_rng(0).integers(0, base.vocab, (1, benchmark.prompt_length))
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
         dense_folder = export_genai(dense, tokenizer, Path(work) / "dense", ["fp32"], benchmark.threads)["fp32"]
+        aim = None
+        if reference is not None:
+            aim = aim_at_decoder_reference(config, benchmark, {"dense": dense_folder, "reference": reference}, prompt)
+            ratio = aim["planned_ratio_of_dense"]
         loop = PlanLoop(
             dense, tokenizer, calibration, blocks["val"][-cut.search_blocks :], cost, space, dense_folder, Path(work),
             prompt, benchmark.new_tokens, benchmark.rounds, benchmark.threads, metric,
@@ -214,7 +273,7 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
             rounds = loop.run(ratio, ratio * dense_ms)
         except ConfigError as err:
             raise ConfigError(f"prune.target: {err}; raise prune.target.value or max_unit_ratio") from err
-    return rounds, list(loop.scored.values()), loop.models[rounds[-1].shape], order, ratio
+    return rounds, list(loop.scored.values()), loop.models[rounds[-1].shape], order, ratio, aim
 
 
 def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecoderPruneReport:
@@ -237,7 +296,7 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     blocks = load_blocks(layout)
     metric = config.target.decoder_metric
-    rounds, tried, model, order, ratio = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
+    rounds, tried, model, order, ratio, aim = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
     last = rounds[-1]
     speedup = last.dense_ms / last.measured_ms
     if config.gate.min_speedup is not None and speedup < config.gate.min_speedup:
@@ -261,6 +320,8 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     with staged_output_paths(out, layout.metrics("prune"), plots) as staged:
         save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
         plan_record = {"shape": asdict(kept), "layers_removed": dropped, "plans": rows, "loop": loop}
+        if aim is not None:
+            plan_record["reference"] = aim
         dump_json(plan_record, staged.dir(out) / "plan.json")
         dump_json(rows, staged.dir(plots) / "history.json")
         plot_plans(rows, kept.describe(), staged.path(plots) / "history.png", UNITS[metric])
@@ -281,6 +342,7 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
             layers_removed=dropped,
             checkpoint=out / MODEL_DIR,
             warnings=tuple(warnings),
+            reference_of_dense=aim["reference_of_dense"] if aim else None,
         )
         dump_json(report.metrics(), staged.path(layout.metrics("prune")))
     return report

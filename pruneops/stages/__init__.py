@@ -326,8 +326,6 @@ def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
             "prune.target: a causal LM is planned on its measured time at batch 1 (per output token, or to the "
             "first token with metric: prefill): kind latency_ratio or latency_ms, batch 1"
         )
-    if prune is not None and prune.target.reference is not None:
-        raise ConfigError("prune.target.reference: not available for a causal LM (the ratio is of the dense model)")
     if prune is not None and prune.target.form != "fp32":
         raise ConfigError(
             "prune.target.form: a causal LM is planned in fp32; quantize then picks its precision by perplexity"

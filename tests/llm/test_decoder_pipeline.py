@@ -123,6 +123,74 @@ def test_a_causal_lm_setting_is_refused_for_a_classifier(section, key, value, me
         load_configs(params)
 
 
+def _reference_timings(ttft: dict[str, float], tpot: dict[str, float]):
+    """A stand-in for `time_generation`: the given medians of each named folder."""
+    from pruneops.timing.decode import GenerationTiming
+
+    def timed(folders, prompt, new_tokens, rounds):
+        return {n: GenerationTiming(ttft[n], tpot[n], (tpot[n],), prompt.shape[1], new_tokens, 1) for n in folders}
+
+    return timed
+
+
+@pytest.mark.parametrize(
+    ("metric", "value", "min_speedup", "planned", "held"),
+    [
+        ("decode", 1.0, 1.05, 0.7, False),  # as fast as a reference that decodes in 0.7 of dense's time
+        ("decode", 0.9, 1.05, 0.63, False),
+        ("prefill", 1.0, 1.05, 0.8, False),  # the prefill target goes by the time to first token
+        ("decode", 1.5, 1.05, 1 / 1.05, True),  # 1.05 of dense: held to what the gate lets pass
+        ("decode", 1.5, None, 1.0, True),
+    ],
+)
+def test_a_reference_target_is_planned_as_its_measured_ratio_of_dense(
+    corpus_params, tmp_path, monkeypatch, metric, value, min_speedup, planned, held
+):
+    import numpy as np
+
+    from pruneops.io import Layout
+    from pruneops.llm import model_stages
+
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "model.onnx").write_bytes(b"")
+    (tmp_path / "served" / "genai_config.json").write_text("{}")
+    target = {"kind": "latency_ratio", "value": value, "metric": metric, "reference": "served/model.onnx"}
+    corpus_params["prune"] = {**corpus_params["prune"], "target": target, "gate": {"min_speedup": min_speedup}}
+    config, benchmark = (load_configs(corpus_params)[k] for k in ("prune", "benchmark"))
+    folder = model_stages.reference_folder(config, Layout(tmp_path))
+    assert folder == (tmp_path / "served").resolve()
+    timed = _reference_timings({"dense": 400.0, "reference": 320.0}, {"dense": 20.0, "reference": 14.0})
+    monkeypatch.setattr(model_stages, "time_generation", timed)
+    folders = {"dense": tmp_path / "dense", "reference": folder}
+    aim = model_stages.aim_at_decoder_reference(config, benchmark, folders, np.zeros((1, 16), dtype=np.int64))
+    assert aim["reference_of_dense"] == pytest.approx(0.7 if metric == "decode" else 0.8, rel=1e-12)
+    assert aim["planned_ratio_of_dense"] == pytest.approx(planned, rel=1e-12)
+    assert ("note" in aim) is held
+
+
+def test_a_reference_that_is_not_an_onnxruntime_genai_model_is_refused(corpus_params, tmp_path):
+    from pruneops.errors import ConfigError
+    from pruneops.io import Layout
+    from pruneops.llm.model_stages import reference_folder
+
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "model.onnx").write_bytes(b"")  # no genai_config.json beside it
+    target = {"kind": "latency_ratio", "value": 1.0, "reference": "served/model.onnx"}
+    corpus_params["prune"] = {**corpus_params["prune"], "target": target}
+    with pytest.raises(ConfigError, match=r"served/model.onnx is not the model.onnx of an onnxruntime-genai"):
+        reference_folder(load_configs(corpus_params)["prune"], Layout(tmp_path))
+
+
+def test_dvc_yaml_of_a_decoder_project_depends_on_the_whole_reference_folder(corpus_params, tmp_path):
+    from pruneops.dvcfile import user_files
+    from pruneops.stages import get_stage
+
+    (tmp_path / "served").mkdir()
+    target = {"kind": "latency_ratio", "value": 1.0, "reference": "served/model.onnx"}
+    corpus_params["prune"] = {**corpus_params["prune"], "target": target}
+    assert "served" in user_files(get_stage("prune"), load_configs(corpus_params), tmp_path)
+
+
 def _injected_timings(ttft: dict[str, float], tpot: dict[str, float]):
     from pruneops.timing.decode import GenerationTiming
 
@@ -132,8 +200,8 @@ def _injected_timings(ttft: dict[str, float], tpot: dict[str, float]):
     return timed
 
 
-@pytest.mark.slow(reason="the latency table and the gate export and time five shapes and a plan")
-def test_a_prefill_target_in_ms_is_planned_gated_and_quantized_on_time_to_first_token(tmp_path, monkeypatch):
+@pytest.mark.slow(reason="the latency table and the gate export and time five shapes, a plan and a reference")
+def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantized_on_ttft(tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
     import json
 
@@ -180,6 +248,23 @@ def test_a_prefill_target_in_ms_is_planned_gated_and_quantized_on_time_to_first_
         report = deploy_stages.quantize_decoder(configs["quantize"], configs["benchmark"], metric, layout)
         assert (report.metric, report.precision) == (metric, expected)
         assert (report.ttft_b1_ms, report.tpot_b1_ms) == ((40.0, 4.0) if expected == "fp32" else (55.0, 2.0))
+
+    # As fast as a reference (dense itself, exported as a served model is): planned at value x its ratio.
+    from pruneops.llm.common import export_genai
+    from pruneops.models.decoders import load_causal_lm
+
+    served = export_genai(*load_causal_lm(tmp_path / "artifacts/train/model"), tmp_path / "served", ["fp32"], 1)
+    target = {"kind": "latency_ratio", "value": 0.8, "metric": "prefill", "reference": "served/fp32/model.onnx"}
+    params["prune"]["target"] = target
+    get_stage("prune").run(load_configs(params), layout)
+    aim = json.loads((tmp_path / "artifacts/prune/plan.json").read_text())["reference"]
+    prune = json.loads((tmp_path / "metrics/prune.json").read_text())
+    assert aim["folder"] == str(served["fp32"].resolve()) and aim["metric"] == "prefill"
+    assert aim["reference_of_dense"] == pytest.approx(aim["reference_ms"] / aim["dense_ms"], rel=1e-12)
+    assert prune["reference_of_dense"] == aim["reference_of_dense"]
+    planned = min(0.8 * aim["reference_of_dense"], 1.0)  # the gate: min_speedup null, at most dense's time
+    assert aim["planned_ratio_of_dense"] == pytest.approx(planned, rel=1e-12)
+    assert prune["target_ms"] == pytest.approx(planned * cost["dense_ttft_ms"], rel=1e-9)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal of a missing CUDA device")
