@@ -10,6 +10,11 @@ linearly over the first tenth and decays with a cosine to zero at the budget. Wi
 products in bfloat16); weights, gradients and the optimiser stay fp32. `device` says where
 recovery trains: the CPU, or a CUDA device, where student and teacher move for the run and
 come back to where they were after it. A CUDA device that torch does not see is refused.
+
+With `lora_rank`, only low-rank adapters of the decoder layers' projections train (LoRA: each
+weight W gets `alpha / rank x B A`, B zero at the start); every other weight stays frozen, so
+AdamW keeps state for the adapters alone. After training the adapters are merged into the
+weights: the result has the cut model's modules and shapes, and exports as it would have.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class RecoverySettings:
     seed: int = 0
     compute_dtype: ComputeDtype = "fp32"  # bf16: forward passes under autocast
     device: str = "cpu"  # `cpu`, `cuda` or `cuda:N`
+    lora_rank: int | None = None  # None: every weight trains; else low-rank adapters of this rank only
+    lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class RecoveryResult:
     steps: int
     wall_s: float
     losses: tuple[float, ...]  # per step
+    trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
 
     @property
     def tokens_per_second(self) -> float:
@@ -156,13 +164,93 @@ def recover_(
     if warning := compute_dtype_warning(settings.compute_dtype, device.type):
         log.warning(warning)
     homes = [(model, next(model.parameters()).device) for model in (student, teacher)]
+    attached = attach_lora_(student, settings.lora_rank, settings.lora_alpha) if settings.lora_rank else None
     student.to(device)
     teacher.to(device)
+    trained = False
     try:
-        return _train(student, teacher, blocks, settings, device, progress)
+        result = _train(student, teacher, blocks, settings, device, progress)
+        trained = True
     finally:
         for model, home in homes:
             model.to(home)
+        if attached is not None:
+            detach_lora_(attached, merge=trained)  # a failed run leaves the student as it was
+    return result
+
+
+class LoRAProjection(nn.Module):
+    """A frozen projection (`nn.Linear`, or GPT-2's transposed `Conv1D`) plus a trainable low-rank update."""
+
+    def __init__(self, base: nn.Module, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base = base
+        self.transposed = not isinstance(base, nn.Linear)  # Conv1D keeps its weight as (in, out)
+        weight = base.weight
+        n_in, n_out = (weight.shape[0], weight.shape[1]) if self.transposed else (weight.shape[1], weight.shape[0])
+        self.scale = alpha / rank
+        self.lora_a = nn.Parameter(torch.empty(rank, n_in, dtype=weight.dtype, device=weight.device))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+        self.lora_b = nn.Parameter(torch.zeros(n_out, rank, dtype=weight.dtype, device=weight.device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The frozen projection of `x` plus its scaled low-rank update."""
+        return self.base(x) + self.scale * nn.functional.linear(nn.functional.linear(x, self.lora_a), self.lora_b)
+
+    def merged(self) -> nn.Module:
+        """The base projection with the update added to its weight (in place)."""
+        with torch.no_grad():
+            update = self.scale * (self.lora_b @ self.lora_a)
+            self.base.weight += update.T if self.transposed else update
+        return self.base
+
+
+@dataclass
+class AttachedLoRA:
+    """What `attach_lora_` changed: the adapters in place of projections, and every weight's trainable flag."""
+
+    adapters: list[tuple[nn.Module, str, LoRAProjection]]
+    requires_grad: dict[nn.Parameter, bool]
+
+
+def _projections(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, module) of every projection inside the decoder layers."""
+    from pruneops.models.decoders import layout_of
+
+    found = []
+    for layer in layout_of(model).decoder_layers(model):
+        for parent in layer.modules():
+            for name, child in parent.named_children():
+                if isinstance(child, nn.Linear) or type(child).__name__ == "Conv1D":
+                    found.append((parent, name, child))
+    return found
+
+
+def attach_lora_(model: nn.Module, rank: int, alpha: float) -> AttachedLoRA:
+    """Freezes `model` and wraps each decoder-layer projection with a LoRA adapter.
+
+    Raises:
+        ConfigError: A projection no wider than the rank (its update would not be low-rank).
+    """
+    projections = _projections(model)
+    if narrow := [f"{name} {tuple(m.weight.shape)}" for _, name, m in projections if min(m.weight.shape) <= rank]:
+        raise ConfigError(f"finetune.lora_rank: {rank} is not below the width of {narrow[0]}; use a smaller rank")
+    attached = AttachedLoRA([], {p: p.requires_grad for p in model.parameters()})
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for parent, name, module in projections:
+        adapter = LoRAProjection(module, rank, alpha)
+        setattr(parent, name, adapter)
+        attached.adapters.append((parent, name, adapter))
+    return attached
+
+
+def detach_lora_(attached: AttachedLoRA, merge: bool) -> None:
+    """Puts each base projection back (its adapter merged into its weight when `merge`), flags as they were."""
+    for parent, name, adapter in attached.adapters:
+        setattr(parent, name, adapter.merged() if merge else adapter.base)
+    for parameter, flag in attached.requires_grad.items():
+        parameter.requires_grad_(flag)
 
 
 def _train(
@@ -221,4 +309,5 @@ def _train(
         if progress:
             progress(used, losses[-1])
     student.eval()
-    return RecoveryResult(used, len(losses), time.perf_counter() - started, tuple(losses))
+    trained = sum(p.numel() for p in student.parameters() if p.requires_grad)
+    return RecoveryResult(used, len(losses), time.perf_counter() - started, tuple(losses), trained)

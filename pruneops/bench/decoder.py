@@ -99,6 +99,9 @@ class DecoderBenchConfig(BaseModel):
     recovery_distill_weight: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
     # bf16: recovery's forward passes under autocast (weights and optimiser fp32), as finetune.compute_dtype.
     recovery_compute_dtype: Literal["fp32", "bf16"] = "fp32"
+    # A rank: LoRA adapters alone train, merged after (finetune.lora_rank); null: every weight.
+    recovery_lora_rank: Annotated[int, Field(ge=1, le=65536)] | None = None
+    recovery_lora_alpha: Annotated[float, Field(gt=0.0, le=1e6)] = 16.0
     # Where recovery trains, as finetune.device: cpu, or cuda / cuda:N where torch sees one.
     recovery_device: Annotated[str, Field(pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$")] = "cpu"
     prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
@@ -250,6 +253,8 @@ def recovery_settings(config: DecoderBenchConfig) -> RecoverySettings:
         seed=config.seed,
         compute_dtype=config.recovery_compute_dtype,
         device=config.recovery_device,
+        lora_rank=config.recovery_lora_rank,
+        lora_alpha=config.recovery_lora_alpha,
     )
 
 
@@ -264,6 +269,8 @@ def _recover(config: DecoderBenchConfig, model, dense, data: _Data) -> dict:
         "lr": config.recovery_lr,
         "distill_weight": config.recovery_distill_weight,
         "compute_dtype": config.recovery_compute_dtype,
+        "lora_rank": config.recovery_lora_rank,
+        "trained_parameters": result.trained_parameters,
         "device": config.recovery_device,
         "first_loss": result.losses[0],
         "last_loss": result.losses[-1],

@@ -389,6 +389,10 @@ class FinetuneConfig(FitParams):
     # Causal LMs: where recovery trains: `cpu`, or `cuda` / `cuda:N` (refused where torch sees no
     # such device). The recovered model is saved from the CPU either way.
     device: Annotated[str, Field(pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$")] = "cpu"
+    # Causal LMs: null trains every weight; a rank trains LoRA adapters of every decoder-layer
+    # projection alone (scale lora_alpha / lora_rank), merged into the weights after recovery.
+    lora_rank: Annotated[int, Field(ge=1, le=65536)] | None = None
+    lora_alpha: Annotated[float, Field(gt=0.0, le=1e6)] = 16.0
 
     @model_validator(mode="after")
     def _nodes_meet_somewhere(self) -> FinetuneConfig:

@@ -313,6 +313,11 @@ class PruneConfig(StageConfig):
         return None if self.target is None else self.target.reference_file
 
     @property
+    def mildest_ratio(self) -> float:
+        """The slowest a pruned model may be, as a fraction of dense: what the gate's `min_speedup` lets pass."""
+        return 1.0 / self.gate.min_speedup if self.gate.min_speedup else 1.0
+
+    @property
     def trial_count(self) -> int:
         """How many latency plans are trained briefly and compared (1: none; see `TrialsConfig`)."""
         if not self.latency_target:

@@ -29,7 +29,6 @@ from pruneops.llm.plots import plot_cost_model, plot_plans, plot_shape
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.planning.decoder import DecodeCostModel, DecoderShape, shape_of
-from pruneops.planning.loop import mildest_ratio
 from pruneops.plots import plot_history
 from pruneops.pruning.decoder import calibrate
 from pruneops.recovery import RecoverySettings, compute_dtype_warning, progress_marks, recover_, training_device
@@ -215,7 +214,7 @@ def aim_at_decoder_reference(
     timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
     ms = {name: timings[name].tpot_ms if metric == "decode" else timings[name].ttft_ms for name in folders}
     of_dense = ms["reference"] / ms["dense"]
-    ratio = min(config.target.value * of_dense, mildest_ratio(config))
+    ratio = min(config.target.value * of_dense, config.mildest_ratio)
     record = {
         "folder": str(folders["reference"]),
         "metric": metric,
@@ -363,6 +362,8 @@ class RecoveryReport(StageReport):
     compute_dtype: str = "fp32"
     device: str = "cpu"
     warnings: tuple[str, ...] = ()
+    lora_rank: int | None = None
+    trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
 
     def summary(self) -> str:
         return (
@@ -387,7 +388,7 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     blocks = load_blocks(layout)
     before = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     history: list[dict] = []
-    tokens = steps = 0
+    tokens = steps = trained = 0
     wall = 0.0
     if config.max_tokens:
         settings = RecoverySettings(
@@ -400,10 +401,12 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             seed=config.seed,
             compute_dtype=config.compute_dtype,
             device=config.device,
+            lora_rank=config.lora_rank,
+            lora_alpha=config.lora_alpha,
         )
         progress = progress_marks(config.max_tokens, 20, log, history)
         result = recover_(model, dense, blocks["train"], settings, progress)
-        tokens, steps, wall = result.tokens, result.steps, result.wall_s
+        tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
     warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
     after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
@@ -426,6 +429,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             compute_dtype=config.compute_dtype,
             device=config.device,
             warnings=(warning,) if warning else (),
+            lora_rank=config.lora_rank,
+            trained_parameters=trained,
         )
         dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
     return report

@@ -95,7 +95,7 @@ def predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
 
 def mildest_ratio(config: PruneConfig) -> float:
     """The slowest a pruned model may be, as a fraction of dense: what the gate's `min_speedup` lets pass."""
-    return 1.0 / config.gate.min_speedup if config.gate.min_speedup else 1.0
+    return config.mildest_ratio
 
 
 @dataclass(frozen=True)

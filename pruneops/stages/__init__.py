@@ -320,6 +320,8 @@ def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
             raise ConfigError("prune.target.metric: applies to a causal LM only (decode or prefill time); remove it")
         if finetune is not None and finetune.compute_dtype != "fp32":
             raise ConfigError("finetune.compute_dtype: applies to a causal LM's recovery only; remove it")
+        if finetune is not None and finetune.lora_rank is not None:
+            raise ConfigError("finetune.lora_rank: applies to a causal LM's recovery only; remove it")
         return
     if prune is not None and (prune.target is None or not prune.target.is_latency or prune.target.batch != 1):
         raise ConfigError(

@@ -111,6 +111,7 @@ def test_dvc_yaml_of_a_decoder_project_plots_the_rows_its_stages_write(corpus_pa
     [
         ("prune", "target", {"kind": "latency_ratio", "value": 0.7, "metric": "prefill"}, "prune.target.metric"),
         ("finetune", "compute_dtype", "bf16", "finetune.compute_dtype"),
+        ("finetune", "lora_rank", 8, "finetune.lora_rank"),
     ],
 )
 def test_a_causal_lm_setting_is_refused_for_a_classifier(section, key, value, message):
