@@ -208,6 +208,7 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
 
     from pruneops.io import Layout
     from pruneops.llm import deploy_stages
+    from pruneops.models.decoders import load_causal_lm
     from pruneops.planning.decoder import DecodeCostModel, DecoderShape
     from pruneops.stages import get_stage
     from tests.llm.decoder_helpers import save_small_llama
@@ -218,7 +219,7 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
         tmp_path / "model",
         tmp_path / "corpus.txt",
         prune={"target": {"kind": "latency_ratio", "value": 0.8, "metric": "prefill"}},
-        finetune={"max_tokens": 0},
+        finetune={"max_tokens": 512, "batch_size": 2, "lora_rank": 2},
         benchmark={"prompt_length": 128, "rounds": 3},
     )
     configs, layout = load_configs(params), Layout(tmp_path)
@@ -236,6 +237,11 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
     plan = json.loads((tmp_path / "artifacts/prune/plan.json").read_text())
     prefill = DecodeCostModel(**cost["prefill_cost"])
     assert prune["metric"] == "prefill"
+    finetune = json.loads((tmp_path / "metrics/finetune.json").read_text())
+    model = load_causal_lm(tmp_path / "artifacts/finetune/model")[0]  # merged: it reloads as a plain model
+    layers = sum(p.numel() for layer in model.model.layers for p in layer.parameters() if p.dim() == 2)
+    assert finetune["lora_rank"] == 2 and finetune["tokens"] >= 512
+    assert 0 < finetune["trained_parameters"] < 0.5 * layers  # rank-2 adapters of small projections
     assert prune["target_ms"] == pytest.approx(0.8 * cost["dense_ttft_ms"])
     assert prune["predicted_ms"] == pytest.approx(prefill.predict(DecoderShape(**plan["shape"])))
     assert prune["predicted_ms"] <= prune["target_ms"] + 1e-9
@@ -252,7 +258,6 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
 
     # As fast as a reference (dense itself, exported as a served model is): planned at value x its ratio.
     from pruneops.llm.common import export_genai
-    from pruneops.models.decoders import load_causal_lm
 
     served = export_genai(*load_causal_lm(tmp_path / "artifacts/train/model"), tmp_path / "served", ["fp32"], 1)
     target = {"kind": "latency_ratio", "value": 0.8, "metric": "prefill", "reference": "served/fp32/model.onnx"}
