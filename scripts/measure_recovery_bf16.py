@@ -25,6 +25,17 @@ from pruneops.pruning.decoder import calibrate
 from pruneops.recovery import compute_dtype_warning, recover_
 
 
+def mlp_cut_workload(config_path: str, width: int):
+    """A bench file's workload with its dense model cut to `width` MLP neurons: (config, dense, data, shape, cut)."""
+    config = load_bench_config(Path(config_path)).model_copy(update={"zero_shot": None, "out_of_domain": None})
+    torch.set_num_threads(2)
+    dense, tokenizer = load_causal_lm(config.model)
+    data = workload_data(config, tokenizer)
+    shape = replace(shape_of(dense.config), mlp_width=width)
+    cut = cut_to_shape(dense, shape, calibrate(dense, data.calibration), "activation", True)
+    return config, dense, data, shape, cut
+
+
 def main() -> None:
     """Prints the cut model's validation perplexity, then each compute dtype's recovery."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -32,12 +43,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, required=True, help="MLP neurons kept per layer")
     parser.add_argument("--tokens", type=int, default=40960, help="recovery budget of each run")
     args = parser.parse_args()
-    config = load_bench_config(Path(args.config)).model_copy(update={"zero_shot": None, "out_of_domain": None})
-    torch.set_num_threads(2)
-    dense, tokenizer = load_causal_lm(config.model)
-    data = workload_data(config, tokenizer)
-    shape = replace(shape_of(dense.config), mlp_width=args.width)
-    cut = cut_to_shape(dense, shape, calibrate(dense, data.calibration), "activation", True)
+    config, dense, data, shape, cut = mlp_cut_workload(args.config, args.width)
     dense_nll = float(block_losses(dense, data.val).mean())
     cut_ppl = np.exp(block_losses(cut, data.val).mean())
     print(f"dense val ppl {np.exp(dense_nll):.2f}; {shape.describe()} cut only {cut_ppl:.2f}")

@@ -15,16 +15,11 @@ dense's.
 import argparse
 import copy
 from dataclasses import replace
-from pathlib import Path
 
-import torch
+from measure_recovery_bf16 import mlp_cut_workload  # scripts/ is on the path when a script runs
 
-from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data
-from pruneops.llm.common import cut_to_shape
-from pruneops.models.decoders import load_causal_lm
+from pruneops.bench.decoder import recovery_settings
 from pruneops.models.language import paired_ratio_interval, perplexity
-from pruneops.planning.decoder import shape_of
-from pruneops.pruning.decoder import calibrate
 from pruneops.recovery import recover_
 
 
@@ -45,12 +40,7 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", default=["full:3e-4", "lora64:1e-3"], help="full:LR or loraR:LR")
     parser.add_argument("--bf16", action="store_true", help="recover in bf16 whatever the bench file says")
     args = parser.parse_args()
-    config = load_bench_config(Path(args.config)).model_copy(update={"zero_shot": None, "out_of_domain": None})
-    torch.set_num_threads(2)
-    dense, tokenizer = load_causal_lm(config.model)
-    data = workload_data(config, tokenizer)
-    shape = replace(shape_of(dense.config), mlp_width=args.width)
-    cut = cut_to_shape(dense, shape, calibrate(dense, data.calibration), "activation", True)
+    config, dense, data, shape, cut = mlp_cut_workload(args.config, args.width)
     dense_scores = {split: perplexity(dense, getattr(data, split)) for split in ("val", "test")}
     print(f"{shape.describe()} cut only: {_ratios(cut, dense_scores, data)} dense perplexity", flush=True)
     base = recovery_settings(config)

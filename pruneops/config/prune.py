@@ -317,6 +317,24 @@ class PruneConfig(StageConfig):
         """The slowest a pruned model may be, as a fraction of dense: what the gate's `min_speedup` lets pass."""
         return 1.0 / self.gate.min_speedup if self.gate.min_speedup else 1.0
 
+    def reference_aim(self, of_dense: float) -> tuple[float, str | None]:
+        """A reference measured at `of_dense` of dense's time: the ratio of dense to plan for, and why it was held.
+
+        The ratio asked of the reference becomes a ratio of dense, at most `mildest_ratio`; the note
+        (None when not held) says so.
+        """
+        wanted = self.target.value * of_dense
+        ratio = min(wanted, self.mildest_ratio)
+        if ratio >= wanted:
+            return ratio, None
+        # A null min_speedup cannot be formatted: that case is held to dense's own time.
+        held = (
+            f"1/prune.gate.min_speedup ({ratio:.3f})"
+            if self.gate.min_speedup
+            else "dense's time (prune.gate.min_speedup null)"
+        )
+        return ratio, f"the reference measured {of_dense:.3f} of dense: the target is held to {held} instead"
+
     @property
     def trial_count(self) -> int:
         """How many latency plans are trained briefly and compared (1: none; see `TrialsConfig`)."""

@@ -214,7 +214,7 @@ def aim_at_decoder_reference(
     timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
     ms = {name: timings[name].tpot_ms if metric == "decode" else timings[name].ttft_ms for name in folders}
     of_dense = ms["reference"] / ms["dense"]
-    ratio = min(config.target.value * of_dense, config.mildest_ratio)
+    ratio, note = config.reference_aim(of_dense)
     record = {
         "folder": str(folders["reference"]),
         "metric": metric,
@@ -223,13 +223,8 @@ def aim_at_decoder_reference(
         "reference_of_dense": of_dense,
         "planned_ratio_of_dense": ratio,
     }
-    if ratio < config.target.value * of_dense:
-        held = (
-            f"1/prune.gate.min_speedup ({ratio:.3f})"
-            if config.gate.min_speedup
-            else "dense's time (prune.gate.min_speedup null)"
-        )
-        record["note"] = f"the reference measured {of_dense:.3f} of dense: the target is held to {held} instead"
+    if note is not None:
+        record["note"] = note
     log.info("latency target reference %s: %.3f of dense %s time: aiming at %.3f", folders["reference"], of_dense,
              metric, ratio)  # fmt: skip
     return record

@@ -128,7 +128,7 @@ def aim_at_reference(
     form = "fp32" if config.latency_form == AUTO_FORM else config.latency_form
     times = measured_latency({"dense": model, "reference": path}, shape, timing, budget_s=10.0, form=form)
     of_dense = times["reference"][batch] / times["dense"][batch]
-    ratio = min(config.target.value * of_dense, mildest_ratio(config))
+    ratio, note = config.reference_aim(of_dense)
     logger.info(
         "latency target reference %s: %.4f ms at batch %d against dense %.4f (%s): aiming at %.3f of dense",
         path.name, times["reference"][batch], batch, times["dense"][batch], form, ratio,
@@ -140,14 +140,8 @@ def aim_at_reference(
         "dense_ms_at_start": times["dense"][batch],
         "planned_ratio_of_dense": ratio,
     }
-    if ratio < config.target.value * of_dense:
-        # A None min_speedup cannot be formatted: that case is held to dense's own time.
-        held = (
-            f"1/prune.gate.min_speedup ({ratio:.3f})"
-            if config.gate.min_speedup
-            else "dense's time (prune.gate.min_speedup null)"
-        )
-        record["note"] = f"the reference measured {of_dense:.3f} of dense: the target is held to {held} instead"
+    if note is not None:
+        record["note"] = note
     return ReferenceAim(ratio, record)
 
 
