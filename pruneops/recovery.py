@@ -165,10 +165,10 @@ def recover_(
         log.warning(warning)
     homes = [(model, next(model.parameters()).device) for model in (student, teacher)]
     attached = attach_lora_(student, settings.lora_rank, settings.lora_alpha) if settings.lora_rank else None
-    student.to(device)
-    teacher.to(device)
     trained = False
     try:
+        student.to(device)
+        teacher.to(device)
         result = _train(student, teacher, blocks, settings, device, progress)
         trained = True
     finally:

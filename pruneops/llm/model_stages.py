@@ -212,7 +212,7 @@ def aim_at_decoder_reference(
     """
     metric = config.target.decoder_metric
     timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
-    ms = {name: timings[name].tpot_ms if metric == "decode" else timings[name].ttft_ms for name in folders}
+    ms = {name: timings[name].milliseconds(metric) for name in folders}
     of_dense = ms["reference"] / ms["dense"]
     ratio, note = config.reference_aim(of_dense)
     record = {

@@ -93,11 +93,6 @@ def predicted_ms(target: Plan, gated: GateResult, key: str) -> float | None:
     return target.predicted_ms / target.dense_predicted_ms * gated.dense_ms[key]
 
 
-def mildest_ratio(config: PruneConfig) -> float:
-    """The slowest a pruned model may be, as a fraction of dense: what the gate's `min_speedup` lets pass."""
-    return config.mildest_ratio
-
-
 @dataclass(frozen=True)
 class ReferenceAim:
     """`prune.target.reference` timed at the start: the ratio of dense the table plans with, and the record."""
@@ -221,7 +216,7 @@ class LatencyLoop:
         if not gated.reference_ms:
             return self.config.target.value * gated.dense_ms[self.key]
         return min(
-            self.asked_value * gated.reference_ms[self.key], mildest_ratio(self.config) * gated.dense_ms[self.key]
+            self.asked_value * gated.reference_ms[self.key], self.config.mildest_ratio * gated.dense_ms[self.key]
         )
 
     def fraction(self, gated: GateResult) -> float:
