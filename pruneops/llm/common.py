@@ -28,6 +28,7 @@ from pruneops.planning.decoder import (
     width_step,
 )
 from pruneops.pruning import decoder as cuts
+from pruneops.pruning.decoder_vocabulary import OutputHead, restrict_exported_head
 from pruneops.timing.decode import GenerationTiming, build_genai_model, time_generation
 
 CORPUS_FILE = "corpus.npz"  # validate's token blocks; its presence marks a causal-LM run
@@ -78,9 +79,27 @@ def cut_to_shape(
 
 
 def export_genai(model: torch.nn.Module, tokenizer: object, folder: Path, precisions: list[str], threads: int):
-    """onnxruntime-genai folders of `model`, one per precision (`folder/<precision>`)."""
-    hf = save_causal_lm(model, tokenizer, folder / "hf")
+    """onnxruntime-genai folders of `model`, one per precision (`folder/<precision>`).
+
+    A model whose vocabulary is cut (`OutputHead`) is built with its head padded to the full
+    vocabulary, a plain untied projection the builder reads, and each export is then cut back.
+    """
+    head = model.get_output_embeddings()
+    if not isinstance(head, OutputHead):
+        head = None
+        hf = save_causal_lm(model, tokenizer, folder / "hf")
+    else:
+        padded = torch.nn.Linear(head.weight.shape[1], head.index.numel(), bias=False)
+        padded.weight = torch.nn.Parameter(head.padded_weight())
+        model.set_output_embeddings(padded)
+        try:
+            hf = save_causal_lm(model, tokenizer, folder / "hf")
+        finally:
+            model.set_output_embeddings(head)
     out = {p: build_genai_model(hf, folder / p, p, threads) for p in precisions}
+    if head is not None:
+        for exported in out.values():
+            restrict_exported_head(exported, head)
     shutil.rmtree(hf)  # the exported folders are what is timed and scored
     return out
 

@@ -1,0 +1,210 @@
+"""A causal LM's output vocabulary cut to the tokens its domain uses, as a proper distribution.
+
+Every generated token reads the whole output projection (vocabulary x hidden weights; SmolLM2-135M:
+49,152 x 576, a fifth of the weights a token reads), and no layer or width cut touches it. This
+keeps the exact logits of `K` tokens (those the calibration text uses and those the model itself
+expects on it) and replaces the rest by one *tail* logit, a linear function of the final hidden
+state fitted by least squares to the logsumexp of the dropped tokens' logits. A dropped token `t`
+then has the logit `tail + log prior(t)`, with `prior` the model's expected share of each dropped
+token on the calibration text: the logits stay a distribution over the whole vocabulary (perplexity
+is defined on any text, no token becomes impossible), computed from `K + 1` rows instead of `V`.
+
+The input embedding is untouched (a lookup, not a product). `OutputHead` is the torch form (the
+model's output projection); `restrict_exported_head` edits an onnxruntime-genai export of the same model
+(built with the head padded to `V` rows) so that its `logits` output is the same `V`-wide vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from pruneops.errors import PruneOpsError
+
+
+@dataclass(frozen=True)
+class VocabularyCut:
+    """Which tokens keep their own row, and how the others are scored.
+
+    Attributes:
+        kept: Sorted ids of the tokens whose logits stay exact, (K,).
+        tail_weight: The tail logit's row, (hidden,).
+        tail_bias: Its constant term.
+        log_prior: Per token of the full vocabulary, log of its share among the dropped tokens
+            (0 for kept tokens), (V,).
+        fit_rms: Root mean square error of the tail fit on the calibration positions (nats).
+    """
+
+    kept: torch.Tensor
+    tail_weight: torch.Tensor
+    tail_bias: float
+    log_prior: torch.Tensor
+    fit_rms: float
+
+    @property
+    def vocabulary(self) -> int:
+        """The full vocabulary size."""
+        return int(self.log_prior.numel())
+
+    def index_map(self) -> torch.Tensor:
+        """Per token id, its row in the `K + 1` head output (dropped tokens: the tail, row K)."""
+        index = torch.full((self.vocabulary,), len(self.kept), dtype=torch.long)
+        index[self.kept] = torch.arange(len(self.kept))
+        return index
+
+    def offset(self) -> torch.Tensor:
+        """What is added after the gather: the tail's bias and each dropped token's log prior, (V,)."""
+        offset = self.log_prior + self.tail_bias
+        offset[self.kept] = 0.0
+        return offset
+
+
+class OutputHead(nn.Module):
+    """`K` exact rows and the tail row, gathered back to full-vocabulary logits."""
+
+    def __init__(self, weight: torch.Tensor, cut: VocabularyCut) -> None:
+        super().__init__()
+        rows = torch.cat([weight[cut.kept], cut.tail_weight[None].to(weight.dtype)])
+        self.weight = nn.Parameter(rows.contiguous())
+        self.register_buffer("index", cut.index_map(), persistent=False)
+        self.register_buffer("offset", cut.offset().to(weight.dtype), persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of `hidden` (..., hidden)."""
+        return (hidden @ self.weight.T).index_select(-1, self.index) + self.offset
+
+    def padded_weight(self) -> torch.Tensor:
+        """The `K + 1` rows followed by zeros to `V` rows: what the model builder exports, then cut."""
+        padded = self.weight.new_zeros(self.index.numel(), self.weight.shape[1])
+        padded[: self.weight.shape[0]] = self.weight.detach()
+        return padded
+
+
+def _final_hidden(model: nn.Module, blocks: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+    """The normalised last hidden states the output projection reads, (positions, hidden)."""
+    states: list[torch.Tensor] = []
+
+    def keep(module: nn.Module, args: tuple) -> None:
+        states.append(args[0][:, :-1].float().reshape(-1, args[0].shape[-1]))
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(keep)
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(blocks), batch_size):
+                model(torch.as_tensor(blocks[start : start + batch_size]))
+    finally:
+        handle.remove()
+    return torch.cat(states)
+
+
+def choose_vocabulary(model: nn.Module, blocks: torch.Tensor | np.ndarray, keep: int) -> VocabularyCut:
+    """The `keep` tokens the text and the model's predictions on it use most, and the tail fitted on it.
+
+    Tokens are ranked by their share of the calibration text plus their share of the model's expected
+    counts there (its softmax summed over positions), so that tokens the model predicts but the text
+    happens not to contain rank too.
+
+    Args:
+        model: A causal LM whose output projection is a bias-free Linear over the full vocabulary.
+        blocks: (n, length) calibration token ids.
+        keep: How many tokens keep their own row.
+
+    Raises:
+        PruneOpsError: `keep` is not below the vocabulary size, or the model's head is not a Linear.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear or head.bias is not None:
+        raise PruneOpsError(
+            "vocabulary cut: the model's output projection is not a bias-free Linear over the vocabulary"
+        )
+    weight = head.weight
+    vocabulary = weight.shape[0]
+    if not 0 < keep < vocabulary:
+        raise PruneOpsError(f"vocabulary cut: keep {keep} must lie between 1 and the vocabulary ({vocabulary}) - 1")
+    blocks = torch.as_tensor(np.asarray(blocks))
+    hidden = _final_hidden(model, blocks)
+    full = weight.detach().float()
+    expected = torch.zeros(vocabulary, dtype=torch.float64)
+    for chunk in hidden.split(4096):
+        expected += torch.softmax(chunk @ full.T, -1).sum(0).double()
+    counts = torch.bincount(blocks[:, 1:].reshape(-1), minlength=vocabulary).double()
+    score = counts / counts.sum() + expected / expected.sum()
+    kept = torch.sort(torch.argsort(score, descending=True, stable=True)[:keep]).values
+    dropped = torch.ones(vocabulary, dtype=torch.bool)
+    dropped[kept] = False
+    target = torch.cat([torch.logsumexp(chunk @ full[dropped].T, -1) for chunk in hidden.split(4096)]).double()
+    design = torch.cat([hidden.double(), torch.ones(len(hidden), 1, dtype=torch.float64)], 1)
+    solution = torch.linalg.lstsq(design, target[:, None]).solution[:, 0]
+    rms = float((design @ solution - target).pow(2).mean().sqrt())
+    prior = expected + 1e-9
+    log_prior = torch.where(dropped, torch.log(prior / prior[dropped].sum()), torch.zeros_like(prior))
+    return VocabularyCut(kept, solution[:-1].float(), float(solution[-1]), log_prior.float(), rms)
+
+
+def cut_vocabulary_(model: nn.Module, cut: VocabularyCut) -> None:
+    """Replaces the model's output projection by an `OutputHead` (the input embedding is kept, untied)."""
+    head = model.get_output_embeddings()
+    weight = head.weight.detach()
+    embedding = model.get_input_embeddings()
+    if embedding.weight is head.weight:
+        embedding.weight = nn.Parameter(weight.clone())
+    model.set_output_embeddings(OutputHead(weight, cut))
+    model.config.tie_word_embeddings = False
+
+
+def restrict_exported_head(folder: Path, head: OutputHead) -> None:
+    """Cuts an onnxruntime-genai export's padded output projection to the head's rows, then gathers.
+
+    The export was built with `head.padded_weight()` as an untied `lm_head`; its last node (MatMul
+    over fp32 weights, or MatMulNBits over quantised rows) is cut to `K + 1` outputs, followed by a
+    Gather over the index map and an Add of the offsets, so `logits` stays `V` wide.
+
+    Raises:
+        PruneOpsError: The graph does not end in the output projection this expects.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    path = folder / "model.onnx"
+    graph_model = onnx.load(str(path))
+    graph = graph_model.graph
+    node = next((n for n in graph.node if "logits" in n.output), None)
+    if node is None or node.op_type not in ("MatMul", "MatMulNBits"):
+        raise PruneOpsError(f"vocabulary cut: {path} has no MatMul or MatMulNBits producing logits")
+    rows = head.weight.shape[0]
+    initializers = {i.name: i for i in graph.initializer}
+    if node.op_type == "MatMul":
+        _replace(graph, initializers[node.input[1]], numpy_helper.to_array(initializers[node.input[1]])[:, :rows])
+    else:
+        for name in node.input[1:]:
+            _replace(graph, initializers[name], numpy_helper.to_array(initializers[name])[:rows])
+        for attribute in node.attribute:
+            if attribute.name == "N":
+                attribute.i = rows
+    node.output[0] = "logits_head_rows"
+    dtype = np.float32
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(head.index.numpy().astype(np.int64), "logits_vocabulary_index"),
+            numpy_helper.from_array(head.offset.detach().numpy().astype(dtype), "logits_vocabulary_offset"),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Gather", ["logits_head_rows", "logits_vocabulary_index"], ["logits_gathered"], axis=-1),
+            helper.make_node("Add", ["logits_gathered", "logits_vocabulary_offset"], ["logits"]),
+        ]
+    )
+    data = path.with_name("model.onnx.data")
+    data.unlink(missing_ok=True)
+    onnx.save(graph_model, str(path), save_as_external_data=True, location=data.name, size_threshold=1024)
+
+
+def _replace(graph: object, initializer: object, array: np.ndarray) -> None:
+    from onnx import numpy_helper
+
+    initializer.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), initializer.name))

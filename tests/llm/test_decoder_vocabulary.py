@@ -1,0 +1,93 @@
+"""A decoder's output vocabulary cut to K rows and a tail row: a distribution over every token, exported alike."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from pruneops.errors import PruneOpsError  # noqa: E402
+from pruneops.models.language import block_losses  # noqa: E402
+from pruneops.pruning.decoder_vocabulary import OutputHead, choose_vocabulary, cut_vocabulary_  # noqa: E402
+from tests.llm.decoder_helpers import VOCAB, random_blocks, tiny_decoder, tiny_tokenizer  # noqa: E402
+
+FAMILIES = ("llama", "qwen2", "gpt_neox")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_token_keeps_a_probability_and_kept_logits_stay_exact(family):
+    dense = tiny_decoder(family, seed=1)
+    calibration = random_blocks(6, 24, seed=2)
+    cut = choose_vocabulary(dense, calibration, keep=12)
+    model = copy.deepcopy(dense)
+    cut_vocabulary_(model, cut)
+    blocks = random_blocks(2, 16, seed=3)
+    with torch.inference_mode():
+        full = dense(blocks).logits
+        trimmed = model(blocks).logits
+    assert trimmed.shape == full.shape and isinstance(model.lm_head, OutputHead)
+    assert len(cut.kept) == 12 and model.lm_head.weight.shape[0] == 13
+    probabilities = torch.softmax(trimmed, -1)
+    assert torch.all(probabilities > 0)
+    torch.testing.assert_close(probabilities.sum(-1), torch.ones(probabilities.shape[:-1]))
+    # Kept tokens' logits are the dense ones, up to the shared normalisation (a softmax shift).
+    shift = (trimmed[..., cut.kept] - full[..., cut.kept]).mean(-1, keepdim=True)
+    torch.testing.assert_close(trimmed[..., cut.kept], full[..., cut.kept] + shift, atol=1e-4, rtol=1e-4)
+    # The input embedding is untouched (untied from the head).
+    assert model.get_input_embeddings().weight.shape[0] == VOCAB
+
+
+def test_kept_tokens_are_the_ones_the_calibration_text_uses():
+    dense = tiny_decoder("llama", seed=4)
+    calibration = torch.full((4, 24), 7)
+    calibration[:, ::2] = 9
+    cut = choose_vocabulary(dense, calibration, keep=5)
+    assert {7, 9} <= set(cut.kept.tolist())
+
+
+def test_one_dropped_token_is_fitted_exactly_and_scores_as_dense():
+    dense = tiny_decoder("llama", seed=5)
+    calibration = random_blocks(8, 24, seed=6)
+    # One dropped token's logsumexp is its own logit, linear in the hidden state: the fit is exact.
+    cut = choose_vocabulary(dense, calibration, VOCAB - 1)
+    assert cut.fit_rms < 1e-3
+    model = copy.deepcopy(dense)
+    cut_vocabulary_(model, cut)
+    np.testing.assert_allclose(block_losses(model, calibration), block_losses(dense, calibration), atol=1e-3)
+    # Many dropped: the fit is approximate, every loss stays finite.
+    narrow = copy.deepcopy(dense)
+    cut_vocabulary_(narrow, choose_vocabulary(dense, calibration, 8))
+    assert all(math.isfinite(x) for x in block_losses(narrow, calibration))
+
+
+def test_keep_outside_the_vocabulary_is_refused():
+    dense = tiny_decoder("llama")
+    with pytest.raises(PruneOpsError, match="keep"):
+        choose_vocabulary(dense, random_blocks(2), keep=VOCAB)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_export_scores_as_torch_does(tmp_path, precision):
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    from pruneops.llm.common import export_genai
+    from pruneops.timing.decode import exported_block_losses, greedy_tokens
+
+    dense = tiny_decoder("llama", seed=7, hidden_size=64, head_dim=16)
+    calibration = random_blocks(6, 24, seed=8)
+    model = copy.deepcopy(dense)
+    cut_vocabulary_(model, choose_vocabulary(dense, calibration, keep=16))
+    folder = export_genai(model, tiny_tokenizer(), tmp_path, [precision], threads=1)[precision]
+    assert isinstance(model.get_output_embeddings(), OutputHead)  # the export leaves the model as it was
+    blocks = random_blocks(3, 20, seed=9)
+    expected = block_losses(model, blocks)
+    exported = exported_block_losses(folder, blocks.numpy())
+    # fp32: the same arithmetic; int8: weight rounding of a random model moves each block a little.
+    tolerance = 1e-4 if precision == "fp32" else 0.05
+    np.testing.assert_allclose(exported, expected, rtol=tolerance)
+    tokens = greedy_tokens(folder, blocks[:1, :8].numpy(), 6)
+    assert tokens.shape == (1, 6) and (tokens >= 0).all() and (tokens < VOCAB).all()
