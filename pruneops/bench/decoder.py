@@ -22,6 +22,7 @@ dense model within that budget after its cut (the cut-only model stays a row); t
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import time
@@ -46,6 +47,7 @@ from pruneops.models.language import (
 )
 from pruneops.planning.decoder import DecoderShape, feasible_plans, shape_of
 from pruneops.pruning import decoder as cuts
+from pruneops.pruning.decoder_vocabulary import choose_vocabulary, cut_vocabulary_
 from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
@@ -104,6 +106,10 @@ class DecoderBenchConfig(BaseModel):
     recovery_lora_alpha: Annotated[float, Field(gt=0.0, le=1e6)] = 16.0
     # Where recovery trains, as finetune.device: cpu, or cuda / cuda:N where torch sees one.
     recovery_device: Annotated[str, Field(pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$")] = "cpu"
+    # Output vocabulary sizes also tried on ours once recovered (quantize.decoder_vocabulary): rows of
+    # each size in fp32 and every precision, ranked and fitted on `vocabulary_blocks` training blocks.
+    vocabulary: list[Annotated[int, Field(ge=2, le=10_000_000)]] = []
+    vocabulary_blocks: Annotated[int, Field(ge=1, le=100_000)] = 96
     prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
     new_tokens: Annotated[int, Field(ge=2, le=4096)] = 32
     batches: list[Annotated[int, Field(ge=1, le=256)]] = [1, 8]
@@ -122,6 +128,7 @@ class Row:
     folder: Path
     target: float | None = None
     predicted_tpot_ms: float | None = None
+    vocabulary: int | None = None  # output rows kept (null: the full vocabulary)
     figures: dict = field(default_factory=dict)
 
 
@@ -282,6 +289,23 @@ def _rows_for(model, tokenizer, config, work: Path, name: str, kind: str, shape,
     return [Row(f"{name} {p}", kind, p, shape, folder, **extra) for p, folder in folders.items()]
 
 
+def _vocabulary_rows(config, model, tokenizer, data: _Data, work: Path, name: str, shape, zero, target) -> list[Row]:
+    """Ours with its output vocabulary cut to each size asked (not predicted: the cost model has no vocabulary)."""
+    rows = []
+    for keep in config.vocabulary:
+        cut = choose_vocabulary(model, data.train[: config.vocabulary_blocks], keep)
+        trimmed = copy.deepcopy(model)
+        cut_vocabulary_(trimmed, cut)
+        log.info("%s, vocabulary %d: tail fitted to %.3f nats (rms)", name, keep, cut.fit_rms)
+        named = f"{name} vocab{keep}"
+        zero[named] = _zero_shot(trimmed, tokenizer, config, data.zero_shot)
+        precisions = ["fp32", *config.precisions]
+        rows += _rows_for(
+            trimmed, tokenizer, config, work, named, "ours", shape, precisions, target=target, vocabulary=keep
+        )
+    return rows
+
+
 def _measure(config: DecoderBenchConfig, rows: list[Row], data: _Data, vocab: int) -> None:
     """Times every row interleaved at each batch, then scores each by its exported logits."""
     rng = np.random.default_rng(config.seed)
@@ -345,6 +369,7 @@ def run_decoder_bench(config: DecoderBenchConfig, out_dir: Path, work: Path, com
             recovery[str(target)] = _recover(config, model, dense, data)
         zero[name] = _zero_shot(model, tokenizer, config, data.zero_shot)
         rows += _rows_for(model, tokenizer, config, work, name, "ours", shape, ["fp32", *config.precisions], **extra)
+        rows += _vocabulary_rows(config, model, tokenizer, data, work, name, shape, zero, target)
         for kind, other in _baselines(config, dense, calibration, cost, target_ms).items():
             model = cut_to_shape(dense, other, calibration, "magnitude", False)
             name = f"{kind} {target:g}"
@@ -401,7 +426,8 @@ def _row_result(row: Row, rows: list[Row], zero: dict, batches: list[int]) -> di
         "precision": row.precision,
         "target": row.target,
         "shape": asdict(row.shape),
-        "shape_text": row.shape.describe(),
+        "vocabulary": row.vocabulary,
+        "shape_text": row.shape.describe() + ("" if row.vocabulary is None else f", vocabulary {row.vocabulary}"),
         "size_mb": row.figures["size_mb"],
     }
     for key in ("val_nll", "test_nll", "ood_nll"):
@@ -421,7 +447,7 @@ def _row_result(row: Row, rows: list[Row], zero: dict, batches: list[int]) -> di
 
 def _deployed(results: list[dict], target: float, tolerance: float) -> dict | None:
     ours = [r for r in results if r["kind"] == "ours" and r["target"] == target]
-    fp32 = next(r for r in ours if r["precision"] == "fp32")
+    fp32 = next(r for r in ours if r["precision"] == "fp32" and r["vocabulary"] is None)
     within = [r for r in ours if r["val_ppl"] <= fp32["val_ppl"] * (1 + tolerance)]
     return min(within, key=lambda r: r["tpot_b1_ms"])
 

@@ -428,6 +428,9 @@ class QuantizeConfig(StageConfig):
     # validation perplexity a precision may add (relative) to ship.
     decoder_precisions: list[Literal["int8", "int4"]] = Field(default_factory=lambda: ["int8", "int4"])
     perplexity_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = 0.05
+    # Causal LMs: output vocabulary sizes tried beside the full one, each in every precision: that
+    # many tokens keep their row of the output projection, the rest share one fitted tail logit.
+    decoder_vocabulary: list[Annotated[int, Field(ge=2, le=10_000_000)]] = Field(default_factory=list)
 
     @field_validator("method")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import tempfile
@@ -19,6 +20,7 @@ from pruneops.llm.common import MODEL_DIR, export_genai, load_blocks
 from pruneops.llm.plots import plot_decoder_frontier
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
+from pruneops.pruning.decoder_vocabulary import choose_vocabulary, cut_vocabulary_
 from pruneops.registry.decoder import SERVED_FILE
 from pruneops.stages import StageReport
 from pruneops.timing.decode import exported_block_losses, greedy_tokens, time_generation
@@ -27,6 +29,8 @@ from pruneops.timing.machine import machine_info
 log = logging.getLogger(__name__)
 
 CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figures
+# Training blocks a vocabulary cut ranks tokens and fits its tail logit on (about 25k tokens at 256).
+VOCABULARY_BLOCKS = 96
 PARITY_PROMPT_TOKENS = 32  # the greedy parity check's prompt: the start of the first test block
 
 
@@ -35,6 +39,7 @@ class PrecisionReport(StageReport):
     """The precision that ships and what each candidate measured."""
 
     precision: str
+    vocabulary: int | None  # output rows kept (null: the full vocabulary)
     metric: str
     val_perplexity: float
     fp32_val_perplexity: float
@@ -46,8 +51,9 @@ class PrecisionReport(StageReport):
 
     def summary(self) -> str:
         speedup = self.fp32_tpot_b1_ms / self.tpot_b1_ms, self.fp32_ttft_b1_ms / self.ttft_b1_ms
+        form = self.precision if self.vocabulary is None else f"{self.precision}, vocabulary {self.vocabulary}"
         return (
-            f"{self.precision} (fastest in {self.metric} time within tolerance): {self.tpot_b1_ms:.2f} ms/token "
+            f"{form} (fastest in {self.metric} time within tolerance): {self.tpot_b1_ms:.2f} ms/token "
             f"({speedup[0]:.2f}x fp32), first token {self.ttft_b1_ms:.1f} ms ({speedup[1]:.2f}x fp32), "
             f"validation perplexity {self.val_perplexity:.2f} (fp32 {self.fp32_val_perplexity:.2f})"
         )
@@ -58,13 +64,32 @@ def _timed(folders: dict[str, Path], vocab: int, batch: int, benchmark: Benchmar
     return time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
 
 
+def _candidate_forms(model, config: QuantizeConfig, layout: Layout) -> dict[int | None, torch.nn.Module]:
+    """The recovered model, and a copy with its output vocabulary cut to each size asked (by size)."""
+    forms: dict[int | None, torch.nn.Module] = {None: model}
+    if config.decoder_vocabulary:
+        train = load_blocks(layout)["train"][:VOCABULARY_BLOCKS]
+        for keep in config.decoder_vocabulary:
+            cut = choose_vocabulary(model, train, keep)
+            forms[keep] = copy.deepcopy(model)
+            cut_vocabulary_(forms[keep], cut)
+            log.info("vocabulary %d: tail fitted to %.3f nats (rms)", keep, cut.fit_rms)
+    return forms
+
+
+def _candidate_name(precision: str, vocabulary: int | None) -> str:
+    return precision if vocabulary is None else f"{precision} vocab{vocabulary}"
+
+
 def quantize_decoder(
     config: QuantizeConfig, benchmark: BenchmarkConfig, metric: DecoderMetric, layout: Layout
 ) -> PrecisionReport:
     """Exports the recovered decoder in fp32 and each of `decoder_precisions`; the fastest within tolerance ships.
 
-    Each candidate is scored by its own exported logits on the validation blocks and timed
-    interleaved at batch 1; a candidate whose validation perplexity exceeds fp32's by more than
+    With `decoder_vocabulary`, every precision is also exported with the output vocabulary cut to
+    each size (`pruneops.pruning.decoder_vocabulary`, ranked and fitted on training blocks). Each
+    candidate is scored by its own exported logits on the validation blocks and timed interleaved
+    at batch 1; a candidate whose validation perplexity exceeds fp32's by more than
     `perplexity_tolerance` (relative) is out, fp32 always in. Fastest is in `metric` (the prune
     target's: weight-only INT4 speeds decoding and can slow a long prefill). Writes
     `artifacts/quantize/model` (an onnxruntime-genai folder) and every candidate's figures.
@@ -75,21 +100,39 @@ def quantize_decoder(
     out = layout.stage_dir("quantize")
     with staged_output_paths(out, layout.metrics("quantize")) as staged:
         work = staged.dir(out) / "candidates"
-        folders = export_genai(model, tokenizer, work, ["fp32", *config.decoder_precisions], benchmark.threads)
+        folders, forms = {}, {}
+        for vocabulary, form in _candidate_forms(model, config, layout).items():
+            precisions = ["fp32", *config.decoder_precisions]
+            exported = export_genai(
+                form, tokenizer, work / f"vocab{vocabulary or 'all'}", precisions, benchmark.threads
+            )
+            for precision, folder in exported.items():
+                folders[_candidate_name(precision, vocabulary)] = folder
+                forms[_candidate_name(precision, vocabulary)] = (precision, vocabulary)
         timings = _timed(folders, model.config.vocab_size, 1, benchmark)
         candidates = {}
-        for precision, folder in folders.items():
+        for name, folder in folders.items():
             ppl = float(np.exp(exported_block_losses(folder, val, threads=2).mean()))
-            timing = timings[precision]
-            candidates[precision] = {"val_perplexity": ppl, "tpot_b1_ms": timing.tpot_ms, "ttft_b1_ms": timing.ttft_ms}
+            timing = timings[name]
+            precision, vocabulary = forms[name]
+            candidates[name] = {
+                "precision": precision,
+                "vocabulary": vocabulary,
+                "val_perplexity": ppl,
+                "tpot_b1_ms": timing.tpot_ms,
+                "ttft_b1_ms": timing.ttft_ms,
+            }
         ceiling = candidates["fp32"]["val_perplexity"] * (1 + config.perplexity_tolerance)
         within = [p for p, c in candidates.items() if c["val_perplexity"] <= ceiling]
         chosen = min(within, key=lambda p: timings[p].milliseconds(metric))
-        (work / chosen).rename(staged.path(out) / MODEL_DIR)
+        folders[chosen].rename(staged.path(out) / MODEL_DIR)
         shutil.rmtree(work)
-        dump_json({"precision": chosen, "metric": metric, "candidates": candidates}, staged.path(out) / CHOICE_FILE)
+        precision, vocabulary = forms[chosen]
+        choice = {"precision": precision, "vocabulary": vocabulary, "metric": metric, "candidates": candidates}
+        dump_json(choice, staged.path(out) / CHOICE_FILE)
         report = PrecisionReport(
-            precision=chosen,
+            precision=precision,
+            vocabulary=vocabulary,
             metric=metric,
             val_perplexity=candidates[chosen]["val_perplexity"],
             fp32_val_perplexity=candidates["fp32"]["val_perplexity"],
@@ -143,7 +186,8 @@ def export_decoder(config: ExportConfig, layout: Layout) -> DecoderExportReport:
     """
     model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
     dense, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
-    precision = read_json(layout.stage_dir("quantize") / CHOICE_FILE)["precision"]
+    choice = read_json(layout.stage_dir("quantize") / CHOICE_FILE)
+    precision = choice["precision"]
     prompt = load_blocks(layout)["test"][:1, :PARITY_PROMPT_TOKENS].astype(np.int32)
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-parity-") as work:
         fp32 = export_genai(model, tokenizer, Path(work), ["fp32"], 1)["fp32"]
@@ -157,7 +201,7 @@ def export_decoder(config: ExportConfig, layout: Layout) -> DecoderExportReport:
         shutil.copytree(layout.stage_dir("quantize") / MODEL_DIR, staged.dir(out) / MODEL_DIR)
         export_genai(dense, tokenizer, staged.path(out) / "dense", sorted({"fp32", precision}), 1)
         shutil.copy(layout.stage_dir("validate") / "prompt_reference.json", staged.path(out) / "prompt_reference.json")
-        dump_json({"precision": precision}, staged.path(out) / SERVED_FILE)
+        dump_json({"precision": precision, "vocabulary": choice["vocabulary"]}, staged.path(out) / SERVED_FILE)
         report = DecoderExportReport(
             precision=precision,
             greedy_tokens_checked=config.greedy_tokens,

@@ -35,7 +35,8 @@ def decoder_export(layout: Layout) -> tuple[Path, Path, dict[str, Any]]:
     """The served genai folder, its prompt reference and the metadata a decoder version adds."""
     export = layout.stage_dir("export")
     served = read_json(export / SERVED_FILE)
-    return export / "model", export / "prompt_reference.json", {"task": DECODER_TASK, "precision": served["precision"]}
+    metadata = {"task": DECODER_TASK, "precision": served["precision"], "vocabulary": served["vocabulary"]}
+    return export / "model", export / "prompt_reference.json", metadata
 
 
 def decoder_contract(path: Path) -> dict[str, Any]:

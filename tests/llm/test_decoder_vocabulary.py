@@ -91,3 +91,60 @@ def test_the_export_scores_as_torch_does(tmp_path, precision):
     np.testing.assert_allclose(exported, expected, rtol=tolerance)
     tokens = greedy_tokens(folder, blocks[:1, :8].numpy(), 6)
     assert tokens.shape == (1, 6) and (tokens >= 0).all() and (tokens < VOCAB).all()
+
+
+def _recovered_layout(root):
+    """A layout holding what `quantize` reads: a recovered model and the corpus blocks."""
+    from pruneops.io import Layout
+
+    layout = Layout(root)
+    save_dir = layout.stage_dir("finetune") / "model"
+    model = tiny_decoder("llama", seed=11, hidden_size=64, head_dim=16)
+    model.save_pretrained(save_dir)
+    tiny_tokenizer().save_pretrained(save_dir)
+    layout.stage_dir("validate").mkdir(parents=True, exist_ok=True)
+    # Text the model itself generates: scored on it, any approximation of its logits costs perplexity.
+    torch.manual_seed(12)
+    start = torch.full((32, 1), 3)
+    sampled = model.generate(
+        start,
+        attention_mask=torch.ones_like(start),
+        do_sample=True,
+        max_new_tokens=31,
+        min_new_tokens=31,
+        pad_token_id=2,
+    ).numpy()
+    blocks = {"train": sampled[:8], "val": sampled[8:28], "test": sampled[28:]}
+    np.savez(layout.stage_dir("validate") / "corpus.npz", **blocks)
+    return layout
+
+
+@pytest.mark.parametrize(("tolerance", "ships"), [(10.0, "fp32 vocab8"), (0.0, "fp32")])
+def test_quantize_ships_a_vocabulary_cut_only_within_the_perplexity_tolerance(tmp_path, monkeypatch, tolerance, ships):
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    import json
+
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.llm import deploy_stages
+    from pruneops.timing.decode import GenerationTiming, exported_block_losses
+
+    layout = _recovered_layout(tmp_path)
+    tpot = {"fp32": 4.0, "fp32 vocab8": 3.0}  # injected: the cut is faster
+
+    def timed(folders, vocab, batch, benchmark, seed=0):
+        return {n: GenerationTiming(9.0, tpot[n], (tpot[n],), benchmark.prompt_length, 8, batch) for n in folders}
+
+    monkeypatch.setattr(deploy_stages, "_timed", timed)
+    config = QuantizeConfig(decoder_precisions=[], decoder_vocabulary=[8], perplexity_tolerance=tolerance)
+    report = deploy_stages.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
+    choice = json.loads((layout.stage_dir("quantize") / "precision.json").read_text())
+    assert set(choice["candidates"]) == set(tpot)
+    fp32 = choice["candidates"]["fp32"]["val_perplexity"]
+    # The cut of a random model's vocabulary costs perplexity: it ships only when the tolerance allows.
+    assert fp32 < choice["candidates"]["fp32 vocab8"]["val_perplexity"] < fp32 * 11
+    expected = ships
+    assert deploy_stages._candidate_name(report.precision, report.vocabulary) == expected
+    assert (choice["precision"], choice["vocabulary"]) == (report.precision, report.vocabulary)
+    served = layout.stage_dir("quantize") / "model"
+    losses = exported_block_losses(served, np.load(layout.stage_dir("validate") / "corpus.npz")["val"])
+    assert np.exp(losses.mean()) == pytest.approx(choice["candidates"][expected]["val_perplexity"], rel=1e-5)
