@@ -8,8 +8,12 @@ logit and the model's own prior, so every token keeps a probability):
 - `dense`, and `mlp<m>`: the pipeline's MLP cut (activation importance, least-squares
   reconstruction) recovered as the bench file recovers its plans (distillation from dense, its
   learning rate and precision) within `--recover-tokens`;
-- `mlp<m> vocab<K>`: that recovered model with the vocabulary cut to each `K` (ranked and fitted
-  on `--rank-blocks` training blocks, no training).
+- `mlp<m> vocab<K> tails<C>`: that recovered model with the vocabulary cut to each `K`, the
+  dropped tokens scored through each `C` of `--tail-groups` (ranked on the training text, the model
+  run on `--rank-blocks` of its blocks; no training).
+
+`--mlp-width` at the model's own width and `--recover-tokens 0` measure the cut on the dense
+model alone; `--save-recovered DIR` keeps the recovered model and `--recovered DIR` starts from it.
 
 Every model is exported through onnxruntime-genai (INT8; fp32 too for dense and the MLP cut),
 scored by its own logits on validation, test and out-of-domain blocks (each ratio paired against
@@ -18,7 +22,8 @@ tokens and threads. The deployed row is the fastest INT8 form whose *validation*
 within the bench's budget; its test figures are the result. It prints JSON.
 
     python scripts/measure_decoder_vocabulary.py --config benchmarks/decoders/llm.yaml --mlp-width 704
-    python scripts/measure_decoder_vocabulary.py --keep 16384 24576 32768 --recover-tokens 300000
+    python scripts/measure_decoder_vocabulary.py --keep 16384 24576 32768 --tail-groups 1 --recover-tokens 300000
+    python scripts/measure_decoder_vocabulary.py --mlp-width 1536 --recover-tokens 0 --keep 16384 --tail-groups 1 256
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 
 from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data
 from pruneops.llm.common import export_genai
-from pruneops.models.decoders import load_causal_lm
+from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.planning.decoder import shape_of
 from pruneops.pruning.decoder import calibrate, prune_to_shape_
@@ -46,28 +51,42 @@ from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
 
 
-def _models(dense, data, width: int, keeps: list[int], tokens: int, rank_blocks: int, settings) -> tuple[dict, dict]:
-    """Dense, the recovered MLP cut, and that cut with each vocabulary size; and what each cut reports."""
+def _recovered(dense, data, args, settings) -> tuple[torch.nn.Module, dict]:
+    """The MLP cut, recovered within the token budget (or read back from `--recovered`)."""
+    if args.recovered:
+        return load_causal_lm(args.recovered)[0], {"recovered_from": str(args.recovered)}
     base = shape_of(dense.config)
+    if args.mlp_width == base.mlp_width and not args.recover_tokens:
+        return dense, {}
     narrow = copy.deepcopy(dense)
-    prune_to_shape_(
-        narrow, base.layers, width, base.kv_groups, base.queries_per_group, calibrate(dense, data.calibration)
-    )
-    notes: dict[str, dict] = {}
-    if tokens:
-        spent = recover_(narrow, dense, data.train, replace(settings, max_tokens=tokens))
-        notes[f"mlp{width}"] = {"recovery": {"tokens": spent.tokens, "wall_s": spent.wall_s, **asdict(settings)}}
-    models = {"dense": dense, f"mlp{width}": narrow}
-    for keep in keeps:
-        cut = choose_vocabulary(narrow, data.train[:rank_blocks], keep)
-        trimmed = copy.deepcopy(narrow)
-        cut_vocabulary_(trimmed, cut)
-        models[f"mlp{width} vocab{keep}"] = trimmed
-        notes[f"mlp{width} vocab{keep}"] = {
-            "tail_fit_rms_nats": cut.fit_rms,
-            "test_tokens_kept": float(np.isin(data.test, cut.kept.numpy()).mean()),
-            "ood_tokens_kept": float(np.isin(data.ood, cut.kept.numpy()).mean()) if data.ood is not None else None,
-        }
+    calibration = calibrate(dense, data.calibration)
+    prune_to_shape_(narrow, base.layers, args.mlp_width, base.kv_groups, base.queries_per_group, calibration)
+    note = {}
+    if args.recover_tokens:
+        spent = recover_(narrow, dense, data.train, replace(settings, max_tokens=args.recover_tokens))
+        note = {"recovery": {"tokens": spent.tokens, "wall_s": spent.wall_s, **asdict(settings)}}
+    return narrow, note
+
+
+def _models(dense, data, args, settings, tokenizer) -> tuple[dict, dict]:
+    """Dense, the recovered MLP cut, and that cut with each vocabulary size and tail count; notes on each."""
+    narrow, note = _recovered(dense, data, args, settings)
+    if args.save_recovered:
+        save_causal_lm(narrow, tokenizer, args.save_recovered)
+    uncut = shape_of(narrow.config) == shape_of(dense.config) and not note
+    name = "dense" if uncut else f"mlp{shape_of(narrow.config).mlp_width}"  # dense alone: no duplicate row
+    models, notes = {"dense": dense, name: narrow}, {name: note}
+    for keep in args.keep:
+        for groups in args.tail_groups:
+            cut = choose_vocabulary(narrow, data.train, keep, groups, args.rank_blocks)
+            trimmed = copy.deepcopy(narrow)
+            cut_vocabulary_(trimmed, cut)
+            models[f"{name} vocab{keep} tails{groups}"] = trimmed
+            notes[f"{name} vocab{keep} tails{groups}"] = {
+                "tail_fit_rms_nats": cut.fit_rms,
+                "test_tokens_kept": float(np.isin(data.test, cut.kept.numpy()).mean()),
+                "ood_tokens_kept": float(np.isin(data.ood, cut.kept.numpy()).mean()) if data.ood is not None else None,
+            }
     return models, notes
 
 
@@ -84,7 +103,15 @@ def main() -> None:
     parser.add_argument("--mlp-width", type=int, default=704)
     parser.add_argument("--keep", type=int, nargs="+", default=[16384, 24576, 32768])
     parser.add_argument("--recover-tokens", type=int, default=300000)
-    parser.add_argument("--rank-blocks", type=int, default=96, help="training blocks the vocabulary is ranked on")
+    parser.add_argument("--tail-groups", type=int, nargs="+", default=[256], help="tail logits of the dropped tokens")
+    parser.add_argument(
+        "--rank-blocks",
+        type=int,
+        default=96,
+        help="training blocks the model runs on to rank and fit (the counts use all)",
+    )
+    parser.add_argument("--save-recovered", type=Path, help="keep the recovered MLP cut (a HuggingFace folder)")
+    parser.add_argument("--recovered", type=Path, help="start from a recovered MLP cut saved before")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     config = load_bench_config(args.config)
@@ -92,7 +119,7 @@ def main() -> None:
     dense, tokenizer = load_causal_lm(config.model)
     data = workload_data(config, tokenizer)
     settings = recovery_settings(config)
-    models, notes = _models(dense, data, args.mlp_width, args.keep, args.recover_tokens, args.rank_blocks, settings)
+    models, notes = _models(dense, data, args, settings, tokenizer)
     splits = {"val": data.val, "test": data.test, **({"ood": data.ood} if data.ood is not None else {})}
     with tempfile.TemporaryDirectory(prefix="pruneops-vocabulary-") as work:
         folders = {}

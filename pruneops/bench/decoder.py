@@ -107,9 +107,10 @@ class DecoderBenchConfig(BaseModel):
     # Where recovery trains, as finetune.device: cpu, or cuda / cuda:N where torch sees one.
     recovery_device: Annotated[str, Field(pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$")] = "cpu"
     # Output vocabulary sizes also tried on ours once recovered (quantize.decoder_vocabulary): rows of
-    # each size in fp32 and every precision, ranked and fitted on `vocabulary_blocks` training blocks.
+    # each size in fp32 and every precision; ranked on the training text, the model run on `vocabulary_blocks` of it.
     vocabulary: list[Annotated[int, Field(ge=2, le=10_000_000)]] = []
     vocabulary_blocks: Annotated[int, Field(ge=1, le=100_000)] = 96
+    vocabulary_tail_groups: Annotated[int, Field(ge=1, le=1_000_000)] = 256  # quantize.decoder_tail_groups
     prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
     new_tokens: Annotated[int, Field(ge=2, le=4096)] = 32
     batches: list[Annotated[int, Field(ge=1, le=256)]] = [1, 8]
@@ -293,7 +294,7 @@ def _vocabulary_rows(config, model, tokenizer, data: _Data, work: Path, name: st
     """Ours with its output vocabulary cut to each size asked (not predicted: the cost model has no vocabulary)."""
     rows = []
     for keep in config.vocabulary:
-        cut = choose_vocabulary(model, data.train[: config.vocabulary_blocks], keep)
+        cut = choose_vocabulary(model, data.train, keep, config.vocabulary_tail_groups, config.vocabulary_blocks)
         trimmed = copy.deepcopy(model)
         cut_vocabulary_(trimmed, cut)
         log.info("%s, vocabulary %d: tail fitted to %.3f nats (rms)", name, keep, cut.fit_rms)

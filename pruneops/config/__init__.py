@@ -431,6 +431,8 @@ class QuantizeConfig(StageConfig):
     # Causal LMs: output vocabulary sizes tried beside the full one, each in every precision: that
     # many tokens keep their row of the output projection, the rest share one fitted tail logit.
     decoder_vocabulary: list[Annotated[int, Field(ge=2, le=10_000_000)]] = Field(default_factory=list)
+    # The tail logits the dropped tokens share, grouped by k-means on their output rows.
+    decoder_tail_groups: Annotated[int, Field(ge=1, le=1_000_000)] = 256
 
     @field_validator("method")
     @classmethod

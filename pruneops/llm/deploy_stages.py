@@ -29,7 +29,7 @@ from pruneops.timing.machine import machine_info
 log = logging.getLogger(__name__)
 
 CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figures
-# Training blocks a vocabulary cut ranks tokens and fits its tail logit on (about 25k tokens at 256).
+# Training blocks a vocabulary cut runs the model on (expected counts, tail fit; about 25k tokens at 256).
 VOCABULARY_BLOCKS = 96
 PARITY_PROMPT_TOKENS = 32  # the greedy parity check's prompt: the start of the first test block
 
@@ -68,9 +68,9 @@ def _candidate_forms(model, config: QuantizeConfig, layout: Layout) -> dict[int 
     """The recovered model, and a copy with its output vocabulary cut to each size asked (by size)."""
     forms: dict[int | None, torch.nn.Module] = {None: model}
     if config.decoder_vocabulary:
-        train = load_blocks(layout)["train"][:VOCABULARY_BLOCKS]
+        train = load_blocks(layout)["train"]
         for keep in config.decoder_vocabulary:
-            cut = choose_vocabulary(model, train, keep)
+            cut = choose_vocabulary(model, train, keep, config.decoder_tail_groups, VOCABULARY_BLOCKS)
             forms[keep] = copy.deepcopy(model)
             cut_vocabulary_(forms[keep], cut)
             log.info("vocabulary %d: tail fitted to %.3f nats (rms)", keep, cut.fit_rms)

@@ -3,11 +3,13 @@
 Every generated token reads the whole output projection (vocabulary x hidden weights; SmolLM2-135M:
 49,152 x 576, a fifth of the weights a token reads), and no layer or width cut touches it. This
 keeps the exact logits of `K` tokens (those the calibration text uses and those the model itself
-expects on it) and replaces the rest by one *tail* logit, a linear function of the final hidden
-state fitted by least squares to the logsumexp of the dropped tokens' logits. A dropped token `t`
-then has the logit `tail + log prior(t)`, with `prior` the model's expected share of each dropped
-token on the calibration text: the logits stay a distribution over the whole vocabulary (perplexity
-is defined on any text, no token becomes impossible), computed from `K + 1` rows instead of `V`.
+expects on it) and scores the rest through `C` *tail* logits: the dropped tokens are grouped by
+k-means on their (normalised) output rows, and each group's tail logit is a linear function of the
+final hidden state fitted by least squares to the logsumexp of the group's logits. A dropped token
+`t` of group `g` then has the logit `tail_g + log prior(t | g)`, with `prior` the model's expected
+share of each token on the calibration text: the logits stay a distribution over the whole
+vocabulary (perplexity is defined on any text, no token becomes impossible), computed from `K + C`
+rows instead of `V`.
 
 The input embedding is untouched (a lookup, not a product). `OutputHead` is the torch form (the
 model's output projection); `restrict_exported_head` edits an onnxruntime-genai export of the same model
@@ -32,16 +34,18 @@ class VocabularyCut:
 
     Attributes:
         kept: Sorted ids of the tokens whose logits stay exact, (K,).
-        tail_weight: The tail logit's row, (hidden,).
-        tail_bias: Its constant term.
-        log_prior: Per token of the full vocabulary, log of its share among the dropped tokens
-            (0 for kept tokens), (V,).
+        group: Per token of the full vocabulary, its tail group (-1 for kept tokens), (V,).
+        tail_weight: The tail logits' rows, (C, hidden).
+        tail_bias: Their constant terms, (C,).
+        log_prior: Per token of the full vocabulary, log of its share within its group (0 for kept
+            tokens), (V,).
         fit_rms: Root mean square error of the tail fit on the calibration positions (nats).
     """
 
     kept: torch.Tensor
+    group: torch.Tensor
     tail_weight: torch.Tensor
-    tail_bias: float
+    tail_bias: torch.Tensor
     log_prior: torch.Tensor
     fit_rms: float
 
@@ -51,24 +55,24 @@ class VocabularyCut:
         return int(self.log_prior.numel())
 
     def index_map(self) -> torch.Tensor:
-        """Per token id, its row in the `K + 1` head output (dropped tokens: the tail, row K)."""
-        index = torch.full((self.vocabulary,), len(self.kept), dtype=torch.long)
+        """Per token id, its row in the `K + C` head output (a dropped token: its group's tail, K + g)."""
+        index = len(self.kept) + self.group.clamp(min=0)
         index[self.kept] = torch.arange(len(self.kept))
         return index
 
     def offset(self) -> torch.Tensor:
-        """What is added after the gather: the tail's bias and each dropped token's log prior, (V,)."""
-        offset = self.log_prior + self.tail_bias
+        """What is added after the gather: each dropped token's group bias and log prior, (V,)."""
+        offset = self.log_prior + self.tail_bias[self.group.clamp(min=0)]
         offset[self.kept] = 0.0
         return offset
 
 
 class OutputHead(nn.Module):
-    """`K` exact rows and the tail row, gathered back to full-vocabulary logits."""
+    """`K` exact rows and the `C` tail rows, gathered back to full-vocabulary logits."""
 
     def __init__(self, weight: torch.Tensor, cut: VocabularyCut) -> None:
         super().__init__()
-        rows = torch.cat([weight[cut.kept], cut.tail_weight[None].to(weight.dtype)])
+        rows = torch.cat([weight[cut.kept], cut.tail_weight.to(weight.dtype)])
         self.weight = nn.Parameter(rows.contiguous())
         self.register_buffer("index", cut.index_map(), persistent=False)
         self.register_buffer("offset", cut.offset().to(weight.dtype), persistent=False)
@@ -78,7 +82,7 @@ class OutputHead(nn.Module):
         return (hidden @ self.weight.T).index_select(-1, self.index) + self.offset
 
     def padded_weight(self) -> torch.Tensor:
-        """The `K + 1` rows followed by zeros to `V` rows: what the model builder exports, then cut."""
+        """The `K + C` rows followed by zeros to `V` rows: what the model builder exports, then cut."""
         padded = self.weight.new_zeros(self.index.numel(), self.weight.shape[1])
         padded[: self.weight.shape[0]] = self.weight.detach()
         return padded
@@ -101,17 +105,45 @@ def _final_hidden(model: nn.Module, blocks: torch.Tensor, batch_size: int = 8) -
     return torch.cat(states)
 
 
-def choose_vocabulary(model: nn.Module, blocks: torch.Tensor | np.ndarray, keep: int) -> VocabularyCut:
-    """The `keep` tokens the text and the model's predictions on it use most, and the tail fitted on it.
+def _groups(rows: torch.Tensor, count: int, iterations: int = 25, seed: int = 0) -> torch.Tensor:
+    """k-means of the normalised rows into `count` groups (seeded); each row's group, (n,)."""
+    points = nn.functional.normalize(rows, dim=1)
+    centres = points[torch.randperm(len(points), generator=torch.Generator().manual_seed(seed))[:count]].clone()
+    for _ in range(iterations):
+        group = torch.cdist(points, centres).argmin(1)
+        sums = torch.zeros_like(centres).index_add_(0, group, points)
+        sizes = torch.bincount(group, minlength=count)[:, None]
+        centres = torch.where(sizes > 0, sums / sizes.clamp(min=1), centres)
+    return torch.cdist(points, centres).argmin(1)
 
-    Tokens are ranked by their share of the calibration text plus their share of the model's expected
-    counts there (its softmax summed over positions), so that tokens the model predicts but the text
-    happens not to contain rank too.
+
+def _group_logsumexp(hidden: torch.Tensor, rows: torch.Tensor, group: torch.Tensor, count: int) -> torch.Tensor:
+    """Per position and group, the logsumexp of the group's logits, (positions, count)."""
+    out = []
+    for chunk in hidden.split(4096):
+        logits = chunk @ rows.T
+        top = logits.max(1, keepdim=True).values
+        sums = torch.zeros(len(chunk), count).index_add_(1, group, torch.exp(logits - top))
+        out.append(torch.log(sums.clamp_min(1e-30)) + top)
+    return torch.cat(out).double()
+
+
+def choose_vocabulary(
+    model: nn.Module, blocks: torch.Tensor | np.ndarray, keep: int, tail_groups: int = 256, fit_blocks: int = 96
+) -> VocabularyCut:
+    """The `keep` tokens the text and the model's predictions on it use most, and the tails fitted on it.
+
+    Tokens are ranked by their share of the text (every block) plus their share of the model's
+    expected counts on the first `fit_blocks` blocks (its softmax summed over positions), so that
+    tokens the model predicts but the text happens not to contain rank too; the tails are fitted on
+    those same positions.
 
     Args:
         model: A causal LM whose output projection is a bias-free Linear over the full vocabulary.
-        blocks: (n, length) calibration token ids.
+        blocks: (n, length) token ids of the user's text (the training split).
         keep: How many tokens keep their own row.
+        tail_groups: How many tail logits score the dropped tokens (at most one per dropped token).
+        fit_blocks: How many of the blocks the model runs on (its expected counts and the tail fit).
 
     Raises:
         PruneOpsError: `keep` is not below the vocabulary size, or the model's head is not a Linear.
@@ -121,13 +153,14 @@ def choose_vocabulary(model: nn.Module, blocks: torch.Tensor | np.ndarray, keep:
         raise PruneOpsError(
             "vocabulary cut: the model's output projection is not a bias-free Linear over the vocabulary"
         )
-    weight = head.weight
-    vocabulary = weight.shape[0]
+    full = head.weight.detach().float()
+    vocabulary = full.shape[0]
     if not 0 < keep < vocabulary:
         raise PruneOpsError(f"vocabulary cut: keep {keep} must lie between 1 and the vocabulary ({vocabulary}) - 1")
+    if tail_groups < 1:
+        raise PruneOpsError(f"vocabulary cut: tail_groups {tail_groups} must be at least 1")
     blocks = torch.as_tensor(np.asarray(blocks))
-    hidden = _final_hidden(model, blocks)
-    full = weight.detach().float()
+    hidden = _final_hidden(model, blocks[:fit_blocks])
     expected = torch.zeros(vocabulary, dtype=torch.float64)
     for chunk in hidden.split(4096):
         expected += torch.softmax(chunk @ full.T, -1).sum(0).double()
@@ -136,13 +169,19 @@ def choose_vocabulary(model: nn.Module, blocks: torch.Tensor | np.ndarray, keep:
     kept = torch.sort(torch.argsort(score, descending=True, stable=True)[:keep]).values
     dropped = torch.ones(vocabulary, dtype=torch.bool)
     dropped[kept] = False
-    target = torch.cat([torch.logsumexp(chunk @ full[dropped].T, -1) for chunk in hidden.split(4096)]).double()
+    count = min(tail_groups, vocabulary - keep)
+    members = _groups(full[dropped], count) if count > 1 else torch.zeros(vocabulary - keep, dtype=torch.long)
+    target = _group_logsumexp(hidden, full[dropped], members, count)
     design = torch.cat([hidden.double(), torch.ones(len(hidden), 1, dtype=torch.float64)], 1)
-    solution = torch.linalg.lstsq(design, target[:, None]).solution[:, 0]
+    solution = torch.linalg.lstsq(design, target).solution  # (hidden + 1, count)
     rms = float((design @ solution - target).pow(2).mean().sqrt())
-    prior = expected + 1e-9
-    log_prior = torch.where(dropped, torch.log(prior / prior[dropped].sum()), torch.zeros_like(prior))
-    return VocabularyCut(kept, solution[:-1].float(), float(solution[-1]), log_prior.float(), rms)
+    group = torch.full((vocabulary,), -1, dtype=torch.long)
+    group[dropped] = members
+    prior = expected[dropped] + 1e-9
+    within = prior / torch.zeros(count, dtype=torch.float64).index_add_(0, members, prior)[members]
+    log_prior = torch.zeros(vocabulary)
+    log_prior[dropped] = torch.log(within).float()
+    return VocabularyCut(kept, group, solution[:-1].T.float(), solution[-1].float(), log_prior, rms)
 
 
 def cut_vocabulary_(model: nn.Module, cut: VocabularyCut) -> None:

@@ -23,7 +23,7 @@ FAMILIES = ("llama", "qwen2", "gpt_neox")
 def test_every_token_keeps_a_probability_and_kept_logits_stay_exact(family):
     dense = tiny_decoder(family, seed=1)
     calibration = random_blocks(6, 24, seed=2)
-    cut = choose_vocabulary(dense, calibration, keep=12)
+    cut = choose_vocabulary(dense, calibration, keep=12, tail_groups=4)
     model = copy.deepcopy(dense)
     cut_vocabulary_(model, cut)
     blocks = random_blocks(2, 16, seed=3)
@@ -31,7 +31,7 @@ def test_every_token_keeps_a_probability_and_kept_logits_stay_exact(family):
         full = dense(blocks).logits
         trimmed = model(blocks).logits
     assert trimmed.shape == full.shape and isinstance(model.lm_head, OutputHead)
-    assert len(cut.kept) == 12 and model.lm_head.weight.shape[0] == 13
+    assert len(cut.kept) == 12 and model.lm_head.weight.shape[0] == 12 + 4
     probabilities = torch.softmax(trimmed, -1)
     assert torch.all(probabilities > 0)
     torch.testing.assert_close(probabilities.sum(-1), torch.ones(probabilities.shape[:-1]))
@@ -50,19 +50,28 @@ def test_kept_tokens_are_the_ones_the_calibration_text_uses():
     assert {7, 9} <= set(cut.kept.tolist())
 
 
-def test_one_dropped_token_is_fitted_exactly_and_scores_as_dense():
+@pytest.mark.parametrize(("keep", "groups"), [(VOCAB - 1, 1), (8, VOCAB)])
+def test_a_tail_of_one_token_is_fitted_exactly_and_scores_as_dense(keep, groups):
     dense = tiny_decoder("llama", seed=5)
     calibration = random_blocks(8, 24, seed=6)
-    # One dropped token's logsumexp is its own logit, linear in the hidden state: the fit is exact.
-    cut = choose_vocabulary(dense, calibration, VOCAB - 1)
-    assert cut.fit_rms < 1e-3
+    # A group of one token: its logsumexp is its own logit, linear in the hidden state.
+    cut = choose_vocabulary(dense, calibration, keep, tail_groups=groups)
+    assert cut.fit_rms < 1e-3 and len(cut.tail_bias) == VOCAB - keep
     model = copy.deepcopy(dense)
     cut_vocabulary_(model, cut)
     np.testing.assert_allclose(block_losses(model, calibration), block_losses(dense, calibration), atol=1e-3)
-    # Many dropped: the fit is approximate, every loss stays finite.
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_groups_of_many_tokens_are_fitted_approximately_and_every_loss_stays_finite(groups):
+    dense = tiny_decoder("llama", seed=5)
+    calibration = random_blocks(8, 24, seed=6)
+    cut = choose_vocabulary(dense, calibration, 8, tail_groups=groups)
+    assert len(cut.tail_bias) == groups and sorted(set(cut.group.tolist())) == [-1, *range(groups)]
+    assert 1e-3 < cut.fit_rms < 10
     narrow = copy.deepcopy(dense)
-    cut_vocabulary_(narrow, choose_vocabulary(dense, calibration, 8))
-    assert all(math.isfinite(x) for x in block_losses(narrow, calibration))
+    cut_vocabulary_(narrow, cut)
+    assert all(math.isfinite(x) for x in block_losses(narrow, random_blocks(4, 24, seed=7)))
 
 
 def test_keep_outside_the_vocabulary_is_refused():
@@ -135,7 +144,9 @@ def test_quantize_ships_a_vocabulary_cut_only_within_the_perplexity_tolerance(tm
         return {n: GenerationTiming(9.0, tpot[n], (tpot[n],), benchmark.prompt_length, 8, batch) for n in folders}
 
     monkeypatch.setattr(deploy_stages, "_timed", timed)
-    config = QuantizeConfig(decoder_precisions=[], decoder_vocabulary=[8], perplexity_tolerance=tolerance)
+    config = QuantizeConfig(
+        decoder_precisions=[], decoder_vocabulary=[8], decoder_tail_groups=1, perplexity_tolerance=tolerance
+    )
     report = deploy_stages.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
     choice = json.loads((layout.stage_dir("quantize") / "precision.json").read_text())
     assert set(choice["candidates"]) == set(tpot)
