@@ -214,13 +214,15 @@ def restrict_exported_head(folder: Path, head: OutputHead) -> None:
     node = next((n for n in graph.node if "logits" in n.output), None)
     if node is None or node.op_type not in ("MatMul", "MatMulNBits"):
         raise PruneOpsError(f"vocabulary cut: {path} has no MatMul or MatMulNBits producing logits")
-    rows = head.weight.shape[0]
+    rows, columns = head.weight.shape[0], head.index.numel()
     initializers = {i.name: i for i in graph.initializer}
     if node.op_type == "MatMul":
         _replace(graph, initializers[node.input[1]], numpy_helper.to_array(initializers[node.input[1]])[:, :rows])
     else:
-        for name in node.input[1:]:
-            _replace(graph, initializers[name], numpy_helper.to_array(initializers[name])[:rows])
+        # MatMulNBits inputs: A, B, scales, zero_points, g_idx, bias; all but A and g_idx are per output row.
+        per_row = [name for index, name in enumerate(node.input) if name and index in (1, 2, 3, 5)]
+        for name in per_row:
+            _replace(graph, initializers[name], _first_rows(numpy_helper.to_array(initializers[name]), columns, rows))
         for attribute in node.attribute:
             if attribute.name == "N":
                 attribute.i = rows
@@ -241,6 +243,13 @@ def restrict_exported_head(folder: Path, head: OutputHead) -> None:
     data = path.with_name("model.onnx.data")
     data.unlink(missing_ok=True)
     onnx.save(graph_model, str(path), save_as_external_data=True, location=data.name, size_threshold=1024)
+
+
+def _first_rows(array: np.ndarray, count: int, rows: int) -> np.ndarray:
+    """The first `rows` of `count` output rows, stored (count, ...) or flattened (count * n,)."""
+    if array.ndim == 1:
+        return array.reshape(count, -1)[:rows].reshape(-1)
+    return array[:rows]
 
 
 def _replace(graph: object, initializer: object, array: np.ndarray) -> None:
