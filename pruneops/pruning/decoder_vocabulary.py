@@ -12,8 +12,9 @@ vocabulary (perplexity is defined on any text, no token becomes impossible), com
 rows instead of `V`.
 
 The input embedding is untouched (a lookup, not a product). `OutputHead` is the torch form (the
-model's output projection); `restrict_exported_head` edits an onnxruntime-genai export of the same model
-(built with the head padded to `V` rows) so that its `logits` output is the same `V`-wide vector.
+model's output projection); `restrict_exported_head` edits an onnxruntime-genai export of the
+same model (built with the head padded to `V` rows) so that its `logits` output is the same
+`V`-wide vector.
 """
 
 from __future__ import annotations
@@ -199,8 +200,8 @@ def restrict_exported_head(folder: Path, head: OutputHead) -> None:
     """Cuts an onnxruntime-genai export's padded output projection to the head's rows, then gathers.
 
     The export was built with `head.padded_weight()` as an untied `lm_head`; its last node (MatMul
-    over fp32 weights, or MatMulNBits over quantised rows) is cut to `K + 1` outputs, followed by a
-    Gather over the index map and an Add of the offsets, so `logits` stays `V` wide.
+    over fp32 weights, or MatMulNBits over quantised rows) is cut to its first `K + C` outputs, then a
+    Gather over the index map and an Add of the offsets follow, so `logits` stays `V` wide.
 
     Raises:
         PruneOpsError: The graph does not end in the output projection this expects.
@@ -217,21 +218,20 @@ def restrict_exported_head(folder: Path, head: OutputHead) -> None:
     rows, columns = head.weight.shape[0], head.index.numel()
     initializers = {i.name: i for i in graph.initializer}
     if node.op_type == "MatMul":
-        _replace(graph, initializers[node.input[1]], numpy_helper.to_array(initializers[node.input[1]])[:, :rows])
+        _replace(initializers[node.input[1]], numpy_helper.to_array(initializers[node.input[1]])[:, :rows])
     else:
         # MatMulNBits inputs: A, B, scales, zero_points, g_idx, bias; all but A and g_idx are per output row.
         per_row = [name for index, name in enumerate(node.input) if name and index in (1, 2, 3, 5)]
         for name in per_row:
-            _replace(graph, initializers[name], _first_rows(numpy_helper.to_array(initializers[name]), columns, rows))
+            _replace(initializers[name], _first_rows(numpy_helper.to_array(initializers[name]), columns, rows))
         for attribute in node.attribute:
             if attribute.name == "N":
                 attribute.i = rows
     node.output[0] = "logits_head_rows"
-    dtype = np.float32
     graph.initializer.extend(
         [
             numpy_helper.from_array(head.index.numpy().astype(np.int64), "logits_vocabulary_index"),
-            numpy_helper.from_array(head.offset.detach().numpy().astype(dtype), "logits_vocabulary_offset"),
+            numpy_helper.from_array(head.offset.detach().numpy().astype(np.float32), "logits_vocabulary_offset"),
         ]
     )
     graph.node.extend(
@@ -252,7 +252,8 @@ def _first_rows(array: np.ndarray, count: int, rows: int) -> np.ndarray:
     return array[:rows]
 
 
-def _replace(graph: object, initializer: object, array: np.ndarray) -> None:
+def _replace(initializer: object, array: np.ndarray) -> None:
+    """Overwrites an initializer's data with `array`, keeping its name."""
     from onnx import numpy_helper
 
     initializer.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), initializer.name))
