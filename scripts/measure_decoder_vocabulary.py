@@ -2,8 +2,8 @@
 
 The output projection over the vocabulary is the part of each generated token's work that no
 layer or width cut removes. This measures what cutting it gives on top of the pipeline's MLP cut
-(`pruneops.pruning.decoder_vocabulary`: `K` tokens keep their row, the rest share a fitted tail
-logit and the model's own prior, so every token keeps a probability):
+(`pruneops.pruning.decoder_vocabulary`: `K` tokens keep their row, the rest share fitted tail
+logits and the model's own prior, so every token keeps a probability):
 
 - `dense`, and `mlp<m>`: the pipeline's MLP cut (activation importance, least-squares
   reconstruction) recovered as the bench file recovers its plans (distillation from dense, its
@@ -45,7 +45,7 @@ from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.planning.decoder import shape_of
 from pruneops.pruning.decoder import calibrate, prune_to_shape_
-from pruneops.pruning.decoder_vocabulary import choose_vocabulary, cut_vocabulary_
+from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy
 from pruneops.recovery import recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
@@ -78,9 +78,7 @@ def _models(dense, data, args, settings, tokenizer) -> tuple[dict, dict]:
     models, notes = {"dense": dense, name: narrow}, {name: note}
     for keep in args.keep:
         for groups in args.tail_groups:
-            cut = choose_vocabulary(narrow, data.train, keep, groups, args.rank_blocks)
-            trimmed = copy.deepcopy(narrow)
-            cut_vocabulary_(trimmed, cut)
+            trimmed, cut = vocabulary_cut_copy(narrow, data.train, keep, groups, args.rank_blocks)
             models[f"{name} vocab{keep} tails{groups}"] = trimmed
             notes[f"{name} vocab{keep} tails{groups}"] = {
                 "tail_fit_rms_nats": cut.fit_rms,

@@ -22,7 +22,6 @@ dense model within that budget after its cut (the cut-only model stays a row); t
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import time
@@ -47,7 +46,7 @@ from pruneops.models.language import (
 )
 from pruneops.planning.decoder import DecoderShape, feasible_plans, shape_of
 from pruneops.pruning import decoder as cuts
-from pruneops.pruning.decoder_vocabulary import choose_vocabulary, cut_vocabulary_
+from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy
 from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
@@ -294,9 +293,8 @@ def _vocabulary_rows(config, model, tokenizer, data: _Data, work: Path, name: st
     """Ours with its output vocabulary cut to each size asked (not predicted: the cost model has no vocabulary)."""
     rows = []
     for keep in config.vocabulary:
-        cut = choose_vocabulary(model, data.train, keep, config.vocabulary_tail_groups, config.vocabulary_blocks)
-        trimmed = copy.deepcopy(model)
-        cut_vocabulary_(trimmed, cut)
+        groups, fit = config.vocabulary_tail_groups, config.vocabulary_blocks
+        trimmed, cut = vocabulary_cut_copy(model, data.train, keep, groups, fit)
         log.info("%s, vocabulary %d: tail fitted to %.3f nats (rms)", name, keep, cut.fit_rms)
         named = f"{name} vocab{keep}"
         zero[named] = _zero_shot(trimmed, tokenizer, config, data.zero_shot)

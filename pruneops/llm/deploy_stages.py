@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import tempfile
@@ -20,7 +19,7 @@ from pruneops.llm.common import MODEL_DIR, export_genai, load_blocks
 from pruneops.llm.plots import plot_decoder_frontier
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
-from pruneops.pruning.decoder_vocabulary import choose_vocabulary, cut_vocabulary_
+from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy
 from pruneops.registry.decoder import SERVED_FILE
 from pruneops.stages import StageReport
 from pruneops.timing.decode import exported_block_losses, greedy_tokens, time_generation
@@ -70,9 +69,7 @@ def _candidate_forms(model, config: QuantizeConfig, layout: Layout) -> dict[int 
     if config.decoder_vocabulary:
         train = load_blocks(layout)["train"]
         for keep in config.decoder_vocabulary:
-            cut = choose_vocabulary(model, train, keep, config.decoder_tail_groups, VOCABULARY_BLOCKS)
-            forms[keep] = copy.deepcopy(model)
-            cut_vocabulary_(forms[keep], cut)
+            forms[keep], cut = vocabulary_cut_copy(model, train, keep, config.decoder_tail_groups, VOCABULARY_BLOCKS)
             log.info("vocabulary %d: tail fitted to %.3f nats (rms)", keep, cut.fit_rms)
     return forms
 

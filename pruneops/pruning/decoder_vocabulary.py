@@ -19,6 +19,7 @@ same model (built with the head padded to `V` rows) so that its `logits` output 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,6 +195,16 @@ def cut_vocabulary_(model: nn.Module, cut: VocabularyCut) -> None:
         embedding.weight = nn.Parameter(weight.clone())
     model.set_output_embeddings(OutputHead(weight, cut))
     model.config.tie_word_embeddings = False
+
+
+def vocabulary_cut_copy(
+    model: nn.Module, blocks: torch.Tensor | np.ndarray, keep: int, tail_groups: int = 256, fit_blocks: int = 96
+) -> tuple[nn.Module, VocabularyCut]:
+    """A copy of `model` with its vocabulary cut (`choose_vocabulary`'s arguments); `model` is unchanged."""
+    cut = choose_vocabulary(model, blocks, keep, tail_groups, fit_blocks)
+    trimmed = copy.deepcopy(model)
+    cut_vocabulary_(trimmed, cut)
+    return trimmed, cut
 
 
 def restrict_exported_head(folder: Path, head: OutputHead) -> None:
