@@ -45,7 +45,7 @@ from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.planning.decoder import shape_of
 from pruneops.pruning.decoder import calibrate, prune_to_shape_
-from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy
+from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
 from pruneops.recovery import recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
@@ -76,9 +76,10 @@ def _models(dense, data, args, settings, tokenizer) -> tuple[dict, dict]:
     uncut = shape_of(narrow.config) == shape_of(dense.config) and not note
     name = "dense" if uncut else f"mlp{shape_of(narrow.config).mlp_width}"  # dense alone: no duplicate row
     models, notes = {"dense": dense, name: narrow}, {name: note}
+    evidence = vocabulary_evidence(narrow, data.train, args.rank_blocks)
     for keep in args.keep:
         for groups in args.tail_groups:
-            trimmed, cut = vocabulary_cut_copy(narrow, data.train, keep, groups, args.rank_blocks)
+            trimmed, cut = vocabulary_cut_copy(narrow, evidence, keep, groups)
             models[f"{name} vocab{keep} tails{groups}"] = trimmed
             notes[f"{name} vocab{keep} tails{groups}"] = {
                 "tail_fit_rms_nats": cut.fit_rms,

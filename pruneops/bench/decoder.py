@@ -46,7 +46,7 @@ from pruneops.models.language import (
 )
 from pruneops.planning.decoder import DecoderShape, feasible_plans, shape_of
 from pruneops.pruning import decoder as cuts
-from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy
+from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
 from pruneops.recovery import RecoverySettings, progress_marks, recover_
 from pruneops.timing.decode import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
@@ -292,9 +292,9 @@ def _rows_for(model, tokenizer, config, work: Path, name: str, kind: str, shape,
 def _vocabulary_rows(config, model, tokenizer, data: _Data, work: Path, name: str, shape, zero, target) -> list[Row]:
     """Ours with its output vocabulary cut to each size asked (not predicted: the cost model has no vocabulary)."""
     rows = []
+    evidence = vocabulary_evidence(model, data.train, config.vocabulary_blocks)
     for keep in config.vocabulary:
-        groups, fit = config.vocabulary_tail_groups, config.vocabulary_blocks
-        trimmed, cut = vocabulary_cut_copy(model, data.train, keep, groups, fit)
+        trimmed, cut = vocabulary_cut_copy(model, evidence, keep, config.vocabulary_tail_groups)
         log.info("%s, vocabulary %d: tail fitted to %.3f nats (rms)", name, keep, cut.fit_rms)
         named = f"{name} vocab{keep}"
         zero[named] = _zero_shot(trimmed, tokenizer, config, data.zero_shot)

@@ -19,7 +19,7 @@ from pruneops.llm.common import MODEL_DIR, export_genai, load_blocks
 from pruneops.llm.plots import plot_decoder_frontier
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
-from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy
+from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
 from pruneops.registry.decoder import SERVED_FILE
 from pruneops.stages import StageReport
 from pruneops.timing.decode import exported_block_losses, greedy_tokens, time_generation
@@ -67,9 +67,9 @@ def _candidate_forms(model, config: QuantizeConfig, layout: Layout) -> dict[int 
     """The recovered model, and a copy with its output vocabulary cut to each size asked (by size)."""
     forms: dict[int | None, torch.nn.Module] = {None: model}
     if config.decoder_vocabulary:
-        train = load_blocks(layout)["train"]
+        evidence = vocabulary_evidence(model, load_blocks(layout)["train"], VOCABULARY_BLOCKS)
         for keep in config.decoder_vocabulary:
-            forms[keep], cut = vocabulary_cut_copy(model, train, keep, config.decoder_tail_groups, VOCABULARY_BLOCKS)
+            forms[keep], cut = vocabulary_cut_copy(model, evidence, keep, config.decoder_tail_groups)
             log.info("vocabulary %d: tail fitted to %.3f nats (rms)", keep, cut.fit_rms)
     return forms
 

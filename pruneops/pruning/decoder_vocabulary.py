@@ -90,21 +90,60 @@ class OutputHead(nn.Module):
         return padded
 
 
-def _final_hidden(model: nn.Module, blocks: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
-    """The normalised last hidden states the output projection reads, (positions, hidden)."""
+@dataclass(frozen=True)
+class VocabularyEvidence:
+    """The user's text as the cut sees it, gathered in one pass of the model over it.
+
+    Attributes:
+        hidden: The normalised last hidden states the output projection reads on the fitted blocks,
+            (positions, hidden).
+        expected: Per token, the model's expected count on those positions (its softmax summed),
+            (V,) float64.
+        counts: Per token, its count as a next token in every block of the text, (V,) float64.
+    """
+
+    hidden: torch.Tensor
+    expected: torch.Tensor
+    counts: torch.Tensor
+
+
+def vocabulary_evidence(
+    model: nn.Module, blocks: torch.Tensor | np.ndarray, fit_blocks: int = 96, batch_size: int = 8
+) -> VocabularyEvidence:
+    """Runs `model` once over the first `fit_blocks` of `blocks`; what `choose_vocabulary` ranks and fits on.
+
+    Args:
+        model: A causal LM whose output projection is a bias-free Linear over the full vocabulary.
+        blocks: (n, length) token ids of the user's text (the training split).
+        fit_blocks: How many of the blocks the model runs on (its expected counts and the tail fit).
+        batch_size: Blocks per forward pass.
+
+    Raises:
+        PruneOpsError: The model's output projection is not a bias-free Linear.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear or head.bias is not None:
+        raise PruneOpsError(
+            "vocabulary cut: the model's output projection is not a bias-free Linear over the vocabulary"
+        )
+    vocabulary = head.weight.shape[0]
+    blocks = torch.as_tensor(np.asarray(blocks))
     states: list[torch.Tensor] = []
+    expected = torch.zeros(vocabulary, dtype=torch.float64)
 
-    def keep(module: nn.Module, args: tuple) -> None:
+    def collect(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
         states.append(args[0][:, :-1].float().reshape(-1, args[0].shape[-1]))
+        expected.add_(torch.softmax(output[:, :-1].float(), -1).sum((0, 1)).double())
 
-    handle = model.get_output_embeddings().register_forward_pre_hook(keep)
+    handle = head.register_forward_hook(collect)
     try:
         with torch.inference_mode():
-            for start in range(0, len(blocks), batch_size):
-                model(torch.as_tensor(blocks[start : start + batch_size]))
+            for start in range(0, min(fit_blocks, len(blocks)), batch_size):
+                model(blocks[start : min(start + batch_size, fit_blocks)])
     finally:
         handle.remove()
-    return torch.cat(states)
+    counts = torch.bincount(blocks[:, 1:].reshape(-1), minlength=vocabulary).double()
+    return VocabularyEvidence(torch.cat(states), expected, counts)
 
 
 def _groups(rows: torch.Tensor, count: int, iterations: int = 25, seed: int = 0) -> torch.Tensor:
@@ -131,42 +170,36 @@ def _group_logsumexp(hidden: torch.Tensor, rows: torch.Tensor, group: torch.Tens
 
 
 def choose_vocabulary(
-    model: nn.Module, blocks: torch.Tensor | np.ndarray, keep: int, tail_groups: int = 256, fit_blocks: int = 96
+    model: nn.Module, evidence: VocabularyEvidence, keep: int, tail_groups: int = 256
 ) -> VocabularyCut:
     """The `keep` tokens the text and the model's predictions on it use most, and the tails fitted on it.
 
-    Tokens are ranked by their share of the text (every block) plus their share of the model's
-    expected counts on the first `fit_blocks` blocks (its softmax summed over positions), so that
-    tokens the model predicts but the text happens not to contain rank too; the tails are fitted on
-    those same positions.
+    Tokens are ranked by their share of the text plus their share of the model's expected counts
+    (`vocabulary_evidence`), so that tokens the model predicts but the text happens not to contain
+    rank too; the tails are fitted on the same positions.
 
     Args:
-        model: A causal LM whose output projection is a bias-free Linear over the full vocabulary.
-        blocks: (n, length) token ids of the user's text (the training split).
+        model: The causal LM `evidence` was gathered on.
+        evidence: `vocabulary_evidence(model, ...)`: one pass serves every `keep` tried.
         keep: How many tokens keep their own row.
         tail_groups: How many tail logits score the dropped tokens (at most one per dropped token).
-        fit_blocks: How many of the blocks the model runs on (its expected counts and the tail fit).
 
     Raises:
-        PruneOpsError: `keep` is not below the vocabulary size, or the model's head is not a Linear.
+        PruneOpsError: `keep` is not below the vocabulary size, `tail_groups` is below 1, or
+            `evidence` covers another vocabulary.
     """
     head = model.get_output_embeddings()
-    if type(head) is not nn.Linear or head.bias is not None:
-        raise PruneOpsError(
-            "vocabulary cut: the model's output projection is not a bias-free Linear over the vocabulary"
-        )
     full = head.weight.detach().float()
     vocabulary = full.shape[0]
     if not 0 < keep < vocabulary:
         raise PruneOpsError(f"vocabulary cut: keep {keep} must lie between 1 and the vocabulary ({vocabulary}) - 1")
     if tail_groups < 1:
         raise PruneOpsError(f"vocabulary cut: tail_groups {tail_groups} must be at least 1")
-    blocks = torch.as_tensor(np.asarray(blocks))
-    hidden = _final_hidden(model, blocks[:fit_blocks])
-    expected = torch.zeros(vocabulary, dtype=torch.float64)
-    for chunk in hidden.split(4096):
-        expected += torch.softmax(chunk @ full.T, -1).sum(0).double()
-    counts = torch.bincount(blocks[:, 1:].reshape(-1), minlength=vocabulary).double()
+    if evidence.expected.numel() != vocabulary:
+        raise PruneOpsError(
+            f"vocabulary cut: the evidence covers {evidence.expected.numel()} tokens, the model's head {vocabulary}"
+        )
+    hidden, expected, counts = evidence.hidden, evidence.expected, evidence.counts
     score = counts / counts.sum() + expected / expected.sum()
     kept = torch.sort(torch.argsort(score, descending=True, stable=True)[:keep]).values
     dropped = torch.ones(vocabulary, dtype=torch.bool)
@@ -198,10 +231,10 @@ def cut_vocabulary_(model: nn.Module, cut: VocabularyCut) -> None:
 
 
 def vocabulary_cut_copy(
-    model: nn.Module, blocks: torch.Tensor | np.ndarray, keep: int, tail_groups: int = 256, fit_blocks: int = 96
+    model: nn.Module, evidence: VocabularyEvidence, keep: int, tail_groups: int = 256
 ) -> tuple[nn.Module, VocabularyCut]:
     """A copy of `model` with its vocabulary cut (`choose_vocabulary`'s arguments); `model` is unchanged."""
-    cut = choose_vocabulary(model, blocks, keep, tail_groups, fit_blocks)
+    cut = choose_vocabulary(model, evidence, keep, tail_groups)
     trimmed = copy.deepcopy(model)
     cut_vocabulary_(trimmed, cut)
     return trimmed, cut

@@ -13,7 +13,12 @@ pytest.importorskip("transformers")
 
 from pruneops.errors import PruneOpsError  # noqa: E402
 from pruneops.models.language import block_losses  # noqa: E402
-from pruneops.pruning.decoder_vocabulary import OutputHead, choose_vocabulary, cut_vocabulary_  # noqa: E402
+from pruneops.pruning.decoder_vocabulary import (  # noqa: E402
+    OutputHead,
+    choose_vocabulary,
+    cut_vocabulary_,
+    vocabulary_evidence,
+)
 from tests.llm.decoder_helpers import VOCAB, random_blocks, tiny_decoder, tiny_tokenizer  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "gpt_neox")
@@ -23,7 +28,7 @@ FAMILIES = ("llama", "qwen2", "gpt_neox")
 def test_every_token_keeps_a_probability_and_kept_logits_stay_exact(family):
     dense = tiny_decoder(family, seed=1)
     calibration = random_blocks(6, 24, seed=2)
-    cut = choose_vocabulary(dense, calibration, keep=12, tail_groups=4)
+    cut = choose_vocabulary(dense, vocabulary_evidence(dense, calibration), keep=12, tail_groups=4)
     model = copy.deepcopy(dense)
     cut_vocabulary_(model, cut)
     blocks = random_blocks(2, 16, seed=3)
@@ -46,7 +51,7 @@ def test_kept_tokens_are_the_ones_the_calibration_text_uses():
     dense = tiny_decoder("llama", seed=4)
     calibration = torch.full((4, 24), 7)
     calibration[:, ::2] = 9
-    cut = choose_vocabulary(dense, calibration, keep=5)
+    cut = choose_vocabulary(dense, vocabulary_evidence(dense, calibration), keep=5)
     assert {7, 9} <= set(cut.kept.tolist())
 
 
@@ -55,7 +60,7 @@ def test_a_tail_of_one_token_is_fitted_exactly_and_scores_as_dense(keep, groups)
     dense = tiny_decoder("llama", seed=5)
     calibration = random_blocks(8, 24, seed=6)
     # A group of one token: its logsumexp is its own logit, linear in the hidden state.
-    cut = choose_vocabulary(dense, calibration, keep, tail_groups=groups)
+    cut = choose_vocabulary(dense, vocabulary_evidence(dense, calibration), keep, tail_groups=groups)
     assert cut.fit_rms < 1e-3 and len(cut.tail_bias) == VOCAB - keep
     model = copy.deepcopy(dense)
     cut_vocabulary_(model, cut)
@@ -66,7 +71,7 @@ def test_a_tail_of_one_token_is_fitted_exactly_and_scores_as_dense(keep, groups)
 def test_groups_of_many_tokens_are_fitted_approximately_and_every_loss_stays_finite(groups):
     dense = tiny_decoder("llama", seed=5)
     calibration = random_blocks(8, 24, seed=6)
-    cut = choose_vocabulary(dense, calibration, 8, tail_groups=groups)
+    cut = choose_vocabulary(dense, vocabulary_evidence(dense, calibration), 8, tail_groups=groups)
     assert len(cut.tail_bias) == groups and sorted(set(cut.group.tolist())) == [-1, *range(groups)]
     assert 1e-3 < cut.fit_rms < 10
     narrow = copy.deepcopy(dense)
@@ -74,10 +79,35 @@ def test_groups_of_many_tokens_are_fitted_approximately_and_every_loss_stays_fin
     assert all(math.isfinite(x) for x in block_losses(narrow, random_blocks(4, 24, seed=7)))
 
 
+def test_evidence_is_the_models_expected_counts_on_the_fitted_blocks_and_the_texts_counts():
+    dense = tiny_decoder("llama", seed=4)
+    blocks = random_blocks(5, 24, seed=2)
+    evidence = vocabulary_evidence(dense, blocks, fit_blocks=3, batch_size=2)
+    with torch.inference_mode():
+        logits = dense(blocks[:3]).logits[:, :-1].double()
+    assert evidence.hidden.shape == (3 * 23, dense.config.hidden_size)
+    # Summed in float32 per batch: the tolerance is float32's over a few dozen positions.
+    torch.testing.assert_close(evidence.expected, torch.softmax(logits, -1).sum((0, 1)), rtol=1e-5, atol=1e-5)
+    assert evidence.counts.sum() == 5 * 23 and evidence.counts[blocks[0, 1]] >= 1
+
+
+def test_a_head_already_cut_or_evidence_of_another_vocabulary_is_refused():
+    dense = tiny_decoder("llama", seed=4)
+    calibration = random_blocks(4, 24, seed=2)
+    evidence = vocabulary_evidence(dense, calibration)
+    model = copy.deepcopy(dense)
+    cut_vocabulary_(model, choose_vocabulary(dense, evidence, keep=8))
+    with pytest.raises(PruneOpsError, match="bias-free Linear"):
+        vocabulary_evidence(model, calibration)
+    other = tiny_decoder("llama", seed=4, vocab_size=VOCAB + 8)
+    with pytest.raises(PruneOpsError, match="evidence covers"):
+        choose_vocabulary(other, evidence, keep=8)
+
+
 def test_keep_outside_the_vocabulary_is_refused():
     dense = tiny_decoder("llama")
     with pytest.raises(PruneOpsError, match="keep"):
-        choose_vocabulary(dense, random_blocks(2), keep=VOCAB)
+        choose_vocabulary(dense, vocabulary_evidence(dense, random_blocks(2)), keep=VOCAB)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
@@ -89,7 +119,7 @@ def test_the_export_scores_as_torch_does(tmp_path, precision):
     dense = tiny_decoder("llama", seed=7, hidden_size=64, head_dim=16)
     calibration = random_blocks(6, 24, seed=8)
     model = copy.deepcopy(dense)
-    cut_vocabulary_(model, choose_vocabulary(dense, calibration, keep=16))
+    cut_vocabulary_(model, choose_vocabulary(dense, vocabulary_evidence(dense, calibration), keep=16))
     folder = export_genai(model, tiny_tokenizer(), tmp_path, [precision], threads=1)[precision]
     assert isinstance(model.get_output_embeddings(), OutputHead)  # the export leaves the model as it was
     blocks = random_blocks(3, 20, seed=9)
