@@ -429,7 +429,8 @@ class QuantizeConfig(StageConfig):
     decoder_precisions: list[Literal["int8", "int4"]] = Field(default_factory=lambda: ["int8", "int4"])
     perplexity_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = 0.05
     # Causal LMs: output vocabulary sizes tried beside the full one, each in every precision: that
-    # many tokens keep their row of the output projection, the rest share one fitted tail logit.
+    # many tokens keep their row of the output projection, the rest are scored through
+    # `decoder_tail_groups` fitted tail logits.
     decoder_vocabulary: list[Annotated[int, Field(ge=2, le=10_000_000)]] = Field(default_factory=list)
     # The tail logits the dropped tokens share, grouped by k-means on their output rows.
     decoder_tail_groups: Annotated[int, Field(ge=1, le=1_000_000)] = 256
