@@ -79,7 +79,7 @@ test: install-dev
 # A Ray cluster on this machine for compute.backend: ray (it prints the address and how to join).
 RAY_NODES ?= 2
 ray-local: install-dev
-	$(BIN)/python -m pruneops.ray_cluster --nodes $(RAY_NODES) --cpus 1
+	$(BIN)/python -m pruneops.pipeline.ray_cluster --nodes $(RAY_NODES) --cpus 1
 
 test-slow: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

@@ -19,8 +19,8 @@ $py - "$work" <<'PY'
 import sys
 from pathlib import Path
 
-from pruneops.registry.store import ModelRegistry
-from pruneops.timing.decode import build_genai_model
+from pruneops.modelstore.store import ModelRegistry
+from pruneops.runtimes.genai.generation import build_genai_model
 from tests.llm.decoder_helpers import save_tiny
 
 work = Path(sys.argv[1])
@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from pruneops.timing.decode import greedy_tokens
+from pruneops.runtimes.genai.generation import greedy_tokens
 
 base, work = f"http://127.0.0.1:{sys.argv[1]}", Path(sys.argv[2])
 def get(path):

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.pipeline import pruning_pipeline
-from pruneops.registry.store import publish_pipeline_model, registry_from_params
+from pruneops.modelstore.store import publish_pipeline_model, registry_from_params
 
 
 @flow(name="bootstrap", log_prints=True)

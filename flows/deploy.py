@@ -16,7 +16,7 @@ from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 from flows.drift import DRIFT_EVENT, DRIFT_RESOURCE, drift_check
 from flows.pipeline import pruning_pipeline
 from flows.reprune import reprune
-from pruneops.stages import load_section
+from pruneops.pipeline.stages import load_section
 
 # One re-prune at a time; a trigger arriving while one runs is cancelled, not queued.
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)

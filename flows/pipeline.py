@@ -9,9 +9,9 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from pruneops.experiments import apply_overrides, project_lock
-from pruneops.params import read_params
-from pruneops.stages.benchmark import markdown_table
+from pruneops.core.params import read_params
+from pruneops.pipeline.experiments import apply_overrides, project_lock
+from pruneops.task.classification.benchmark import markdown_table
 from tasks.stages import STAGES, run_experiment_task, run_stage
 
 
@@ -34,7 +34,7 @@ def pruning_pipeline(overrides: dict[str, Any] | None = None, project_dir: str =
     Args:
         overrides: Dotted param keys and values (e.g. `{"prune.target.value": 0.7}`), validated
             before anything runs. With overrides the run is a DVC experiment in its own worktree
-            (`pruneops.experiments`); `params.yaml` is never written.
+            (`pruneops.pipeline.experiments`); `params.yaml` is never written.
         project_dir: The PruneOps project (where dvc.yaml lives).
 
     Returns:

@@ -1,7 +1,7 @@
 """`reprune`: version new data, re-run the pipeline on it as a DVC experiment, promote only if as good.
 
 The workspace is not touched beyond versioning the new data (`dvc add`): its params.yaml and data
-source stay as they are; the experiment runs in its own worktree (`pruneops.experiments`).
+source stay as they are; the experiment runs in its own worktree (`pruneops.pipeline.experiments`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from pruneops.config import CORPUS_DATASET
-from pruneops.experiments import Experiment, LockHeld, project_lock, run_logged
-from pruneops.io import dump_json
-from pruneops.params import read_params
-from pruneops.registry.gate import decide_candidate
-from pruneops.registry.store import ModelRegistry, git_revision
-from pruneops.stages import load_section
+from pruneops.core.io import dump_json
+from pruneops.core.params import read_params
+from pruneops.modelstore.gate import decide_candidate
+from pruneops.modelstore.store import ModelRegistry, git_revision
+from pruneops.pipeline.experiments import Experiment, LockHeld, project_lock, run_logged
+from pruneops.pipeline.stages import load_section
 from tasks.stages import run_experiment_task
 
 

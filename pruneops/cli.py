@@ -1,7 +1,7 @@
 """Command line: `pruneops <stage>` runs one stage of the table with its section of `params.yaml`.
 
 This is the only module that reads the command line. Stage commands come from
-`pruneops.stages.STAGES`; the other commands (`TOOLS`) are thin calls into the library.
+`pruneops.pipeline.stages.STAGES`; the other commands (`TOOLS`) are thin calls into the library.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pruneops import __version__
-from pruneops.errors import ConfigError, DataValidationError, PruneOpsError
-from pruneops.runner import run_stage
-from pruneops.stages import STAGES, get_stage
+from pruneops.core.errors import ConfigError, DataValidationError, PruneOpsError
+from pruneops.pipeline.runner import run_stage
+from pruneops.pipeline.stages import STAGES, get_stage
 
 
 def _print_error(command: str, exc: BaseException) -> int:
@@ -41,8 +41,8 @@ def _list_registries() -> str:
     from pruneops.pruning.importance import IMPORTANCES
     from pruneops.pruning.methods import METHODS
     from pruneops.pruning.schedule import SCHEDULES
-    from pruneops.quantizers import QUANTIZERS
-    from pruneops.stages.export import ENGINE_BUILDERS
+    from pruneops.runtimes.onnxruntime.quantizers import QUANTIZERS
+    from pruneops.task.classification.export import ENGINE_BUILDERS
 
     resolve_factory("cnn")  # registers the built-in architectures
     lines = []
@@ -68,7 +68,7 @@ def _launch_data_parallel(args: argparse.Namespace) -> int | None:
     """
     if args.command != "finetune" or "RANK" in os.environ:
         return None
-    from pruneops.stages import load_stage_configs, project_importable
+    from pruneops.pipeline.stages import load_stage_configs, project_importable
 
     with project_importable(args.root):
         config = load_stage_configs(args.params, "finetune")["finetune"]
@@ -107,10 +107,10 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_decoder(args: argparse.Namespace) -> int:
     import logging
 
-    from pruneops.drift import prompt_reference
+    from pruneops.data.drift import prompt_reference
+    from pruneops.pipeline.stages import load_section
     from pruneops.serving.generate import DecoderService, create_decoder_app
     from pruneops.serving.limits import run_server
-    from pruneops.stages import load_section
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     feedback = Path(args.feedback_file) if args.feedback_file else None
@@ -147,8 +147,8 @@ def _serve_decoder(args: argparse.Namespace) -> int:
 def _loadtest(args: argparse.Namespace) -> int:
     import json
 
+    from pruneops.core.io import Layout, read_json
     from pruneops.data import load_split
-    from pruneops.io import Layout, read_json
     from pruneops.serving.loadtest import run_load, tracking_overhead_us
 
     data_dir = Layout(Path(args.root)).stage_dir("validate")
@@ -163,7 +163,7 @@ def _loadtest(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import json
 
-    from pruneops.registry.store import publish_pipeline_model
+    from pruneops.modelstore.store import publish_pipeline_model
 
     published = publish_pipeline_model(
         Path(args.root),
@@ -177,7 +177,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from pruneops.registry.store import registry_from_params
+    from pruneops.modelstore.store import registry_from_params
 
     registry = registry_from_params(Path(args.root), args.params, args.registry)
     restored = registry.rollback(allow_contract_change=args.allow_contract_change)
@@ -188,7 +188,7 @@ def _rollback(args: argparse.Namespace) -> int:
 def _recover(args: argparse.Namespace) -> int:
     import json
 
-    from pruneops.registry.store import registry_from_params
+    from pruneops.modelstore.store import registry_from_params
 
     print(json.dumps(registry_from_params(Path(args.root), args.params, args.registry).recover()))
     return 0
@@ -197,7 +197,7 @@ def _recover(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import shlex
 
-    from pruneops.bench.run import run_bench_file
+    from pruneops.compare.run import run_bench_file
 
     command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
     report = run_bench_file(
@@ -219,7 +219,7 @@ def _bench_decoder(args: argparse.Namespace) -> int:
     import shlex
     import tempfile
 
-    from pruneops.bench.decoder import load_bench_config, run_decoder_bench
+    from pruneops.compare.decoder import load_bench_config, run_decoder_bench
 
     logging.basicConfig(level=logging.INFO, format="pruneops bench-decoder: %(message)s")
     config = load_bench_config(Path(args.config))
@@ -236,7 +236,7 @@ def _bench_decoder(args: argparse.Namespace) -> int:
 
 
 def _dvc_yaml(args: argparse.Namespace) -> int:
-    from pruneops.dvcfile import check_dvc_yaml, write_dvc_yaml
+    from pruneops.pipeline.dvcfile import check_dvc_yaml, write_dvc_yaml
 
     root = Path(args.root)
     if args.check:
@@ -250,7 +250,7 @@ def _dvc_yaml(args: argparse.Namespace) -> int:
 
 
 def _reference(args: argparse.Namespace) -> int:
-    from pruneops.reference import generated_files, stale_files, write_files
+    from pruneops.reports.pages import generated_files, stale_files, write_files
 
     files = generated_files(Path(args.root), build_parser(), args.out)
     if args.check:

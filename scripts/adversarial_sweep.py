@@ -311,16 +311,16 @@ def sweep_checkpoints(work: Path, pipeline: Path) -> None:
 
 
 def _untrained(path: Path) -> None:
-    from pruneops.checkpoint import load_checkpoint, save_checkpoint
     from pruneops.models import create_model
+    from pruneops.models.checkpoint import load_checkpoint, save_checkpoint
 
     trained = load_checkpoint(path)
     save_checkpoint(path, create_model(trained.spec), trained.spec, trained.extra)
 
 
 def sweep_registry(work: Path) -> None:
-    from pruneops.errors import PruneOpsError
-    from pruneops.registry.store import ModelRegistry
+    from pruneops.core.errors import PruneOpsError
+    from pruneops.modelstore.store import ModelRegistry
     from tests.conftest import tiny_onnx
 
     def nan_model(path: Path) -> None:
@@ -391,7 +391,7 @@ def sweep_registry(work: Path) -> None:
 def _serving(work: Path):
     from fastapi.testclient import TestClient
 
-    from pruneops.registry.store import ModelRegistry
+    from pruneops.modelstore.store import ModelRegistry
     from pruneops.serving.app import ServingConfig, create_app
     from tests.conftest import digits_onnx
 
@@ -694,7 +694,7 @@ def sweep_artifacts(work: Path, exported: Path) -> None:
 
 
 def _registry_with(work: Path, *versions: tuple[str, int, int]):
-    from pruneops.registry.store import ModelRegistry
+    from pruneops.modelstore.store import ModelRegistry
     from tests.conftest import tiny_onnx
 
     root = Path(tempfile.mkdtemp(dir=work))
@@ -710,7 +710,7 @@ def _production_is(registry, version: str) -> bool:
 
 
 def _expect_refusal(entry: str, case: str, action: Callable[[], object], intact: Callable[[], bool]) -> None:
-    from pruneops.errors import PruneOpsError
+    from pruneops.core.errors import PruneOpsError
 
     try:
         action()
@@ -820,7 +820,7 @@ def sweep_feedback_and_startup(work: Path) -> None:
                 "/predict",
                 {"content": body, "headers": {"content-type": "application/json"}},
             )
-    from pruneops.registry.store import ModelRegistry
+    from pruneops.modelstore.store import ModelRegistry
     from pruneops.serving.app import ServingConfig, create_app
     from tests.conftest import tiny_onnx
 
@@ -970,8 +970,8 @@ def sweep_lineage_and_code(work: Path) -> None:
     else:
         classify_cli("data", "a secret file named as the table", root, result, "validate", False)
 
-    from pruneops.errors import ConfigError
-    from pruneops.experiments import apply_overrides
+    from pruneops.core.errors import ConfigError
+    from pruneops.pipeline.experiments import apply_overrides
 
     for case, overrides in (
         ("flow override train.model os:system", {"train.model": "os:system"}),

@@ -39,7 +39,7 @@ def main() -> int:
     from pruneops.models import ModelSpec, create_model
     from pruneops.pruning.importance import IMPORTANCES
     from pruneops.pruning.units import UnitPruner
-    from pruneops.stages import latency as lat
+    from pruneops.task.classification import latency as lat
 
     torch.set_num_threads(1)
     shape = [1, 28, 28]

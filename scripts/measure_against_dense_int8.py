@@ -12,15 +12,15 @@ import json
 import tempfile
 from pathlib import Path
 
-from pruneops.bench.report import paired_bootstrap_ci
+from pruneops.compare.report import paired_bootstrap_ci
 from pruneops.config import BenchmarkConfig
+from pruneops.core.inputs import rows
+from pruneops.core.io import Layout
+from pruneops.core.params import parse_section, read_params
 from pruneops.data import load_prepared
-from pruneops.inputs import rows
-from pruneops.io import Layout
-from pruneops.onnx_utils import make_session, ort_logits
-from pruneops.params import parse_section, read_params
-from pruneops.stages.benchmark import latency_summary
-from pruneops.timing.sessions import measure_latencies
+from pruneops.runtimes.onnxruntime.files import make_session, ort_logits
+from pruneops.runtimes.onnxruntime.timing import measure_latencies
+from pruneops.task.classification.benchmark import latency_summary
 
 
 def main() -> None:

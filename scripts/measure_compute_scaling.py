@@ -5,7 +5,7 @@
 The workload's `validate`, `train` and `sensitivity` params (and its `ours` recipe's pruning method)
 make a project under `--work-dir`; `train` runs once here. Then, in alternating rounds, the
 `sensitivity` stage runs through the CLI (as DVC runs it) on a local Ray cluster of one node of one
-CPU and on one of two such nodes (`pruneops.ray_cluster`), and last once with `compute.backend: local`.
+CPU and on one of two such nodes (`pruneops.pipeline.ray_cluster`), and last once with `compute.backend: local`.
 Each run's sweep time is the stage's own `seconds.estimator` (joining the cluster, sending the model,
 every evaluation); the curves of every run are compared value for value with the local run's.
 Writes `report.md` and `results.json` under `--out` (a rerun replaces them).
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from pruneops.io import read_json
-from pruneops.ray_cluster import local_cluster
-from pruneops.runner import run_stage
+from pruneops.core.io import read_json
+from pruneops.pipeline.ray_cluster import local_cluster
+from pruneops.pipeline.runner import run_stage
 from pruneops.timing.machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]

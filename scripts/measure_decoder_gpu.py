@@ -50,13 +50,13 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data  # noqa: E402
-from pruneops.llm.common import cut_for_timing, cut_to_shape  # noqa: E402
+from pruneops.compare.decoder import load_bench_config, recovery_settings, workload_data  # noqa: E402
 from pruneops.models.decoders import load_causal_lm  # noqa: E402
 from pruneops.models.language import paired_ratio_interval, perplexity  # noqa: E402
-from pruneops.planning.decoder import DecoderShape, shape_of  # noqa: E402
-from pruneops.pruning.decoder import calibrate  # noqa: E402
-from pruneops.recovery import recover_  # noqa: E402
+from pruneops.planning.decode_cost import DecoderShape, shape_of  # noqa: E402
+from pruneops.pruning.decoder_cuts import calibrate  # noqa: E402
+from pruneops.task.causal_lm.common import cut_for_timing, cut_to_shape  # noqa: E402
+from pruneops.training.recovery import recover_  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

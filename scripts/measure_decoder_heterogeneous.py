@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from pruneops.bench.decoder import DecoderBenchConfig, workload_data
-from pruneops.llm.common import cut_to_shape
+from pruneops.compare.decoder import DecoderBenchConfig, workload_data
 from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm, weight_out_in
 from pruneops.models.language import block_losses, paired_ratio_interval, perplexity_from_losses
-from pruneops.planning.decoder import shape_of
-from pruneops.pruning.decoder import NEURON_IMPORTANCES, calibrate, least_squares_
+from pruneops.planning.decode_cost import shape_of
+from pruneops.pruning.decoder_cuts import NEURON_IMPORTANCES, calibrate, least_squares_
+from pruneops.task.causal_lm.common import cut_to_shape
 
 STEP = 64
 

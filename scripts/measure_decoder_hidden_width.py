@@ -40,15 +40,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data
-from pruneops.llm.common import export_genai
+from pruneops.compare.decoder import load_bench_config, recovery_settings, workload_data
 from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity, perplexity_from_losses
-from pruneops.planning.decoder import shape_of, width_step
-from pruneops.pruning.decoder import calibrate, prune_to_shape_, rebuild
-from pruneops.recovery import recover_
-from pruneops.timing.decode import exported_block_losses, time_generation
+from pruneops.planning.decode_cost import shape_of, width_step
+from pruneops.pruning.decoder_cuts import calibrate, prune_to_shape_, rebuild
+from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
+from pruneops.task.causal_lm.common import export_genai
 from pruneops.timing.machine import machine_info
+from pruneops.training.recovery import recover_
 
 
 def _norms(model: nn.Module) -> list[nn.Module]:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.bench.decoder import load_bench_config, workload_data
+from pruneops.compare.decoder import load_bench_config, workload_data
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
-from pruneops.timing.decode import exported_block_losses, time_generation
+from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
 
 VARIANTS = {  # name -> (builder precision, builder extra options)
     "fp32": ("fp32", []),

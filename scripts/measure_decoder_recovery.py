@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from pruneops.bench.decoder import DecoderBenchConfig, cut_to_shape, workload_data
+from pruneops.compare.decoder import DecoderBenchConfig, cut_to_shape, workload_data
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import block_losses, paired_ratio_interval, perplexity_from_losses
-from pruneops.planning.decoder import DecoderShape
-from pruneops.pruning.decoder import calibrate
-from pruneops.recovery import RecoverySettings, recover_
+from pruneops.planning.decode_cost import DecoderShape
+from pruneops.pruning.decoder_cuts import calibrate
+from pruneops.training.recovery import RecoverySettings, recover_
 
 
 def _ratio(losses, dense) -> str:

@@ -39,16 +39,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data
-from pruneops.llm.common import export_genai
+from pruneops.compare.decoder import load_bench_config, recovery_settings, workload_data
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
-from pruneops.planning.decoder import shape_of
-from pruneops.pruning.decoder import calibrate, prune_to_shape_
+from pruneops.planning.decode_cost import shape_of
+from pruneops.pruning.decoder_cuts import calibrate, prune_to_shape_
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
-from pruneops.recovery import recover_
-from pruneops.timing.decode import exported_block_losses, time_generation
+from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
+from pruneops.task.causal_lm.common import export_genai
 from pruneops.timing.machine import machine_info
+from pruneops.training.recovery import recover_
 
 
 def _recovered(dense, data, args, settings) -> tuple[torch.nn.Module, dict]:

@@ -39,7 +39,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pruneops.checkpoint import load_checkpoint  # noqa: E402
+from pruneops.models.checkpoint import load_checkpoint  # noqa: E402
 from pruneops.pruning.methods import (  # noqa: E402
     semi_structured_available,
     semi_structured_mask,

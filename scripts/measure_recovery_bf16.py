@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pruneops.bench.decoder import load_bench_config, recovery_settings, workload_data
-from pruneops.llm.common import cut_to_shape
+from pruneops.compare.decoder import load_bench_config, recovery_settings, workload_data
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import block_losses
-from pruneops.planning.decoder import shape_of
-from pruneops.pruning.decoder import calibrate
-from pruneops.recovery import compute_dtype_warning, recover_
+from pruneops.planning.decode_cost import shape_of
+from pruneops.pruning.decoder_cuts import calibrate
+from pruneops.task.causal_lm.common import cut_to_shape
+from pruneops.training.recovery import compute_dtype_warning, recover_
 
 
 def mlp_cut_workload(config_path: str, width: int):

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 from measure_recovery_bf16 import mlp_cut_workload  # scripts/ is on the path when a script runs
 
-from pruneops.bench.decoder import recovery_settings
+from pruneops.compare.decoder import recovery_settings
 from pruneops.models.language import paired_ratio_interval, perplexity
-from pruneops.recovery import recover_
+from pruneops.training.recovery import recover_
 
 
 def _ratios(model, dense_scores: dict, data) -> str:

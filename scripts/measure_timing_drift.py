@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from pruneops.onnx_utils import make_session
+from pruneops.runtimes.onnxruntime.files import make_session
 
 
 def time_pass(paths: dict[str, str], sessions: int, calls: int) -> dict[str, list[float]]:

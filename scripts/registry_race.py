@@ -30,7 +30,7 @@ def worker(registry_dir: Path, name: str, operations: int, log: Path, unlocked: 
     """Runs random operations; logs the id of each one that returned (`unlocked`: without the lock)."""
     import contextlib
 
-    from pruneops.registry.store import ModelRegistry, RegistryError
+    from pruneops.modelstore.store import ModelRegistry, RegistryError
 
     registry = ModelRegistry(registry_dir)
     if unlocked:  # what the race looks like without the lock: shows that this check can fail
@@ -54,7 +54,7 @@ def worker(registry_dir: Path, name: str, operations: int, log: Path, unlocked: 
 
 def repetition(work: Path, processes: int, operations: int, unlocked: bool = False) -> dict:
     """One race; returns its tally."""
-    from pruneops.registry.store import ModelRegistry, served_stack
+    from pruneops.modelstore.store import ModelRegistry, served_stack
     from tests.conftest import tiny_onnx
 
     registry = ModelRegistry(work / "models")

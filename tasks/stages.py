@@ -8,10 +8,10 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from pruneops.errors import ConfigError
-from pruneops.experiments import Experiment, run_experiment, run_logged
-from pruneops.io import Layout, read_json
-from pruneops.stages import STAGE_NAMES
+from pruneops.core.errors import ConfigError
+from pruneops.core.io import Layout, read_json
+from pruneops.pipeline.experiments import Experiment, run_experiment, run_logged
+from pruneops.pipeline.stages import STAGE_NAMES
 
 STAGES = STAGE_NAMES
 

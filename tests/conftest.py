@@ -67,8 +67,8 @@ def write_params(directory: Path, params: dict) -> Path:
 @pytest.fixture(scope="session")
 def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory where every stage ran once on digits with tiny settings."""
-    from pruneops.runner import run_stage
-    from pruneops.stages import STAGE_NAMES
+    from pruneops.pipeline.runner import run_stage
+    from pruneops.pipeline.stages import STAGE_NAMES
 
     root = tmp_path_factory.mktemp("pipeline")
     params = write_params(root, tiny_params())
@@ -92,12 +92,12 @@ def _build_digits_onnx(root: Path, trained: bool) -> Path:
     """Prepares digits under `root` and exports a small MLP (trained 4 epochs, or untrained) to `root/model.onnx`."""
     import torch
 
+    from pruneops.core.io import Layout
     from pruneops.data import load_prepared
-    from pruneops.io import Layout
     from pruneops.models import ModelSpec, create_model
-    from pruneops.onnx_utils import export_onnx_file
-    from pruneops.stages.validate import ValidateConfig, validate_dataset
-    from pruneops.training import FitSettings, fit_
+    from pruneops.runtimes.onnxruntime.files import export_onnx_file
+    from pruneops.task.classification.validate import ValidateConfig, validate_dataset
+    from pruneops.training.fit import FitSettings, fit_
 
     data_dir = validate_dataset(ValidateConfig(), Layout(root)).data_dir
     meta, train, val, _ = load_prepared(data_dir)
@@ -120,8 +120,8 @@ def digits_onnx(root: Path, trained: bool = True, name: str = "m.onnx"):
     import atexit
     import tempfile
 
+    from pruneops.core.io import Layout
     from pruneops.data import load_prepared
-    from pruneops.io import Layout
 
     if trained not in _DIGITS_BUILT:
         built = Path(tempfile.mkdtemp(prefix="pruneops-digits-"))
@@ -214,7 +214,7 @@ def tiny_genai_decoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
     Tests copy or register it before changing anything in it.
     """
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
-    from pruneops.timing.decode import build_genai_model
+    from pruneops.runtimes.genai.generation import build_genai_model
     from tests.llm.decoder_helpers import save_tiny
 
     root = tmp_path_factory.mktemp("tiny-genai-decoder")
@@ -246,7 +246,7 @@ def start_serving(project: Path, port: int, *extra: str):
 @pytest.fixture
 def served_project(tmp_path):
     """A registry with a trained digits model in production, and the reference statistics."""
-    from pruneops.registry.store import ModelRegistry
+    from pruneops.modelstore.store import ModelRegistry
 
     _, onnx_path, test = digits_onnx(tmp_path)
     registry = ModelRegistry(tmp_path / "models")

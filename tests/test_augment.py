@@ -7,14 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pruneops.augment import augment_images, check_augmentable
-from pruneops.checkpoint import load_checkpoint
 from pruneops.config import AugmentConfig, ConfigError, TrainConfig
+from pruneops.core.io import Layout
+from pruneops.core.params import parse_section
 from pruneops.data import load_prepared
-from pruneops.io import Layout
-from pruneops.params import parse_section
-from pruneops.stages.train import train_baseline
-from pruneops.stages.validate import ValidateConfig, validate_dataset
+from pruneops.data.augment import augment_images, check_augmentable
+from pruneops.models.checkpoint import load_checkpoint
+from pruneops.task.classification.train import train_baseline
+from pruneops.task.classification.validate import ValidateConfig, validate_dataset
 
 
 def _batch(n=64, c=2, h=7, w=9):

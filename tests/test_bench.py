@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import yaml
 
-from pruneops.bench.report import select_point
-from pruneops.bench.run import run_benchmarks
-from pruneops.bench.workloads import BenchConfig
 from pruneops.cli import main
+from pruneops.compare.report import select_point
+from pruneops.compare.run import run_benchmarks
+from pruneops.compare.workloads import BenchConfig
 from tests.conftest import ROOT, tiny_params
 
 pytestmark = pytest.mark.slow(reason="five variants, each a DVC experiment of six stage processes, timed together")
@@ -169,7 +169,7 @@ def test_bad_bench_config_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_pareto_front_keeps_only_unbeaten_points():
-    from pruneops.plots import pareto_front
+    from pruneops.reports.plots import pareto_front
 
     def row(name, ms, acc):
         return {"name": name, "latency": {"1": {"p50_ms": ms}}, "test_accuracy": acc}
@@ -179,7 +179,7 @@ def test_pareto_front_keeps_only_unbeaten_points():
 
 
 def test_budget_search_skips_ratios_out_of_the_sweeps_reach():
-    from pruneops.errors import ConfigError
+    from pruneops.core.errors import ConfigError
     from pruneops.planning.allocation import ratio_for_budget
 
     def size_at(ratio):
@@ -195,7 +195,7 @@ def test_budget_search_skips_ratios_out_of_the_sweeps_reach():
 
 
 def test_targets_are_missed_when_the_validation_pick_fails_on_test(bench_run):
-    from pruneops.bench.report import render_markdown
+    from pruneops.compare.report import render_markdown
     from pruneops.config import BenchmarkConfig
     from pruneops.timing.machine import machine_info
 
@@ -225,9 +225,9 @@ def test_targets_are_missed_when_the_validation_pick_fails_on_test(bench_run):
 @pytest.mark.parametrize("path", sorted((ROOT / "benchmarks").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_committed_benchmark_file_and_variant_is_valid_params(path):
     """A typo in a benchmark file fails here, not an hour into its run."""
-    from pruneops.bench.run import variant_overrides, workload_params
-    from pruneops.experiments import apply_overrides
-    from pruneops.params import read_params
+    from pruneops.compare.run import variant_overrides, workload_params
+    from pruneops.core.params import read_params
+    from pruneops.pipeline.experiments import apply_overrides
 
     config = BenchConfig(**yaml.safe_load(path.read_text()))
     base = read_params(ROOT / "params.yaml")
@@ -247,8 +247,8 @@ def test_every_committed_benchmark_file_and_variant_is_valid_params(path):
 
 def test_workload_paths_are_resolved_against_the_project(tmp_path):
     """Data, tokenizer and starting weights named relative to the project work from any workload dir."""
-    from pruneops.bench.run import workload_params
-    from pruneops.bench.workloads import WorkloadConfig
+    from pruneops.compare.run import workload_params
+    from pruneops.compare.workloads import WorkloadConfig
 
     workload = WorkloadConfig(
         name="w",
@@ -266,7 +266,7 @@ def test_workload_paths_are_resolved_against_the_project(tmp_path):
 
 def test_a_variant_deployed_as_fp32_says_why(tmp_path):
     """Two fp32 rows of one variant would read as a duplicate: the deployed one names the reason."""
-    from pruneops.bench.report import _why_fp32_deployed
+    from pruneops.compare.report import _why_fp32_deployed
 
     def note(candidates: dict) -> str:
         path = tmp_path / "metrics.json"
@@ -294,7 +294,7 @@ def test_a_variant_deployed_as_fp32_says_why(tmp_path):
 
 def test_a_row_is_marked_slower_than_dense_only_beyond_timing_noise():
     """The same graph trained from scratch times within noise of dense: not a regression to flag."""
-    from pruneops.bench.report import SLOWER_TOLERANCE, _relative_to_dense
+    from pruneops.compare.report import SLOWER_TOLERANCE, _relative_to_dense
 
     def row(family, b1_ms, b64_ms):
         latency = {
@@ -328,7 +328,7 @@ def test_a_row_is_marked_slower_than_dense_only_beyond_timing_noise():
     ],
 )
 def test_a_latency_match_is_judged_on_milliseconds_too(accuracy, ms, verdict):
-    from pruneops.bench.report import same_budget_verdict
+    from pruneops.compare.report import same_budget_verdict
 
     def row(acc, b1_ms):
         return {"test_accuracy": acc, "latency": {"1": {"p50_ms": b1_ms}}, "macs": 1000}
@@ -354,7 +354,7 @@ def test_a_latency_match_is_judged_on_milliseconds_too(accuracy, ms, verdict):
     ],
 )
 def test_a_mac_match_is_judged_on_its_macs_too(accuracy, macs, verdict):
-    from pruneops.bench.report import same_budget_verdict
+    from pruneops.compare.report import same_budget_verdict
 
     mine = {"test_accuracy": accuracy, "macs": macs, "latency": {"1": {"p50_ms": 9.0}}}
     other = {"test_accuracy": 0.90, "macs": 1000, "latency": {"1": {"p50_ms": 1.0}}}
@@ -366,7 +366,7 @@ def test_a_mac_match_is_judged_on_its_macs_too(accuracy, macs, verdict):
     [([-0.25, 0.11], "within noise"), ([0.05, 0.4], "better beyond noise"), ([-0.4, -0.05], "worse beyond noise")],
 )
 def test_a_same_budget_difference_says_whether_the_test_set_resolves_it(interval, meaning):
-    from pruneops.bench.report import paired_difference
+    from pruneops.compare.report import paired_difference
 
     other = {"name": "tp fp32", "test_accuracy": 0.9866}
     mine = {"test_accuracy": 0.9859, "paired_against": {"tp fp32": interval}}
@@ -377,7 +377,7 @@ def test_a_same_budget_difference_says_whether_the_test_set_resolves_it(interval
 
 
 def test_the_paired_interval_resolves_a_real_difference_and_not_a_coin_flip():
-    from pruneops.bench.report import paired_bootstrap_ci
+    from pruneops.compare.report import paired_bootstrap_ci
 
     rng = np.random.default_rng(1)
     reference = rng.random(10_000) < 0.98
@@ -396,7 +396,7 @@ def test_the_paired_interval_resolves_a_real_difference_and_not_a_coin_flip():
 
 
 def test_a_workload_whose_variants_all_failed_is_reported_with_why_not_a_traceback(tmp_path):
-    from pruneops.bench.report import measure_workload, select_point, write_report
+    from pruneops.compare.report import measure_workload, select_point, write_report
     from pruneops.config import BenchmarkConfig
 
     config = BenchConfig(**BENCH)
@@ -416,7 +416,7 @@ def test_a_variant_restored_into_the_workspace_is_not_committed_with_the_params(
     with the next params made every later experiment fail ("already tracked by SCM")."""
     import subprocess
 
-    from pruneops.bench.run import prepare_repo
+    from pruneops.compare.run import prepare_repo
     from tests.conftest import ROOT, tiny_params
 
     repo = tmp_path / "workload"
@@ -435,8 +435,8 @@ def test_a_variant_restored_into_the_workspace_is_not_committed_with_the_params(
 def test_a_latency_match_is_also_compared_with_the_mac_match_of_the_same_row():
     # Issue 15: at the same measured latency ours is no worse than ours with a MAC target, in one
     # run; both are matched to TP, so the report pairs them too (and only rows matched to one row).
-    from pruneops.bench.report import _same_budget_lines, compared_pairs
-    from pruneops.bench.workloads import WorkloadConfig
+    from pruneops.compare.report import _same_budget_lines, compared_pairs
+    from pruneops.compare.workloads import WorkloadConfig
 
     workload = WorkloadConfig.model_validate(
         {

@@ -3,9 +3,9 @@
 import pytest
 import yaml
 
-from pruneops.bench.run import select_runs
-from pruneops.bench.workloads import BenchConfig
-from pruneops.errors import ConfigError
+from pruneops.compare.run import select_runs
+from pruneops.compare.workloads import BenchConfig
+from pruneops.core.errors import ConfigError
 from tests.conftest import ROOT
 
 
@@ -63,8 +63,8 @@ def test_every_committed_benchmark_variant_can_be_selected_alone():
 
 def test_matching_a_latency_keeps_the_form_it_was_timed_in():
     """A ratio measured in static INT8 is a static-INT8 ratio: the matching variant times that form too."""
-    from pruneops.bench.run import variant_overrides
-    from pruneops.bench.workloads import VariantConfig
+    from pruneops.compare.run import variant_overrides
+    from pruneops.compare.workloads import VariantConfig
 
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 4.0}, "latency_form": "static"}}}
     plain = variant_overrides(VariantConfig(name="ours", match_latency_of="tp"), done)
@@ -88,9 +88,9 @@ def _export_dir(directory, models: dict, key: str | None = None, quantizer: str 
     """
     import numpy as np
 
+    from pruneops.core.io import Layout, dump_json
     from pruneops.data.splits import Split, save_split
-    from pruneops.io import Layout, dump_json
-    from pruneops.onnx_utils import export_onnx_file
+    from pruneops.runtimes.onnxruntime.files import export_onnx_file
 
     models = {key: models} if key is not None else models
     export = Layout(directory).stage_dir("export")
@@ -117,11 +117,11 @@ def _mlp(hidden: int):
 
 def test_a_latency_match_times_the_other_rows_export_in_every_gate_reading(tmp_path):
     """The matched variant's export in the form matched is the prune stage's reference, at 1.0 of its time."""
-    from pruneops.bench.run import reference_to_match, variant_overrides
-    from pruneops.bench.workloads import VariantConfig
+    from pruneops.compare.run import reference_to_match, variant_overrides
+    from pruneops.compare.workloads import VariantConfig
     from pruneops.config import PruneConfig
-    from pruneops.experiments import apply_overrides
-    from pruneops.params import parse_section
+    from pruneops.core.params import parse_section
+    from pruneops.pipeline.experiments import apply_overrides
 
     tp = _export_dir(tmp_path / "tp", _mlp(64), "pruned_fp32")
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}
@@ -142,9 +142,9 @@ def test_a_latency_match_times_the_other_rows_export_in_every_gate_reading(tmp_p
 def test_a_latency_match_in_an_int8_form_is_timed_against_the_deployed_export(tmp_path):
     """A variant timing static INT8 matches the other's deployed static model; not deployed so, the
     other's prune-stage reading, which must then be in that form."""
-    from pruneops.bench.run import reference_to_match, timed_file, variant_overrides
-    from pruneops.bench.workloads import VariantConfig
-    from pruneops.errors import ConfigError
+    from pruneops.compare.run import reference_to_match, timed_file, variant_overrides
+    from pruneops.compare.workloads import VariantConfig
+    from pruneops.core.errors import ConfigError
 
     tp = _export_dir(tmp_path / "tp", {"pruned_fp32": _mlp(1024), "pruned_deployed": _mlp(64)}, quantizer="static")
     done = {"tp": {"prune": {"measured_ms": {"1": 1.0}, "dense_ms": {"1": 2.0}}}}

@@ -1,4 +1,4 @@
-"""`pruneops.stages.benchmark.measure_latencies`: interleaved turns, each timed run warm, optionally time-boxed."""
+"""`pruneops.runtimes.onnxruntime.timing.measure_latencies`: interleaved turns, each timed run warm, optionally time-boxed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from pruneops.config import BenchmarkConfig
-from pruneops.timing.sessions import MIN_TURNS, SELF_WARMING_RUN_S, measure_latencies
+from pruneops.runtimes.onnxruntime.timing import MIN_TURNS, SELF_WARMING_RUN_S, measure_latencies
 
 
 class _Recorder:

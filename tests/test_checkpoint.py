@@ -5,10 +5,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pruneops.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
-from pruneops.errors import CheckpointError
-from pruneops.integrity import checksum_path, file_sha256
+from pruneops.core.errors import CheckpointError
+from pruneops.core.integrity import checksum_path, file_sha256
 from pruneops.models import ModelSpec, create_model
+from pruneops.models.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, round_keep
 

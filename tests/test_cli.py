@@ -133,8 +133,8 @@ def test_corrupt_checkpoint_fails_prune_and_leaves_no_output(pipeline_dir, tmp_p
 def test_a_baseline_that_no_longer_reaches_its_recorded_accuracy_stops_the_next_stage(pipeline_dir, tmp_path):
     import shutil
 
-    from pruneops.checkpoint import load_checkpoint, save_checkpoint
     from pruneops.models import create_model
+    from pruneops.models.checkpoint import load_checkpoint, save_checkpoint
 
     for part in ("artifacts/validate", "artifacts/train"):
         shutil.copytree(pipeline_dir / part, tmp_path / part)
@@ -152,9 +152,9 @@ def test_a_baseline_that_no_longer_reaches_its_recorded_accuracy_stops_the_next_
 def test_failure_mid_stage_keeps_previous_outputs(pipeline_dir, tmp_path, monkeypatch):
     import shutil
 
-    from pruneops.errors import ParityError
-    from pruneops.runner import run_stage
-    from pruneops.stages import export as export_module
+    from pruneops.core.errors import ParityError
+    from pruneops.pipeline.runner import run_stage
+    from pruneops.task.classification import export as export_module
 
     for part in ("artifacts", "metrics"):
         shutil.copytree(pipeline_dir / part, tmp_path / part)
@@ -175,7 +175,7 @@ def test_publish_promotes_only_the_first_model_unless_forced(pipeline_dir, tmp_p
     import json
     import shutil
 
-    from pruneops.registry.store import REFERENCE_STATS, ModelRegistry
+    from pruneops.modelstore.store import REFERENCE_STATS, ModelRegistry
 
     root = tmp_path / "project"
     root.mkdir()
@@ -201,7 +201,7 @@ def test_publish_promotes_only_the_first_model_unless_forced(pipeline_dir, tmp_p
 def test_temporary_outputs_of_a_killed_stage_are_swept_by_the_next_run(tmp_path):
     import os
 
-    from pruneops.io import staged_output_paths
+    from pruneops.core.io import staged_output_paths
 
     final = tmp_path / "artifacts" / "train"
     final.parent.mkdir(parents=True)
@@ -222,6 +222,6 @@ def test_a_training_stage_shows_one_line_per_epoch(tmp_path):
     assert _run(tmp_path, "validate").returncode == 0
     result = _run(tmp_path, "train")
     assert result.returncode == 0, result.stderr
-    epochs = [line for line in result.stderr.splitlines() if " pruneops.training: train epoch " in line]
+    epochs = [line for line in result.stderr.splitlines() if " pruneops.training.fit: train epoch " in line]
     assert [line.split("train epoch ")[1].split(":")[0] for line in epochs] == ["1/2", "2/2"], result.stderr
     assert "val acc" in epochs[-1] and result.stdout.startswith("pruneops train (")

@@ -1,4 +1,4 @@
-"""Where a stage's independent evaluations run (`pruneops.compute`): the same curves wherever they run.
+"""Where a stage's independent evaluations run (`pruneops.pipeline.compute`): the same curves wherever they run.
 
 - local: every call in order, with the shared objects;
 - a Ray cluster on this machine (a head and one more node, one CPU each, on loopback) runs the
@@ -25,19 +25,19 @@ from pathlib import Path
 
 import pytest
 
-from pruneops.compute import LocalBackend
 from pruneops.config import ComputeConfig
-from pruneops.io import read_json
-from pruneops.ray_cluster import LocalCluster, local_cluster
-from pruneops.runner import run_stage
+from pruneops.core.io import read_json
+from pruneops.pipeline.compute import LocalBackend
+from pruneops.pipeline.ray_cluster import LocalCluster, local_cluster
+from pruneops.pipeline.runner import run_stage
 from tests.conftest import tiny_params, write_params
 
 pytest.importorskip("ray", reason="the distributed extra (Ray) is not installed")
 
 
 def test_an_address_nothing_answers_at_is_refused_at_once(tmp_path):
-    from pruneops.compute import open_backend
-    from pruneops.errors import ConfigError
+    from pruneops.core.errors import ConfigError
+    from pruneops.pipeline.compute import open_backend
 
     started = time.monotonic()
     with (
@@ -67,7 +67,7 @@ def test_local_backend_calls_every_job_in_order_with_the_shared_objects():
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A Ray head and one more node on this machine, one CPU each (`pruneops.ray_cluster`); the second
+    """A Ray head and one more node on this machine, one CPU each (`pruneops.pipeline.ray_cluster`); the second
     is labelled `serving` (the machine the timed stages run on)."""
     with local_cluster(nodes=2, cpus=1, resources={1: {"serving": 1}}) as running:
         yield running
@@ -201,16 +201,16 @@ PLAN_TRIALS = """
 import sys
 from pathlib import Path
 import numpy as np
-from pruneops.checkpoint import load_checkpoint
-from pruneops.compute import LocalBackend, open_backend
+from pruneops.models.checkpoint import load_checkpoint
+from pruneops.pipeline.compute import LocalBackend, open_backend
 from pruneops.config import ComputeConfig, PruneConfig
 from pruneops.data import load_prepared
-from pruneops.inputs import head_tensors
+from pruneops.core.inputs import head_tensors
 from pruneops.planning.latency_allocation import PlanOption
 from pruneops.planning.trials import PlanTrials
 from pruneops.pruning.methods import METHODS
 from pruneops.pruning.units import unit_sizes
-from pruneops.stages.prune import make_context
+from pruneops.task.classification.prune import make_context
 import torch
 
 torch.set_num_threads(1)

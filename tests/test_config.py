@@ -4,8 +4,8 @@ import pytest
 import yaml
 
 from pruneops.config import ConfigError, PruneConfig, QuantizeConfig, TrainConfig
-from pruneops.params import parse_section, read_params
-from pruneops.stages import SECTIONS, STAGES, check_sections, load_configs
+from pruneops.core.params import parse_section, read_params
+from pruneops.pipeline.stages import SECTIONS, STAGES, check_sections, load_configs
 from tests.conftest import ROOT
 
 RATIO = {"target": {"kind": "ratio", "value": 0.5}}

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pruneops.io import read_json
+from pruneops.core.io import read_json
 from tests.conftest import free_port, tiny_params, write_params
 
 

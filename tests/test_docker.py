@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pruneops.config import ComputeConfig
-from pruneops.params import environment_overrides, parse_section
+from pruneops.core.params import environment_overrides, parse_section
 from tests.conftest import ROOT
 
 DOCKER = ROOT / "docker"

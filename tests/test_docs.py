@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pruneops.dvcfile import render
-from pruneops.params import read_params
-from pruneops.runner import run_stage
-from pruneops.stages import STAGE_NAMES, load_configs
+from pruneops.core.params import read_params
+from pruneops.pipeline.dvcfile import render
+from pruneops.pipeline.runner import run_stage
+from pruneops.pipeline.stages import STAGE_NAMES, load_configs
 from tests.conftest import ROOT, TINY_OVERRIDES, tiny_params, write_params
 
 MARK = "<!-- runnable -->"

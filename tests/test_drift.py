@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from pruneops.core.io import Layout, read_json
 from pruneops.data import load_prepared
-from pruneops.drift import DriftMonitor, histograms, ks_against_quantiles, psi
-from pruneops.io import Layout, read_json
-from pruneops.stages.validate import ValidateConfig, validate_dataset
+from pruneops.data.drift import DriftMonitor, histograms, ks_against_quantiles, psi
+from pruneops.task.classification.validate import ValidateConfig, validate_dataset
 
 
 def test_psi_matches_hand_computation():

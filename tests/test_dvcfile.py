@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pruneops.dvcfile import PACKAGE_DIR, check_dvc_yaml, import_closure, render, write_dvc_yaml
-from pruneops.errors import ConfigError
-from pruneops.runner import run_stage
-from pruneops.stages import STAGE_NAMES, STAGES
+from pruneops.core.errors import ConfigError
+from pruneops.pipeline.dvcfile import PACKAGE_DIR, check_dvc_yaml, import_closure, render, write_dvc_yaml
+from pruneops.pipeline.runner import run_stage
+from pruneops.pipeline.stages import STAGE_NAMES, STAGES
 from tests.conftest import ROOT, tiny_params, write_params
 
 USER_MODEL = """
@@ -36,25 +36,25 @@ def test_the_committed_dvc_yaml_is_complete_for_the_table_and_params():
 
 
 def test_closures_hold_what_each_stage_really_imports():
-    sensitivity = {_rel(p) for p in import_closure("pruneops.stages.sensitivity")}
-    assert {"pruneops/training.py", "pruneops/profiling.py", "pruneops/checkpoint.py"} <= sensitivity
+    sensitivity = {_rel(p) for p in import_closure("pruneops.task.classification.sensitivity")}
+    assert {"pruneops/training/fit.py", "pruneops/models/profiling.py", "pruneops/models/checkpoint.py"} <= sensitivity
     assert {"pruneops/models/registry.py", "pruneops/models/architectures.py"} <= sensitivity  # lazy imports too
-    finetune = {_rel(p) for p in import_closure("pruneops.stages.finetune")}
-    assert {"pruneops/pruning/masks.py", "pruneops/training.py"} <= finetune
-    assert "pruneops/stages/train.py" not in finetune  # no stage imports another
-    assert "pruneops/profiling.py" in {_rel(p) for p in import_closure("pruneops.stages.export")}
-    assert "pruneops/profiling.py" in {_rel(p) for p in import_closure("pruneops.stages.train")}
+    finetune = {_rel(p) for p in import_closure("pruneops.task.classification.finetune")}
+    assert {"pruneops/pruning/masks.py", "pruneops/training/fit.py"} <= finetune
+    assert "pruneops/task/classification/train.py" not in finetune  # no stage imports another
+    assert "pruneops/models/profiling.py" in {_rel(p) for p in import_closure("pruneops.task.classification.export")}
+    assert "pruneops/models/profiling.py" in {_rel(p) for p in import_closure("pruneops.task.classification.train")}
     # Serving code is no stage's dependency: editing it re-runs nothing.
-    assert not any("serving" in _rel(p) for s in STAGES for p in import_closure(s.module, "pruneops.stages"))
+    assert not any("serving" in _rel(p) for s in STAGES for p in import_closure(s.module, "pruneops.pipeline.stages"))
 
 
 def test_removing_a_dep_from_dvc_yaml_fails_the_check(tmp_path):
     doc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    doc["stages"]["sensitivity"]["deps"].remove("pruneops/training.py")
+    doc["stages"]["sensitivity"]["deps"].remove("pruneops/training/fit.py")
     doc["stages"]["train"]["params"].remove("train.lr")
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(doc))
     problems = check_dvc_yaml(ROOT, dvc_yaml=tmp_path / "dvc.yaml")
-    assert "stage sensitivity: does not depend on pruneops/training.py, which it uses" in problems
+    assert "stage sensitivity: does not depend on pruneops/training/fit.py, which it uses" in problems
     assert "stage train: does not list param train.lr" in problems
     assert len(problems) == 2
 

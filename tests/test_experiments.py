@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from pruneops.errors import ConfigError, PruneOpsError
-from pruneops.experiments import _make_worktree, apply_overrides, tool_env
+from pruneops.core.errors import ConfigError, PruneOpsError
+from pruneops.pipeline.experiments import _make_worktree, apply_overrides, tool_env
 from tests.conftest import ROOT
 
 
@@ -30,8 +30,8 @@ def test_a_rerun_replaces_the_worktree_a_killed_run_left(tmp_path):
 
 
 def test_an_override_sets_a_key_inside_a_nested_block_and_keeps_its_siblings():
-    from pruneops.errors import ConfigError
-    from pruneops.experiments import apply_overrides
+    from pruneops.core.errors import ConfigError
+    from pruneops.pipeline.experiments import apply_overrides
     from tests.conftest import tiny_params
 
     params = tiny_params()
@@ -59,7 +59,7 @@ def test_an_override_sets_a_key_inside_a_nested_block_and_keeps_its_siblings():
     ],
 )
 def test_an_override_that_names_code_is_refused_with_exit_2(overrides):
-    from pruneops.params import read_params
+    from pruneops.core.params import read_params
 
     with pytest.raises(ConfigError, match="a value naming code .* is read from params.yaml only") as raised:
         apply_overrides(read_params(ROOT / "params.yaml"), overrides)
@@ -67,7 +67,7 @@ def test_an_override_that_names_code_is_refused_with_exit_2(overrides):
 
 
 def test_prunops_set_refuses_a_value_that_names_code():
-    from pruneops.params import environment_overrides
+    from pruneops.core.params import environment_overrides
 
     with pytest.raises(ConfigError, match="PRUNEOPS_SET: reprune.drift_source: a value naming code"):
         environment_overrides("reprune.drift_source=os:system")
@@ -78,8 +78,8 @@ def test_prunops_set_refuses_a_value_that_names_code():
 
 def test_validating_a_user_factory_neither_imports_nor_calls_it(tmp_path, monkeypatch):
     from pruneops.config import TrainConfig
+    from pruneops.core.params import parse_section
     from pruneops.models import ModelSpec, create_model
-    from pruneops.params import parse_section
 
     marker = tmp_path / "imported"
     (tmp_path / "side_effects.py").write_text(

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import yaml
 
-from pruneops.errors import ConfigError
-from pruneops.io import read_json
+from pruneops.core.errors import ConfigError
+from pruneops.core.io import read_json
 from pruneops.models import ModelSpec, classifier_of, create_model
-from pruneops.runner import run_stage
-from pruneops.stages import STAGE_NAMES
-from pruneops.stages.quantize import SAME_SPEED
+from pruneops.pipeline.runner import run_stage
+from pruneops.pipeline.stages import STAGE_NAMES
+from pruneops.task.classification.quantize import SAME_SPEED
 from tests.conftest import ROOT, write_params
 
 FAMILIES = ["mobilenet_v2_style", "se_net", "resnet18_style", "vit_style", "convnext_style"]
@@ -77,7 +77,7 @@ def _latency_only_copy(pipeline_dir, tmp_path) -> None:
 def test_quantize_ships_int8_only_where_it_is_not_slower_at_any_benchmark_batch(
     pipeline_dir, tmp_path, monkeypatch, factors, expected
 ):
-    import pruneops.timing.sessions as benchmark
+    import pruneops.runtimes.onnxruntime.timing as benchmark
 
     _latency_only_copy(pipeline_dir, tmp_path)
     monkeypatch.setattr(benchmark, "measure_latencies", _scaled_latencies(benchmark.measure_latencies, factors))
@@ -102,7 +102,7 @@ def test_a_candidate_read_slower_than_fp32_once_is_timed_again_before_it_is_rule
     pipeline_dir, tmp_path, monkeypatch
 ):
     """Static INT8 read 2x fp32 at batch 8 in one timing and 0.9x in the next: it ships."""
-    import pruneops.timing.sessions as benchmark
+    import pruneops.runtimes.onnxruntime.timing as benchmark
 
     _latency_only_copy(pipeline_dir, tmp_path)
     # Each call's factors over fp32 (1 ms at batch 1, 8 ms at batch 8): dynamic reads 1.5x every
@@ -138,7 +138,7 @@ def test_a_named_quantizer_ships_as_configured_and_warns_where_it_is_slower_or_p
 ):
     import yaml
 
-    import pruneops.timing.sessions as benchmark
+    import pruneops.runtimes.onnxruntime.timing as benchmark
 
     for part in ("validate", "train", "prune", "finetune"):
         shutil.copytree(pipeline_dir / "artifacts" / part, tmp_path / "artifacts" / part)
@@ -198,8 +198,8 @@ def _params(family: str) -> dict:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_runs_end_to_end_with_default_settings_and_ships_no_slower_model(family, tmp_path):
     from pruneops.config import BenchmarkConfig
-    from pruneops.onnx_utils import make_session
-    from pruneops.timing.sessions import measure_latencies
+    from pruneops.runtimes.onnxruntime.files import make_session
+    from pruneops.runtimes.onnxruntime.timing import measure_latencies
 
     params = write_params(tmp_path, _params(family))
     for stage in STAGE_NAMES:

@@ -7,15 +7,21 @@ from pathlib import Path
 import pytest
 
 import pruneops
-from pruneops.dvcfile import module_imports, stage_deps
-from pruneops.params import read_params
-from pruneops.stages import STAGES, load_configs
+from pruneops.core.params import read_params
+from pruneops.pipeline.dvcfile import module_imports, stage_deps
+from pruneops.pipeline.stages import STAGES, load_configs
 
 ROOT = Path(pruneops.__file__).parent
 MAX_LINES = 600
 # Packages below the stages: what they import may not be a stage, `pruneops bench` or an entry point.
 LOWER = ("pruneops.timing", "pruneops.planning", "pruneops.pruning", "pruneops.models", "pruneops.data")
-UPPER = ("pruneops.stages.", "pruneops.bench", "pruneops.cli", "pruneops.runner", "pruneops.experiments")
+UPPER = (
+    "pruneops.task.",
+    "pruneops.compare",
+    "pruneops.cli",
+    "pruneops.pipeline.runner",
+    "pruneops.pipeline.experiments",
+)
 
 
 def _modules() -> list[str]:
@@ -58,12 +64,12 @@ def test_no_module_imports_itself_back_through_others():
 
 
 def test_a_cycle_is_found_where_there_is_one():
-    GRAPH["pruneops.errors"].add("pruneops.stages.prune")
+    GRAPH["pruneops.core.errors"].add("pruneops.task.classification.prune")
     try:
         cycle = _cycle()
     finally:
-        GRAPH["pruneops.errors"].discard("pruneops.stages.prune")
-    assert cycle is not None and "pruneops.errors" in cycle
+        GRAPH["pruneops.core.errors"].discard("pruneops.task.classification.prune")
+    assert cycle is not None and "pruneops.core.errors" in cycle
 
 
 def test_no_stage_imports_another_stage():
@@ -97,4 +103,4 @@ def test_editing_a_pruning_method_does_not_retrain_the_baseline():
 def test_config_validation_looks_registries_up_below_the_stages():
     """Params validation names registries by `module:NAME`; none may make loading params import a stage."""
     for module in (ROOT / "config").glob("*.py"):
-        assert '"pruneops.stages.' not in module.read_text(), module
+        assert '"pruneops.pipeline.stages.' not in module.read_text(), module

@@ -11,9 +11,9 @@ pytestmark = [
 
 
 def test_mnist_cnn_pipeline_by_params_only(tmp_path):
-    from pruneops.io import read_json
-    from pruneops.runner import run_stage
-    from pruneops.stages import STAGE_NAMES
+    from pruneops.core.io import read_json
+    from pruneops.pipeline.runner import run_stage
+    from pruneops.pipeline.stages import STAGE_NAMES
 
     params = tiny_params(
         validate={"dataset": "npz", "path": str(MNIST), "max_train_samples": 6000, "val_fraction": 0.05},

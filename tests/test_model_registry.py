@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pruneops.registry.store import ModelRegistry, RegistryError
+from pruneops.modelstore.store import ModelRegistry, RegistryError
 from tests.conftest import tiny_onnx
 
 

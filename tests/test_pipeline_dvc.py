@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pruneops.dvcfile import write_dvc_yaml
-from pruneops.stages import STAGE_NAMES as STAGES
+from pruneops.pipeline.dvcfile import write_dvc_yaml
+from pruneops.pipeline.stages import STAGE_NAMES as STAGES
 from tests.conftest import tiny_params, write_params
 
 
@@ -31,7 +31,7 @@ def _sh(cwd: Path, *cmd: str, timeout: int = 600) -> subprocess.CompletedProcess
 
 def repro_new_project(root: Path, params: dict, timeout: int = 1200) -> str:
     """Writes `params` and the generated `dvc.yaml` into a new git + DVC project; `dvc repro`'s output."""
-    from pruneops.dvcfile import write_dvc_yaml
+    from pruneops.pipeline.dvcfile import write_dvc_yaml
     from tests.conftest import write_params
 
     write_params(root, params)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pruneops.plots import _pad_limits, _pyplot, draw_frontier_, spread_labels_
+from pruneops.reports.plots import _pad_limits, _pyplot, draw_frontier_, spread_labels_
 
 
 @pytest.mark.parametrize(
@@ -100,8 +100,8 @@ def test_labels_of_points_at_one_latency_do_not_overlap() -> None:
 
 def test_latency_predictions_say_the_form_and_batch_each_was_timed_at(tmp_path) -> None:
     """A batch-64 INT8 prediction is not a batch-1 fp32 one: the report line and the legend say which."""
-    from pruneops.bench.report import _prediction_lines
-    from pruneops.plots import plot_latency_predictions
+    from pruneops.compare.report import _prediction_lines
+    from pruneops.reports.plots import plot_latency_predictions
 
     points = [
         {"label": "a", "predicted_ms": 0.30, "measured_ms": 0.33, "error": -0.09, "form": "fp32", "batch": 1},

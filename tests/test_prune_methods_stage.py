@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from pruneops.io import read_json
-from pruneops.runner import run_stage
+from pruneops.core.io import read_json
+from pruneops.pipeline.runner import run_stage
 from tests.conftest import prune_section, tiny_params, write_params
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pruneops.data import load_prepared
-from pruneops.quantizers import quantized_copy, weight_range
+from pruneops.runtimes.onnxruntime.quantizers import quantized_copy, weight_range
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,12 @@ import shutil
 
 from prometheus_client import generate_latest
 
-from pruneops.bench.results import HEADLINE_END, HEADLINE_START, read_results
 from pruneops.cli import build_parser, main
+from pruneops.compare.results import HEADLINE_END, HEADLINE_START, read_results
 from pruneops.config import PruneConfig
-from pruneops.reference import generated_files, metrics_page, params_page, stale_files, write_files
+from pruneops.pipeline.stages import STAGES
+from pruneops.reports.pages import generated_files, metrics_page, params_page, stale_files, write_files
 from pruneops.serving.app import Metrics
-from pruneops.stages import STAGES
 from tests.conftest import ROOT
 
 REFERENCE = ROOT / "docs" / "reference"

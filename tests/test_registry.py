@@ -1,7 +1,7 @@
 import pytest
 
-from pruneops.errors import ConfigError
-from pruneops.plugins import Registry
+from pruneops.core.errors import ConfigError
+from pruneops.core.plugins import Registry
 
 
 def test_registry_registers_and_lists_with_summary():

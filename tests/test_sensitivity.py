@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from pruneops.checkpoint import load_checkpoint
 from pruneops.config import ConfigError, PruneConfig, SensitivityConfig
+from pruneops.core.io import read_json
+from pruneops.core.params import parse_section, read_params
 from pruneops.data import load_prepared
-from pruneops.io import read_json
-from pruneops.params import parse_section, read_params
+from pruneops.models.checkpoint import load_checkpoint
+from pruneops.pipeline.runner import run_stage
 from pruneops.planning.allocation import allocate_ratios
 from pruneops.planning.sensitivity import fisher_sweep
 from pruneops.pruning import methods
@@ -32,9 +33,8 @@ from pruneops.pruning.heads import head_sites
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.methods import FisherPruning
 from pruneops.pruning.units import UnitPruner
-from pruneops.runner import run_stage
-from pruneops.stages.prune import make_context
-from pruneops.training import evaluate
+from pruneops.task.classification.prune import make_context
+from pruneops.training.fit import evaluate
 from tests.conftest import prune_section, tiny_params, write_params
 
 RATIOS = [0.25, 0.5, 0.75]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
-from pruneops.checkpoint import load_checkpoint
-from pruneops.io import read_json
-from pruneops.stages.quantize import SAME_SPEED
+from pruneops.core.io import read_json
+from pruneops.models.checkpoint import load_checkpoint
+from pruneops.task.classification.quantize import SAME_SPEED
 
 
 def _metrics(root, stage):
@@ -120,7 +120,7 @@ def test_the_benchmark_says_a_gpu_here_was_not_timed(pipeline_dir, tmp_path, mon
 
     import torch
 
-    from pruneops.runner import run_stage
+    from pruneops.pipeline.runner import run_stage
 
     for stage in ("validate", "export"):
         shutil.copytree(pipeline_dir / "artifacts" / stage, tmp_path / "artifacts" / stage)
@@ -141,10 +141,10 @@ def test_prune_stage_recalibrates_batchnorm_after_each_step(pipeline_dir, tmp_pa
 
     import torch
 
+    from pruneops.core.io import Layout
     from pruneops.data import load_prepared
-    from pruneops.io import Layout
-    from pruneops.runner import run_stage
-    from pruneops.training import calibration_subset, recalibrate_batchnorm_
+    from pruneops.pipeline.runner import run_stage
+    from pruneops.training.fit import calibration_subset, recalibrate_batchnorm_
     from tests.conftest import tiny_params, write_params
 
     models = {}
@@ -170,7 +170,7 @@ def test_run_logged_keeps_the_last_non_blank_lines_for_the_error_message(tmp_pat
     """An experiment's failure message is the tail's last line: a trailing blank must not hide it."""
     import sys
 
-    from pruneops.experiments import run_logged
+    from pruneops.pipeline.experiments import run_logged
 
     seen: list[str] = []
     code, tail = run_logged(
@@ -183,8 +183,8 @@ def test_run_logged_keeps_the_last_non_blank_lines_for_the_error_message(tmp_pat
 def test_prune_steps_distil_from_the_unpruned_model_when_asked(pipeline_dir, tmp_path, monkeypatch, weight):
     import shutil
 
-    import pruneops.stages.prune as prune_module
-    from pruneops.runner import run_stage
+    import pruneops.task.classification.prune as prune_module
+    from pruneops.pipeline.runner import run_stage
     from tests.conftest import tiny_params, write_params
 
     seen = []
@@ -218,8 +218,8 @@ def test_finetune_distils_while_the_student_is_below_the_teacher_by_default(pipe
     import shutil
 
     from pruneops.data import load_prepared
-    from pruneops.runner import run_stage
-    from pruneops.training import evaluate
+    from pruneops.pipeline.runner import run_stage
+    from pruneops.training.fit import evaluate
     from tests.conftest import tiny_params, write_params
 
     # A student that starts above its teacher: the session's fine-tuned model, taught by its own
@@ -254,7 +254,7 @@ def test_finetune_distils_while_the_student_is_below_the_teacher_by_default(pipe
 def test_finetune_runs_the_teacher_of_augmented_batches_on_onnx_runtime_when_asked(pipeline_dir, tmp_path):
     import shutil
 
-    from pruneops.runner import run_stage
+    from pruneops.pipeline.runner import run_stage
     from tests.conftest import tiny_params, write_params
 
     for stage in ("validate", "train", "prune"):

@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pruneops.config import ValidateConfig  # noqa: E402
+from pruneops.core.errors import ConfigError, DataError  # noqa: E402
+from pruneops.core.params import read_params  # noqa: E402
 from pruneops.data.loaders import load_raw  # noqa: E402
-from pruneops.errors import ConfigError, DataError  # noqa: E402
-from pruneops.params import read_params  # noqa: E402
-from pruneops.stages import SECTIONS, load_configs  # noqa: E402
+from pruneops.pipeline.stages import SECTIONS, load_configs  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 BASE = read_params(ROOT / "params.yaml")
@@ -238,7 +238,7 @@ def _serving_app():
     import tempfile
     from pathlib import Path
 
-    from pruneops.registry.store import ModelRegistry
+    from pruneops.modelstore.store import ModelRegistry
     from pruneops.serving.app import ServingConfig, create_app
     from tests.conftest import digits_onnx
 

@@ -7,14 +7,14 @@ downloads); the text is built so that its first word gives the label.
 import pytest
 import torch
 
-from pruneops.checkpoint import load_checkpoint
 from pruneops.config import TrainConfig, ValidateConfig
+from pruneops.core.inputs import as_tensors, trim_padding
+from pruneops.core.io import Layout
 from pruneops.data import load_prepared
-from pruneops.forward import predict_logits
-from pruneops.inputs import as_tensors, trim_padding
-from pruneops.io import Layout
-from pruneops.stages.train import train_baseline
-from pruneops.stages.validate import validate_dataset
+from pruneops.models.checkpoint import load_checkpoint
+from pruneops.models.forward import predict_logits
+from pruneops.task.classification.train import train_baseline
+from pruneops.task.classification.validate import validate_dataset
 from tests.text_helpers import make_reviews, tiny_pretrained
 
 pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
@@ -50,8 +50,8 @@ def test_pretrained_folder_fine_tuned_to_the_labels_and_reloaded_identically(tmp
     # Static INT8 of the fine-tuned model: only its matrix products are quantized. Calibrating the
     # attention-mask arithmetic too gave NaN zero points and a model at chance (50%) here.
     from pruneops.config import QuantizeConfig
-    from pruneops.onnx_utils import export_onnx_file, make_session, ort_accuracy
-    from pruneops.quantizers import quantize_static_qdq
+    from pruneops.runtimes.onnxruntime.files import export_onnx_file, make_session, ort_accuracy
+    from pruneops.runtimes.onnxruntime.quantizers import quantize_static_qdq
 
     export_onnx_file(ckpt.model, meta.input_shape, tmp_path / "fp32.onnx", 18)
     train = load_prepared(layout.stage_dir("validate"))[1]
@@ -120,7 +120,7 @@ def test_hf_config_errors(kwargs, message):
 
 
 def test_a_folder_without_a_config_is_named(tmp_path):
-    from pruneops.errors import ConfigError
+    from pruneops.core.errors import ConfigError
     from pruneops.models.hf import pretrained_config
 
     (tmp_path / "empty").mkdir()

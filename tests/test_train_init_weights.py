@@ -9,16 +9,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pruneops.checkpoint import load_checkpoint
 from pruneops.config import TrainConfig
+from pruneops.core.errors import CheckpointError, ConfigError
+from pruneops.core.io import Layout
 from pruneops.data import load_prepared
-from pruneops.errors import CheckpointError, ConfigError
-from pruneops.init_weights import load_init_weights_, read_state_dict
-from pruneops.io import Layout
 from pruneops.models import ModelSpec, create_model
-from pruneops.stages.train import train_baseline
-from pruneops.stages.validate import ValidateConfig, validate_dataset
-from pruneops.training import FitSettings, evaluate, fit_
+from pruneops.models.checkpoint import load_checkpoint
+from pruneops.models.init_weights import load_init_weights_, read_state_dict
+from pruneops.task.classification.train import train_baseline
+from pruneops.task.classification.validate import ValidateConfig, validate_dataset
+from pruneops.training.fit import FitSettings, evaluate, fit_
 
 SPEC = {"model": "cnn", "model_kwargs": {"widths": [8, 16]}}
 
@@ -136,7 +136,7 @@ def test_a_frozen_backbone_trains_only_the_head_then_everything(digits):
 
 
 def test_warm_up_raises_the_lr_linearly_then_decays():
-    from pruneops.training import _schedule
+    from pruneops.training.fit import _schedule
 
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([param], lr=1.0)

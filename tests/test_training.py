@@ -2,12 +2,12 @@ import copy
 
 import torch
 
+from pruneops.core.io import Layout
 from pruneops.data import load_prepared
-from pruneops.distillation import Distillation
-from pruneops.io import Layout
 from pruneops.models import ModelSpec, create_model
-from pruneops.stages.validate import ValidateConfig, validate_dataset
-from pruneops.training import FitSettings, evaluate, fit_
+from pruneops.task.classification.validate import ValidateConfig, validate_dataset
+from pruneops.training.distillation import Distillation
+from pruneops.training.fit import FitSettings, evaluate, fit_
 
 
 def _digits(tmp_path):
@@ -125,7 +125,7 @@ def test_the_teacher_runs_once_per_fit_and_its_cached_logits_train_alike(tmp_pat
 
 
 def test_recalibrate_batchnorm_sets_running_stats_to_the_data_statistics():
-    from pruneops.training import recalibrate_batchnorm_
+    from pruneops.training.fit import recalibrate_batchnorm_
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(1, 4, 3, padding=1)
@@ -148,11 +148,11 @@ def test_recalibrate_batchnorm_sets_running_stats_to_the_data_statistics():
 def test_hidden_distillation_pulls_each_pruned_layer_towards_its_original(tmp_path):
     import pytest
 
-    from pruneops.distillation import BlockTaps, repeated_blocks
-    from pruneops.errors import PruneOpsError
-    from pruneops.inputs import head_tensors
+    from pruneops.core.errors import PruneOpsError
+    from pruneops.core.inputs import head_tensors
     from pruneops.pruning.importance import IMPORTANCES
     from pruneops.pruning.units import UnitPruner
+    from pruneops.training.distillation import BlockTaps, repeated_blocks
 
     meta, train, val, _ = _digits(tmp_path)
     torch.manual_seed(0)
@@ -191,7 +191,7 @@ def test_hidden_distillation_pulls_each_pruned_layer_towards_its_original(tmp_pa
 def test_convolutions_train_channels_last_and_come_back_contiguous(tmp_path):
     from safetensors.torch import save_file
 
-    from pruneops.forward import channels_last_
+    from pruneops.models.forward import channels_last_
 
     meta, train, val, _ = _digits(tmp_path)
     torch.manual_seed(0)
@@ -222,7 +222,7 @@ def test_convolutions_train_channels_last_and_come_back_contiguous(tmp_path):
 
 def test_a_strided_pointwise_conv_over_few_channels_trains_in_nchw_and_seeded_fits_agree(tmp_path):
     """torch 2.13's channels-last backward of a 1x1 stride-2 conv over 2-6 channels corrupts memory."""
-    from pruneops.forward import channels_last_
+    from pruneops.models.forward import channels_last_
 
     meta, train, val, _ = _digits(tmp_path)
     narrow = create_model(ModelSpec("cnn", meta.input_shape, 10, {"widths": [4, 8]}))  # 4 -> 8 shortcut
@@ -273,7 +273,7 @@ def _tiny_encoder(family: str):
 
 def _layer_distillation_run(family: str, monkeypatch, budget: int | None):
     """Two epochs of layer-wise distillation into a perturbed copy; the teacher's forward calls counted."""
-    import pruneops.distillation as training
+    import pruneops.training.distillation as training
 
     if budget is not None:
         monkeypatch.setattr(training, "TEACHER_CACHE_BYTES", budget)
@@ -312,7 +312,7 @@ def test_layer_distillation_runs_the_teacher_once_per_fit_to_the_same_effect(fam
 def test_the_block_cache_finds_the_text_dim_and_keeps_to_its_budget(caplog):
     import logging
 
-    from pruneops.distillation import cache_blocks, repeated_blocks
+    from pruneops.training.distillation import cache_blocks, repeated_blocks
 
     teacher = _tiny_encoder("bert")
     split = _text_split(10, 12, 40, 0)
@@ -321,7 +321,7 @@ def test_the_block_cache_finds_the_text_dim_and_keeps_to_its_budget(caplog):
     assert list(blocks.outputs) == names and len(names) == 3
     assert blocks.seq_dims == dict.fromkeys(names, 1)  # (batch, tokens, hidden)
     assert blocks.outputs[names[0]].shape == (10, 12, 16) and logits.shape == (10, 2)
-    with caplog.at_level(logging.INFO, logger="pruneops.distillation"):
+    with caplog.at_level(logging.INFO, logger="pruneops.training.distillation"):
         assert cache_blocks(teacher, split.x, budget=10 * 12 * 16 * 3 * 4 - 1) is None
     assert "the teacher runs on every batch" in caplog.text
     # No repeated blocks: nothing to cache, and no pass over the data (`BlockTaps` then refuses).
@@ -332,7 +332,7 @@ def test_the_block_cache_finds_the_text_dim_and_keeps_to_its_budget(caplog):
 
 
 def test_the_teacher_on_onnx_runtime_gives_its_logits_and_an_augmented_fit_trains_alike(tmp_path):
-    from pruneops.training import onnx_forward
+    from pruneops.training.fit import onnx_forward
 
     meta, train, val, _ = _digits(tmp_path)
     torch.manual_seed(0)
@@ -359,11 +359,11 @@ def test_the_teacher_on_onnx_runtime_gives_its_logits_and_an_augmented_fit_train
 def test_a_teacher_on_onnx_runtime_that_disagrees_with_pytorch_is_refused(tmp_path, monkeypatch):
     import pytest
 
-    import pruneops.onnx_utils
-    from pruneops.errors import PruneOpsError
-    from pruneops.training import onnx_forward
+    import pruneops.runtimes.onnxruntime.files
+    from pruneops.core.errors import PruneOpsError
+    from pruneops.training.fit import onnx_forward
 
-    real = pruneops.onnx_utils.make_session
+    real = pruneops.runtimes.onnxruntime.files.make_session
 
     class Shifted:  # an export whose logits are off by one: what a wrong export would give
         def __init__(self, *args):
@@ -372,7 +372,7 @@ def test_a_teacher_on_onnx_runtime_that_disagrees_with_pytorch_is_refused(tmp_pa
         def run(self, *args):
             return [out + 1.0 for out in self.session.run(*args)]
 
-    monkeypatch.setattr(pruneops.onnx_utils, "make_session", Shifted)
+    monkeypatch.setattr(pruneops.runtimes.onnxruntime.files, "make_session", Shifted)
     meta, _, val, _ = _digits(tmp_path)
     model = create_model(ModelSpec("cnn", meta.input_shape, 10, {"widths": [4, 8]}))
     with pytest.raises(PruneOpsError, match="differs from PyTorch by 1.00e\\+00 > 0.001.*teacher_runtime: torch"):

@@ -40,7 +40,7 @@ from pruneops.config.prune import (
     TargetKind,
     TrialsConfig,
 )
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 
 # `validate.dataset: corpus`: documents a causal LM is scored on, in token blocks.
 CORPUS_DATASET = "corpus"
@@ -186,7 +186,7 @@ class ValidateConfig(StageConfig):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, v: str) -> str:
-        if v == CORPUS_DATASET:  # documents for a causal LM: blocks, not samples (pruneops.llm)
+        if v == CORPUS_DATASET:  # documents for a causal LM: blocks, not samples (pruneops.task.causal_lm)
             return v
         try:
             return registered("pruneops.data.loaders:LOADERS", v)
@@ -438,12 +438,12 @@ class QuantizeConfig(StageConfig):
     @field_validator("method")
     @classmethod
     def _known_quantizer(cls, v: str) -> str:
-        return v if v == "auto" else registered("pruneops.quantizers:QUANTIZERS", v)
+        return v if v == "auto" else registered("pruneops.runtimes.onnxruntime.quantizers:QUANTIZERS", v)
 
     @field_validator("exporter")
     @classmethod
     def _known_exporter(cls, v: str) -> str:
-        return registered("pruneops.onnx_utils:EXPORTERS", v)
+        return registered("pruneops.runtimes.onnxruntime.files:EXPORTERS", v)
 
 
 class ExportConfig(StageConfig):
@@ -460,7 +460,7 @@ class ExportConfig(StageConfig):
     @field_validator("exporter")
     @classmethod
     def _known_exporter(cls, v: str) -> str:
-        return registered("pruneops.onnx_utils:EXPORTERS", v)
+        return registered("pruneops.runtimes.onnxruntime.files:EXPORTERS", v)
 
 
 class BenchmarkConfig(StageConfig):
@@ -536,7 +536,7 @@ class ComputeConfig(StageConfig):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, v: str) -> str:
-        return registered("pruneops.compute:BACKENDS", v)
+        return registered("pruneops.pipeline.compute:BACKENDS", v)
 
 
 # Sections that configure the orchestration around the stages rather than a stage.

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 
 Ratio = Annotated[float, Field(ge=0.0, lt=1.0)]
 
@@ -39,7 +39,7 @@ def lookup(target: str, name: str) -> Any:
     """Resolves `name` through a registry (or resolver function) given as `module:attribute`.
 
     The module is named by a string and imported on first use: a name check passes or fails a
-    config and cannot change a stage's outputs, so `pruneops.dvcfile` does not count the registry
+    config and cannot change a stage's outputs, so `pruneops.pipeline.dvcfile` does not count the registry
     module among the stage's code dependencies.
 
     Raises:

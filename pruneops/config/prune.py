@@ -78,7 +78,7 @@ class TargetConfig(StageConfig):
         if v == AUTO_FORM:
             return v
         try:
-            return registered("pruneops.quantizers:QUANTIZERS", v)
+            return registered("pruneops.runtimes.onnxruntime.quantizers:QUANTIZERS", v)
         except ValueError as exc:
             raise ValueError(f"{exc}; or {AUTO_FORM} (plan in every form the quantize stage may ship)") from None
 
@@ -197,7 +197,7 @@ class DecoderCutConfig(StageConfig):
     @field_validator("importance")
     @classmethod
     def _known_importance(cls, v: str) -> str:
-        return registered("pruneops.pruning.decoder:NEURON_IMPORTANCES", v)
+        return registered("pruneops.pruning.decoder_cuts:NEURON_IMPORTANCES", v)
 
 
 class PruneConfig(StageConfig):

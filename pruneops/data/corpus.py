@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.errors import DataError, DataValidationError
+from pruneops.core.errors import DataError, DataValidationError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from pruneops.errors import DataValidationError
+from pruneops.core.errors import DataValidationError
 
 
 @dataclass(frozen=True)

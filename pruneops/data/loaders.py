@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from pruneops.config import ValidateConfig
+from pruneops.core.errors import ConfigError, DataError
+from pruneops.core.plugins import Registry
 from pruneops.data.text import TextTable, describe_columns, read_text_table
-from pruneops.errors import ConfigError, DataError
-from pruneops.plugins import Registry
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.errors import DataError
-from pruneops.inputs import rows
-from pruneops.io import dump_json, read_json
+from pruneops.core.errors import DataError
+from pruneops.core.inputs import rows
+from pruneops.core.io import dump_json, read_json
 
 SPLITS = ("train", "val", "test")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pruneops.errors import ConfigError, DataError
-from pruneops.inputs import encode_texts as tokenize
-from pruneops.inputs import unknown_id
+from pruneops.core.errors import ConfigError, DataError
+from pruneops.core.inputs import encode_texts as tokenize
+from pruneops.core.inputs import unknown_id
 
 __all__ = ["tokenize", "unknown_id"]  # validate and serving tokenise with the same code
 

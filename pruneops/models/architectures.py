@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 from pruneops.models.registry import MODELS
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pruneops.errors import CheckpointError, ConfigError
+from pruneops.core.errors import CheckpointError, ConfigError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 from pruneops.models.registry import MODELS
 
 

@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from pruneops.errors import CheckpointError, ConfigError
-from pruneops.inputs import InputSpec, text_inputs
+from pruneops.core.errors import CheckpointError, ConfigError
+from pruneops.core.inputs import InputSpec, text_inputs
 from pruneops.models.registry import MODELS
 from pruneops.models.structure import module_structure, resize_to_structure_
 

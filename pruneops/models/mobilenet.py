@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 from pruneops.models.registry import MODELS
 
 # (expansion t, output channels c, repeats n, first stride s): Sandler et al. 2018, Table 2.

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pruneops.errors import ConfigError
-from pruneops.inputs import example_input, run_model
-from pruneops.plugins import Registry
+from pruneops.core.errors import ConfigError
+from pruneops.core.inputs import example_input, run_model
+from pruneops.core.plugins import Registry
 
 MODELS: Registry = Registry("model")
 
@@ -70,7 +70,7 @@ def create_model(spec: ModelSpec) -> nn.Module:
     (torchvision's `mobilenet_v2(**kwargs)` hands every keyword to its class, which has no such
     argument).
     """
-    from pruneops.inputs import InputSpec
+    from pruneops.core.inputs import InputSpec
     from pruneops.models.preprocess import attach_preprocess_, network_input_shape
 
     factory = resolve_factory(spec.name)

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 
 
 def _monotone(values: list[float]) -> list[float]:

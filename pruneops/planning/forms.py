@@ -11,14 +11,14 @@ from torch import nn
 from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.planning.latency_model import pruned_or_none, within_vocabulary, without_vocabulary
 from pruneops.pruning.units import round_keep
-from pruneops.timing.sessions import measured_latency
+from pruneops.runtimes.onnxruntime.timing import measured_latency
 
 FORMS_FILE = "forms.json"  # in artifacts/latency: the forms to plan in and a ratio's reference
 
 
 def planned_forms(prune: PruneConfig, quantize: QuantizeConfig) -> list[str]:
     """The forms a latency target is planned in: the one named, or with `auto` each the quantize stage may ship."""
-    from pruneops.quantizers import QUANTIZERS
+    from pruneops.runtimes.onnxruntime.quantizers import QUANTIZERS
 
     if prune.latency_form != AUTO_FORM:
         return [prune.latency_form]

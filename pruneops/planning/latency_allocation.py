@@ -182,7 +182,7 @@ def allocate_latency(
     at `SHORTLIST_FLOOR` of the target or more, least summed drop first (the allocation itself,
     wherever it lands), and the best such uniform one among them: at deep cuts the summed drop (no
     fine-tuning) ranks plans against what fine-tuning recovers, so the caller may rank the
-    shortlist by training instead (`pruneops.stages.prune`'s plan trials).
+    shortlist by training instead (`pruneops.task.classification.prune`'s plan trials).
     """
     options = _candidates(latency, sweep, batch, max_ratio, chance_drop)
     dense = latency.predict({}, batch)

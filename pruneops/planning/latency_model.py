@@ -1,6 +1,6 @@
 """The latency model: a pruned model's milliseconds predicted from measurements on this machine.
 
-Every Conv and Linear layer is timed alone (`pruneops.timing.layers`); one-operator timings miss
+Every Conv and Linear layer is timed alone (`pruneops.runtimes.onnxruntime.layers`); one-operator timings miss
 what the whole graph does (layout conversions, fusions, per-call cost that dominate at tens of
 microseconds), so the model itself is also exported and timed: dense, four uniform cuts, and each
 unit alone at a few of its efficient widths. A prediction is `a + sum over layers of (in-context
@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from pruneops.config import BenchmarkConfig
-from pruneops.inputs import run_model
+from pruneops.core.inputs import run_model
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, is_head_unit, round_keep
-from pruneops.timing.layers import FIELDS, LatencyTable, LayerShape, layer_mmacs, layer_shapes, width_grid
-from pruneops.timing.sessions import measured_latency
+from pruneops.runtimes.onnxruntime.layers import FIELDS, LatencyTable, LayerShape, layer_mmacs, layer_shapes, width_grid
+from pruneops.runtimes.onnxruntime.timing import measured_latency
 
 UNIT_POINTS = 4  # default exports per unit alone (`latency.unit_points`): each costs an export and a timed session
 

@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig
-from pruneops.integrity import file_sha256
-from pruneops.io import Layout
+from pruneops.core.integrity import file_sha256
+from pruneops.core.io import Layout
 from pruneops.planning import targets
 from pruneops.planning.latency_model import keep_counts
 from pruneops.planning.targets import GateDecision, GateResult, Plan
 from pruneops.pruning.units import keep_count, unit_sizes
-from pruneops.timing.sessions import measured_latency
+from pruneops.runtimes.onnxruntime.timing import measured_latency
 
 logger = logging.getLogger(__name__)
 

@@ -10,21 +10,21 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pruneops.compute import Backend, LocalBackend
 from pruneops.config import SensitivityConfig
+from pruneops.core.errors import ConfigError
+from pruneops.core.inputs import head_tensors, rows
+from pruneops.core.plugins import Registry
 from pruneops.data import Split
-from pruneops.errors import ConfigError
-from pruneops.inputs import head_tensors, rows
+from pruneops.models.profiling import count_macs
+from pruneops.pipeline.compute import Backend, LocalBackend
 from pruneops.planning.allocation import informative
-from pruneops.plugins import Registry
-from pruneops.profiling import count_macs
 from pruneops.pruning.fisher import fisher_scores
 from pruneops.pruning.heads import head_sites
 from pruneops.pruning.importance import IMPORTANCES, Criterion
 from pruneops.pruning.masks import apply_masks_
 from pruneops.pruning.methods import accumulate_grads_, prunable_weights, topk_masks, training_batches
 from pruneops.pruning.units import UnitPruner, round_keep
-from pruneops.training import (
+from pruneops.training.fit import (
     calibration_subset,
     clone_with_grads,
     evaluate,
@@ -199,7 +199,7 @@ class Estimator:
     """A way to get sensitivity curves.
 
     `sweep(config, base, train, val, input shape, structured, baseline (acc, loss), backend) -> Sweep`
-    (a backend runs its independent evaluations, `pruneops.compute`);
+    (a backend runs its independent evaluations, `pruneops.pipeline.compute`);
     `measures_accuracy`: its curves are validation accuracy drops (comparable with chance, and each
     point one evaluation), not a predicted cost.
     """

@@ -27,13 +27,13 @@ import torch
 from torch import nn
 
 from pruneops.config import BenchmarkConfig, PruneConfig
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
+from pruneops.models.profiling import count_macs, count_params
 from pruneops.planning.allocation import Allocation, allocate_for_target, ratio_for_budget
 from pruneops.planning.latency_model import keep_counts
-from pruneops.profiling import count_macs, count_params
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, is_head_unit
-from pruneops.timing.sessions import measured_latency
+from pruneops.runtimes.onnxruntime.timing import measured_latency
 
 CHANNEL_BLOCK = 16  # ONNX Runtime's NCHWc block on AVX-512 (8 on AVX2): whole blocks cost no more
 
@@ -143,10 +143,10 @@ def load_latency_model(latency_dir: Path, form: str, target: str | None, threads
     Raises:
         ConfigError: No latency table, or none timed in `form` (rerun the latency stage).
     """
-    from pruneops.io import read_json
+    from pruneops.core.io import read_json
     from pruneops.planning.forms import FORMS_FILE
     from pruneops.planning.latency_model import LatencyModel
-    from pruneops.timing.layers import LatencyTable
+    from pruneops.runtimes.onnxruntime.layers import LatencyTable
     from pruneops.timing.machine import machine_fingerprint
 
     if not (latency_dir / FORMS_FILE).is_file():
@@ -177,7 +177,7 @@ def choose_latency_form(
     fp32 accuracy: what INT8 costs on top is the quantize stage's tolerance to check. The forms the
     latency stage screened out (slower than fp32) are listed last, with why, never kept.
     """
-    from pruneops.io import read_json
+    from pruneops.core.io import read_json
     from pruneops.planning.forms import FORMS_FILE
 
     forms = read_json(latency_dir / FORMS_FILE)

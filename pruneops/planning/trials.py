@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pruneops.compute import Backend
 from pruneops.config import PruneConfig
 from pruneops.data import Split
-from pruneops.forward import predict_logits
+from pruneops.models.forward import predict_logits
+from pruneops.pipeline.compute import Backend
 from pruneops.planning.latency_allocation import PlanOption
 from pruneops.pruning.units import unit_sizes
-from pruneops.training import FitSettings, calibration_subset, fit_, recalibrate_batchnorm_
+from pruneops.training.fit import FitSettings, calibration_subset, fit_, recalibrate_batchnorm_
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,9 @@ class PlanTrials:
     example: torch.Tensor
     train: Split
     val: Split
-    backend: Backend | None = None  # runs a shortlist's new trials at once (`pruneops.compute`); None: one by one
+    backend: Backend | None = (
+        None  # runs a shortlist's new trials at once (`pruneops.pipeline.compute`); None: one by one
+    )
     records: list[dict] = dataclasses.field(default_factory=list)
     _correct: dict[tuple, np.ndarray] = dataclasses.field(default_factory=dict)
     _calibration: np.ndarray | dict | None = None  # the same BatchNorm samples for every plan, drawn once

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pruneops.errors import PruneOpsError
+from pruneops.core.errors import PruneOpsError
 
 
 @dataclass(frozen=True)

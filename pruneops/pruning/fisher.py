@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from pruneops.inputs import run_model
+from pruneops.core.inputs import run_model
 from pruneops.pruning.heads import HeadSite
 
 # Where the sensitivity stage's `fisher` estimator keeps the scores, keyed "head:<site>" and

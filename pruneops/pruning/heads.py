@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pruneops.errors import PruneOpsError
-from pruneops.inputs import run_model
-from pruneops.plugins import Registry
+from pruneops.core.errors import PruneOpsError
+from pruneops.core.inputs import run_model
+from pruneops.core.plugins import Registry
 
 
 @dataclass

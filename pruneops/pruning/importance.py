@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch_pruning as tp
 
-from pruneops.errors import PruneOpsError
-from pruneops.plugins import Registry
+from pruneops.core.errors import PruneOpsError
+from pruneops.core.plugins import Registry
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from pruneops.errors import CheckpointError
+from pruneops.core.errors import CheckpointError
 
 
 def save_masks(masks: dict[str, torch.Tensor], path: Path) -> None:

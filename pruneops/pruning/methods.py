@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pruneops.core.inputs import as_tensors, rows, run_model, trim_padding
+from pruneops.core.plugins import Registry
 from pruneops.data.splits import Split
-from pruneops.inputs import as_tensors, rows, run_model, trim_padding
 from pruneops.models import classifier_of
-from pruneops.plugins import Registry
 from pruneops.pruning.fisher import FISHER_SCORES_FILE, fisher_scores, load_fisher_scores
 from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import Criterion

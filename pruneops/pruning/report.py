@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from pruneops.profiling import count_nonzero_params, count_params, layer_macs
+from pruneops.models.profiling import count_nonzero_params, count_params, layer_macs
 
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d)
 

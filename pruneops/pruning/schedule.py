@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pruneops.plugins import Registry
+from pruneops.core.plugins import Registry
 
 SCHEDULES: Registry[Callable[[int], list[float]]] = Registry("pruning schedule")
 

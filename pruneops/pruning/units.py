@@ -17,7 +17,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from pruneops.errors import PruneOpsError
+from pruneops.core.errors import PruneOpsError
 from pruneops.models import classifier_of
 from pruneops.pruning.heads import (
     HeadSite,

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from pruneops.core.errors import ConfigError
+from pruneops.core.inputs import pad_id
+from pruneops.core.io import Layout
 from pruneops.data import Split
 from pruneops.data.text import load_tokenizer, unknown_id
-from pruneops.errors import ConfigError
-from pruneops.inputs import pad_id
-from pruneops.io import Layout
-from pruneops.training import evaluate
+from pruneops.training.fit import evaluate
 
 logger = logging.getLogger(__name__)
 

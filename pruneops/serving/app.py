@@ -25,10 +25,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from pruneops.config import ServeConfig
-from pruneops.drift import DriftMonitor
-from pruneops.errors import ConfigError
-from pruneops.io import Layout, read_json
-from pruneops.registry.store import ModelRegistry, RegistryError, ServableModel, pipeline_reference_stats
+from pruneops.core.errors import ConfigError
+from pruneops.core.io import Layout, read_json
+from pruneops.data.drift import DriftMonitor
+from pruneops.modelstore.store import ModelRegistry, RegistryError, ServableModel, pipeline_reference_stats
 from pruneops.serving.accuracy import accuracy_threshold, expected_accuracy
 from pruneops.serving.limits import BodyLimit
 from pruneops.serving.model import ModelHolder
@@ -460,8 +460,8 @@ def app_from_params(
     Raises:
         ConfigError: Invalid params.
     """
-    from pruneops.params import read_params
-    from pruneops.stages import load_configs
+    from pruneops.core.params import read_params
+    from pruneops.pipeline.stages import load_configs
 
     configs = load_configs(read_params(Path(root) / params_file), ("serve", "reprune"))
     serve, reprune = configs["serve"], configs["reprune"]

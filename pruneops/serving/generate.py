@@ -34,9 +34,9 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
-from pruneops.drift import psi
-from pruneops.errors import ConfigError
-from pruneops.timing.scoring import open_scorer, prefill_losses
+from pruneops.core.errors import ConfigError
+from pruneops.data.drift import psi
+from pruneops.runtimes.genai.scoring import open_scorer, prefill_losses
 
 TOKEN_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 3e-2, 5e-2, 7.5e-2, 0.1, 0.15, 0.25, 0.5, 1.0)
 FIRST_TOKEN_BUCKETS = (1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -103,7 +103,7 @@ def tracking_overhead_us(reference: dict, x: np.ndarray, repeats: int = 5000) ->
     Times exactly what /predict adds besides inference: the latency histogram and request counter
     updates and the drift window update; and, separately, one drift scoring as /metrics does it.
     """
-    from pruneops.drift import DriftMonitor
+    from pruneops.data.drift import DriftMonitor
     from pruneops.serving.app import Metrics
 
     metrics, monitor = Metrics(), DriftMonitor(reference, window=1000)

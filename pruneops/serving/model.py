@@ -8,8 +8,8 @@ import os
 import threading
 from pathlib import Path
 
-from pruneops.registry.contract import contract_differences
-from pruneops.registry.store import TOKENIZER, ModelRegistry, RegistryError, ServableModel, check_servable
+from pruneops.modelstore.contract import contract_differences
+from pruneops.modelstore.store import TOKENIZER, ModelRegistry, RegistryError, ServableModel, check_servable
 
 log = logging.getLogger("pruneops.serving")
 

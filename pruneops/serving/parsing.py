@@ -8,7 +8,7 @@ import numpy as np
 from fastapi import HTTPException
 from pydantic import BaseModel, Field
 
-from pruneops.registry.store import ServableModel
+from pruneops.modelstore.store import ServableModel
 
 
 class PredictRequest(BaseModel):

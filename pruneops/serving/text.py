@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.drift import text_drift_features
-from pruneops.inputs import encode_texts, unknown_id
+from pruneops.core.inputs import encode_texts, unknown_id
+from pruneops.data.drift import text_drift_features
 
 MAX_TEXT_CHARS = 100_000  # a longer "text" is a client error, not a review
 

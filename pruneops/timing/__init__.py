@@ -1,4 +1,1 @@
-"""Timing on the serving machine.
-
-Machine identity, interleaved ONNX Runtime sessions, and the per-layer latency table.
-"""
+"""Timing that holds for every runtime: the machine's identity and features."""

@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 
 from pruneops.config import ValidateConfig
+from pruneops.core.errors import ConfigError, DataError, DataValidationError
+from pruneops.core.io import Layout, read_json
 from pruneops.data import load_prepared
 from pruneops.data.text import choose_max_length, normalise, read_text_table
-from pruneops.errors import ConfigError, DataError, DataValidationError
-from pruneops.io import Layout, read_json
-from pruneops.stages.validate import validate_dataset
+from pruneops.task.classification.validate import validate_dataset
 from tests.text_helpers import build_tokenizer, make_reviews
 
 pytest.importorskip("tokenizers", reason="tokenizers (the `hf` extra) is not installed")
@@ -165,8 +165,8 @@ def test_real_reviews_validate_with_the_minilm_tokenizer(tmp_path):
 def test_a_text_dataset_without_the_tokenizers_library_says_which_extra_to_install(tmp_path, monkeypatch):
     import sys
 
+    from pruneops.core.errors import ConfigError
     from pruneops.data.text import load_tokenizer
-    from pruneops.errors import ConfigError
 
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers now raises ImportError
     with pytest.raises(ConfigError, match=r"validate.tokenizer: text datasets need the tokenizers library .*\[hf\]"):

@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 
 from pruneops.config import ValidateConfig
+from pruneops.core.errors import ConfigError, DataError, DataValidationError
+from pruneops.core.io import Layout, read_json
 from pruneops.data import load_prepared
-from pruneops.errors import ConfigError, DataError, DataValidationError
-from pruneops.io import Layout, read_json
-from pruneops.stages.validate import validate_dataset
+from pruneops.task.classification.validate import validate_dataset
 
 
 def _npz(path, n_train=120, n_test=40, shape=(6, 6), classes=3, seed=0):

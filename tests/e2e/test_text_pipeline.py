@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from pruneops.checkpoint import load_checkpoint
+from pruneops.core.io import Layout
 from pruneops.data import load_prepared
-from pruneops.io import Layout
+from pruneops.models.checkpoint import load_checkpoint
+from pruneops.pipeline.stages import STAGE_NAMES as STAGES
 from pruneops.pruning.heads import head_sites
-from pruneops.stages import STAGE_NAMES as STAGES
 from tests.conftest import tiny_params
 from tests.test_pipeline_dvc import repro_new_project
 from tests.text_helpers import make_reviews, tiny_pretrained

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from pruneops.checkpoint import load_checkpoint
 from pruneops.config import TrainConfig
+from pruneops.core.io import Layout
 from pruneops.data import load_prepared
-from pruneops.io import Layout
 from pruneops.models import ModelSpec, create_model
-from pruneops.stages import STAGE_NAMES as STAGES
-from pruneops.stages.train import train_baseline
-from pruneops.stages.validate import ValidateConfig, validate_dataset
+from pruneops.models.checkpoint import load_checkpoint
+from pruneops.pipeline.stages import STAGE_NAMES as STAGES
+from pruneops.task.classification.train import train_baseline
+from pruneops.task.classification.validate import ValidateConfig, validate_dataset
 from tests.conftest import ROOT, tiny_params
 from tests.test_pipeline_dvc import repro_new_project
 

@@ -33,8 +33,8 @@ def prefect_server(tmp_path_factory):
 
 def make_project(root: Path, **sections) -> Path:
     """A committed git + DVC project with tiny params and its generated dvc.yaml."""
-    from pruneops.dvcfile import write_dvc_yaml
-    from pruneops.experiments import tool_env
+    from pruneops.pipeline.dvcfile import write_dvc_yaml
+    from pruneops.pipeline.experiments import tool_env
 
     root.mkdir(parents=True, exist_ok=True)
     write_params(root, tiny_params(**sections))

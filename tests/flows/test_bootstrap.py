@@ -6,10 +6,10 @@ import pytest
 
 import flows.bootstrap as bootstrap_module
 from flows.bootstrap import bootstrap
-from pruneops.errors import ConfigError
-from pruneops.params import environment_overrides
-from pruneops.registry.store import REFERENCE_STATS, ModelRegistry
-from pruneops.stages import load_section
+from pruneops.core.errors import ConfigError
+from pruneops.core.params import environment_overrides
+from pruneops.modelstore.store import REFERENCE_STATS, ModelRegistry
+from pruneops.pipeline.stages import load_section
 from tests.conftest import ROOT
 
 

@@ -16,14 +16,14 @@ import yaml
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
 
-from pruneops.stages import STAGE_NAMES  # noqa: E402
+from pruneops.pipeline.stages import STAGE_NAMES  # noqa: E402
 from tests.conftest import free_port, post_json, wait_http, write_params  # noqa: E402
 from tests.llm.decoder_helpers import WORDS, decoder_params, save_small_llama, speeches  # noqa: E402
 
 
 def _project(root: Path, prometheus: str) -> Path:
-    from pruneops.dvcfile import write_dvc_yaml
-    from pruneops.experiments import tool_env
+    from pruneops.pipeline.dvcfile import write_dvc_yaml
+    from pruneops.pipeline.experiments import tool_env
 
     save_small_llama(root / "model")
     (root / "corpus.txt").write_text("\n\n".join(speeches(120)))

@@ -1,7 +1,7 @@
 import pytest
 
 from flows.pipeline import pruning_pipeline
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 from tasks.stages import STAGES
 from tests.flows.conftest import make_project
 

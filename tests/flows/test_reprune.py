@@ -15,9 +15,9 @@ import flows.reprune as reprune_module
 from flows.drift import drift_check
 from flows.reprune import reprune
 from pruneops.cli import main as cli_main
-from pruneops.integrity import write_checksum
-from pruneops.io import Layout
-from pruneops.registry.store import ModelRegistry
+from pruneops.core.integrity import write_checksum
+from pruneops.core.io import Layout
+from pruneops.modelstore.store import ModelRegistry
 from tests.conftest import digits_onnx
 from tests.flows.conftest import make_project
 

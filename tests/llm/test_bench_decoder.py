@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
 
 from pruneops.cli import main  # noqa: E402
-from pruneops.planning.decoder import LOOP_ROUNDS, DecoderShape  # noqa: E402
+from pruneops.planning.decode_cost import LOOP_ROUNDS, DecoderShape  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.llm.decoder_helpers import save_tiny, speeches  # noqa: E402
 
@@ -24,7 +24,7 @@ def pruneops_shape(fields: dict) -> str:
 
 def _timing_by_file_size(models, prompt, new_tokens=64, rounds=5, warmup=1):
     """Injected timings: proportional to the exported weights (what decode at batch 1 reads)."""
-    from pruneops.timing.decode import GenerationTiming
+    from pruneops.runtimes.genai.generation import GenerationTiming
 
     out = {}
     for name, folder in models.items():
@@ -36,8 +36,8 @@ def _timing_by_file_size(models, prompt, new_tokens=64, rounds=5, warmup=1):
 
 @pytest.mark.slow(reason="a dozen onnxruntime-genai exports: timed shapes, the loop's plans, dense, ours, baselines")
 def test_bench_decoder_writes_a_report_with_every_row_measured(tmp_path, monkeypatch):
-    import pruneops.bench.decoder as bench
-    import pruneops.llm.common as common
+    import pruneops.compare.decoder as bench
+    import pruneops.task.causal_lm.common as common
 
     monkeypatch.setattr(bench, "time_generation", _timing_by_file_size)
     monkeypatch.setattr(common, "time_generation", _timing_by_file_size)
@@ -100,7 +100,7 @@ def test_a_bad_bench_file_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "decoders").glob("*.yaml")), ids=lambda p: p.name)
 def test_committed_decoder_bench_files_are_valid(path):
-    from pruneops.bench.decoder import load_bench_config
+    from pruneops.compare.decoder import load_bench_config
 
     config = load_bench_config(path)
     assert config.targets and all(0 < t < 1 for t in config.targets)

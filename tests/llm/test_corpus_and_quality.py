@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from pruneops.core.errors import DataError, DataValidationError  # noqa: E402
 from pruneops.data.corpus import CorpusChecks, build_corpus, read_documents, split_documents  # noqa: E402
-from pruneops.errors import DataError, DataValidationError  # noqa: E402
 from pruneops.models.language import (  # noqa: E402
     paired_ratio_interval,
     perplexity,

@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
 
-from pruneops.errors import PruneOpsError  # noqa: E402
-from pruneops.timing.decode import build_genai_model, greedy_tokens, time_generation  # noqa: E402
+from pruneops.core.errors import PruneOpsError  # noqa: E402
+from pruneops.runtimes.genai.generation import build_genai_model, greedy_tokens, time_generation  # noqa: E402
 from tests.llm.decoder_helpers import random_blocks, save_tiny  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def test_exported_perplexity_matches_torch_in_fp32(built):
     from transformers import AutoModelForCausalLM
 
     from pruneops.models.language import block_losses
-    from pruneops.timing.decode import exported_block_losses
+    from pruneops.runtimes.genai.generation import exported_block_losses
 
     hf, onnx = built
     blocks = random_blocks(3, 20, seed=7)

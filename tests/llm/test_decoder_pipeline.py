@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from pruneops.cli import main  # noqa: E402
-from pruneops.stages import load_configs  # noqa: E402
+from pruneops.pipeline.stages import load_configs  # noqa: E402
 from tests.conftest import write_params  # noqa: E402
 from tests.llm.decoder_helpers import decoder_params, save_tiny, speeches  # noqa: E402
 
@@ -60,15 +60,15 @@ def test_a_decoder_params_mistake_is_one_line(corpus_params, tmp_path, capsys, s
     ],
 )
 def test_a_latency_target_is_a_fraction_of_dense_time(corpus_params, target, dense_ms, ratio):
-    from pruneops.llm.model_stages import target_ratio
+    from pruneops.task.causal_lm.model_stages import target_ratio
 
     corpus_params["prune"] = {**corpus_params["prune"], "target": target}
     assert target_ratio(load_configs(corpus_params)["prune"], dense_ms) == pytest.approx(ratio, rel=1e-12)
 
 
 def test_a_latency_ms_target_dense_already_meets_is_refused(corpus_params):
-    from pruneops.errors import ConfigError
-    from pruneops.llm.model_stages import target_ratio
+    from pruneops.core.errors import ConfigError
+    from pruneops.task.causal_lm.model_stages import target_ratio
 
     corpus_params["prune"] = {**corpus_params["prune"], "target": {"kind": "latency_ms", "value": 25.0}}
     with pytest.raises(ConfigError, match=r"25 ms.*not below the dense model's 20.00"):
@@ -76,9 +76,9 @@ def test_a_latency_ms_target_dense_already_meets_is_refused(corpus_params):
 
 
 def test_a_corpus_that_fails_its_expectations_writes_nothing(tmp_path):
-    from pruneops.errors import DataValidationError
-    from pruneops.io import Layout
-    from pruneops.stages import get_stage
+    from pruneops.core.errors import DataValidationError
+    from pruneops.core.io import Layout
+    from pruneops.pipeline.stages import get_stage
 
     save_tiny("llama", tmp_path / "model")
     documents = speeches(40)
@@ -91,7 +91,7 @@ def test_a_corpus_that_fails_its_expectations_writes_nothing(tmp_path):
 
 
 def test_dvc_yaml_of_a_decoder_project_plots_the_rows_its_stages_write(corpus_params, tmp_path):
-    from pruneops.dvcfile import render
+    from pruneops.pipeline.dvcfile import render
 
     write_params(tmp_path, corpus_params)
     stages = render(tmp_path)["stages"]
@@ -115,8 +115,8 @@ def test_dvc_yaml_of_a_decoder_project_plots_the_rows_its_stages_write(corpus_pa
     ],
 )
 def test_a_causal_lm_setting_is_refused_for_a_classifier(section, key, value, message):
-    from pruneops.errors import ConfigError
-    from pruneops.params import read_params
+    from pruneops.core.errors import ConfigError
+    from pruneops.core.params import read_params
 
     params = read_params(Path(__file__).parents[2] / "params.yaml")
     params[section][key] = value
@@ -126,7 +126,7 @@ def test_a_causal_lm_setting_is_refused_for_a_classifier(section, key, value, me
 
 def _reference_timings(ttft: dict[str, float], tpot: dict[str, float]):
     """A stand-in for `time_generation`: the given medians of each named folder."""
-    from pruneops.timing.decode import GenerationTiming
+    from pruneops.runtimes.genai.generation import GenerationTiming
 
     def timed(folders, prompt, new_tokens, rounds):
         return {n: GenerationTiming(ttft[n], tpot[n], (tpot[n],), prompt.shape[1], new_tokens, 1) for n in folders}
@@ -149,8 +149,8 @@ def test_a_reference_target_is_planned_as_its_measured_ratio_of_dense(
 ):
     import numpy as np
 
-    from pruneops.io import Layout
-    from pruneops.llm import model_stages
+    from pruneops.core.io import Layout
+    from pruneops.task.causal_lm import model_stages
 
     (tmp_path / "served").mkdir()
     (tmp_path / "served" / "model.onnx").write_bytes(b"")
@@ -170,9 +170,9 @@ def test_a_reference_target_is_planned_as_its_measured_ratio_of_dense(
 
 
 def test_a_reference_that_is_not_an_onnxruntime_genai_model_is_refused(corpus_params, tmp_path):
-    from pruneops.errors import ConfigError
-    from pruneops.io import Layout
-    from pruneops.llm.model_stages import reference_folder
+    from pruneops.core.errors import ConfigError
+    from pruneops.core.io import Layout
+    from pruneops.task.causal_lm.model_stages import reference_folder
 
     (tmp_path / "served").mkdir()
     (tmp_path / "served" / "model.onnx").write_bytes(b"")  # no genai_config.json beside it
@@ -183,8 +183,8 @@ def test_a_reference_that_is_not_an_onnxruntime_genai_model_is_refused(corpus_pa
 
 
 def test_dvc_yaml_of_a_decoder_project_depends_on_the_whole_reference_folder(corpus_params, tmp_path):
-    from pruneops.dvcfile import user_files
-    from pruneops.stages import get_stage
+    from pruneops.pipeline.dvcfile import user_files
+    from pruneops.pipeline.stages import get_stage
 
     (tmp_path / "served").mkdir()
     target = {"kind": "latency_ratio", "value": 1.0, "reference": "served/model.onnx"}
@@ -193,7 +193,7 @@ def test_dvc_yaml_of_a_decoder_project_depends_on_the_whole_reference_folder(cor
 
 
 def _injected_timings(ttft: dict[str, float], tpot: dict[str, float]):
-    from pruneops.timing.decode import GenerationTiming
+    from pruneops.runtimes.genai.generation import GenerationTiming
 
     def timed(folders, vocab, batch, benchmark, seed=0):
         return {p: GenerationTiming(ttft[p], tpot[p], (tpot[p],), benchmark.prompt_length, 8, batch) for p in folders}
@@ -206,11 +206,11 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
     import json
 
-    from pruneops.io import Layout
-    from pruneops.llm import deploy_stages
+    from pruneops.core.io import Layout
     from pruneops.models.decoders import load_causal_lm
-    from pruneops.planning.decoder import DecodeCostModel, DecoderShape
-    from pruneops.stages import get_stage
+    from pruneops.pipeline.stages import get_stage
+    from pruneops.planning.decode_cost import DecodeCostModel, DecoderShape
+    from pruneops.task.causal_lm import deploy_stages
     from tests.llm.decoder_helpers import save_small_llama
 
     save_small_llama(tmp_path / "model")
@@ -257,7 +257,7 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
         assert (report.ttft_b1_ms, report.tpot_b1_ms) == ((40.0, 4.0) if expected == "fp32" else (55.0, 2.0))
 
     # As fast as a reference (dense itself, exported as a served model is): planned at value x its ratio.
-    from pruneops.llm.common import export_genai
+    from pruneops.task.causal_lm.common import export_genai
 
     served = export_genai(*load_causal_lm(tmp_path / "artifacts/train/model"), tmp_path / "served", ["fp32"], 1)
     target = {"kind": "latency_ratio", "value": 0.8, "metric": "prefill", "reference": "served/fp32/model.onnx"}

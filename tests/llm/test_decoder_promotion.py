@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pruneops.registry.promotion import DECODE_TIMING_NOISE, DecoderEvaluation, decide_decoder_promotion
+from pruneops.modelstore.promotion import DECODE_TIMING_NOISE, DecoderEvaluation, decide_decoder_promotion
 
 PRODUCTION = DecoderEvaluation({"recent": 20.0, "holdout": 30.0}, tpot_ms_b1=10.0, ttft_ms_b1=500.0)
 SLOWER = 1 + DECODE_TIMING_NOISE + 0.01  # a factor beyond production's time and its timing noise

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from pruneops.errors import PruneOpsError  # noqa: E402
+from pruneops.core.errors import PruneOpsError  # noqa: E402
 from pruneops.models.language import block_losses  # noqa: E402
 from pruneops.pruning.decoder_vocabulary import (  # noqa: E402
     OutputHead,
@@ -113,8 +113,8 @@ def test_keep_outside_the_vocabulary_is_refused():
 @pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
 def test_the_export_scores_as_torch_does(tmp_path, precision):
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
-    from pruneops.llm.common import export_genai
-    from pruneops.timing.decode import exported_block_losses, greedy_tokens
+    from pruneops.runtimes.genai.generation import exported_block_losses, greedy_tokens
+    from pruneops.task.causal_lm.common import export_genai
 
     dense = tiny_decoder("llama", seed=7, hidden_size=64, head_dim=16)
     calibration = random_blocks(6, 24, seed=8)
@@ -134,7 +134,7 @@ def test_the_export_scores_as_torch_does(tmp_path, precision):
 
 def _recovered_layout(root):
     """A layout holding what `quantize` reads: a recovered model and the corpus blocks."""
-    from pruneops.io import Layout
+    from pruneops.core.io import Layout
 
     layout = Layout(root)
     save_dir = layout.stage_dir("finetune") / "model"
@@ -164,8 +164,8 @@ def test_quantize_ships_a_vocabulary_cut_only_within_the_perplexity_tolerance(tm
     import json
 
     from pruneops.config import BenchmarkConfig, QuantizeConfig
-    from pruneops.llm import deploy_stages
-    from pruneops.timing.decode import GenerationTiming, exported_block_losses
+    from pruneops.runtimes.genai.generation import GenerationTiming, exported_block_losses
+    from pruneops.task.causal_lm import deploy_stages
 
     layout = _recovered_layout(tmp_path)
     tpot = {"fp32": 4.0, "fp32 vocab8": 3.0}  # injected: the cut is faster

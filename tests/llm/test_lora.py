@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from pruneops.errors import ConfigError  # noqa: E402
-from pruneops.recovery import LoRAProjection, RecoverySettings, attach_lora_, detach_lora_, recover_  # noqa: E402
+from pruneops.core.errors import ConfigError  # noqa: E402
+from pruneops.training.recovery import LoRAProjection, RecoverySettings, attach_lora_, detach_lora_, recover_  # noqa: E402
 from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
 from tests.llm.test_recovery import _kl_to, _student_with_half_its_mlp  # noqa: E402
 
@@ -60,7 +60,7 @@ def test_lora_recovery_trains_the_adapters_alone_and_leaves_the_cut_model_shape_
 
 
 def test_a_failed_lora_run_leaves_the_student_as_it_was(monkeypatch):
-    import pruneops.recovery as R
+    import pruneops.training.recovery as R
 
     teacher, student, train, _ = _student_with_half_its_mlp()
     original = copy.deepcopy(student.state_dict())

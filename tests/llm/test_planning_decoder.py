@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pruneops.errors import ConfigError
-from pruneops.planning.decoder import (
+from pruneops.core.errors import ConfigError
+from pruneops.planning.decode_cost import (
     LOOP_ROUNDS,
     DecodeCostModel,
     DecoderShape,

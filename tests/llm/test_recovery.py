@@ -9,10 +9,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from pruneops.errors import ConfigError  # noqa: E402
+from pruneops.core.errors import ConfigError  # noqa: E402
 from pruneops.models.language import block_losses  # noqa: E402
-from pruneops.pruning import decoder as D  # noqa: E402
-from pruneops.recovery import RecoverySettings, distillation_loss, recover_  # noqa: E402
+from pruneops.pruning import decoder_cuts as D  # noqa: E402
+from pruneops.training.recovery import RecoverySettings, distillation_loss, recover_  # noqa: E402
 from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def test_recovery_spends_exactly_its_budget_and_brings_the_student_closer_to_the
 
 
 def test_bf16_on_a_cpu_without_bfloat16_instructions_is_a_warning(monkeypatch, caplog):
-    import pruneops.recovery as R
+    import pruneops.training.recovery as R
 
     monkeypatch.setattr(R, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert "runs emulated" in R.compute_dtype_warning("bf16")
@@ -87,7 +87,7 @@ def test_a_budget_below_one_block_is_refused():
 def test_progress_marks_record_evenly_spaced_steps():
     import logging
 
-    from pruneops.recovery import progress_marks
+    from pruneops.training.recovery import progress_marks
 
     history: list[dict] = []
     progress = progress_marks(1000, 4, logging.getLogger("test"), history)
@@ -108,7 +108,7 @@ def test_a_cuda_device_that_torch_does_not_see_is_refused_before_training():
 
 @pytest.mark.parametrize(("name", "message"), [("meta", "trains on cpu or cuda"), ("gpu0", "not a torch device")])
 def test_a_device_recovery_cannot_train_on_is_refused(name, message):
-    from pruneops.recovery import training_device
+    from pruneops.training.recovery import training_device
 
     with pytest.raises(ConfigError, match=message):
         training_device(name)

@@ -14,9 +14,9 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from pruneops.drift import prompt_reference  # noqa: E402
+from pruneops.data.drift import prompt_reference  # noqa: E402
+from pruneops.runtimes.genai.generation import greedy_tokens  # noqa: E402
 from pruneops.serving.generate import DecoderService, create_decoder_app  # noqa: E402
-from pruneops.timing.decode import greedy_tokens  # noqa: E402
 from tests.llm.decoder_helpers import VOCAB, speeches, tiny_tokenizer  # noqa: E402
 
 
@@ -109,14 +109,14 @@ def test_feedback_perplexity_is_the_continuations_under_the_model(folders):
 
 
 def test_a_folder_that_is_not_an_exported_model_is_refused(tmp_path):
-    from pruneops.errors import ConfigError
+    from pruneops.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not an onnxruntime-genai model folder"):
         DecoderService(tmp_path, None)
 
 
 def _registered(folders, root, versions=("v1",)):
-    from pruneops.registry.store import ModelRegistry
+    from pruneops.modelstore.store import ModelRegistry
 
     registry = ModelRegistry(root / "models")
     for version in versions:
@@ -125,7 +125,7 @@ def _registered(folders, root, versions=("v1",)):
 
 
 def test_a_decoder_version_registers_promotes_and_states_its_vocabulary_and_tokenizer(folders, tmp_path):
-    from pruneops.registry.store import RegistryError, check_servable
+    from pruneops.modelstore.store import RegistryError, check_servable
 
     registry = _registered(folders, tmp_path, ("v1", "v2"))
     registry.promote("v1")

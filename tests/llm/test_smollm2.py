@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason=
 def test_exported_smollm2_decodes_greedy_tokens_identical_to_torch_for_64_steps(tmp_path):
     from pruneops.data.corpus import read_documents
     from pruneops.models.decoders import load_causal_lm
-    from pruneops.timing.decode import build_genai_model, greedy_tokens
+    from pruneops.runtimes.genai.generation import build_genai_model, greedy_tokens
 
     model, tokenizer = load_causal_lm(SMOLLM2)
     text = read_documents(SPEECHES)[0]

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 from pruneops.models import ModelSpec, classifier_of, create_model
-from pruneops.profiling import count_macs, count_params
+from pruneops.models.profiling import count_macs, count_params
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])

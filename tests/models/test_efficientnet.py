@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from pruneops.init_weights import load_init_weights_, read_state_dict
 from pruneops.models import ModelSpec, classifier_of, create_model
-from pruneops.onnx_utils import export_onnx_file, make_session
-from pruneops.profiling import count_macs
+from pruneops.models.init_weights import load_init_weights_, read_state_dict
+from pruneops.models.profiling import count_macs
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner
+from pruneops.runtimes.onnxruntime.files import export_onnx_file, make_session
 from tests.conftest import ROOT
 
 pytest.importorskip(
@@ -69,7 +69,7 @@ def test_prunes_and_exports_with_parity(tmp_path):
 
 
 def test_refuses_non_square_images():
-    from pruneops.errors import ConfigError
+    from pruneops.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="square images"):
         create_model(ModelSpec("efficientnet_lite0", [3, 32, 48], 10))

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pruneops.errors import ConfigError
+from pruneops.core.errors import ConfigError
 from pruneops.models import ModelSpec, create_model
 from pruneops.models.preprocess import ATTRIBUTE
 
@@ -34,8 +34,8 @@ def test_the_model_runs_the_declared_preprocessing_on_raw_inputs():
 def test_preprocessing_survives_checkpoints_copies_and_onnx_export(tmp_path):
     import copy
 
-    from pruneops.checkpoint import load_checkpoint, save_checkpoint
-    from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
+    from pruneops.models.checkpoint import load_checkpoint, save_checkpoint
+    from pruneops.runtimes.onnxruntime.files import export_onnx_file, make_session, ort_logits
 
     torch.manual_seed(0)
     spec = _spec()
@@ -87,10 +87,10 @@ def test_the_pipeline_prunes_and_deploys_a_model_with_preprocessing_on_raw_input
     """Eight stages by params alone; every exported file takes the raw 1x8x8 digits."""
     import onnx
 
-    from pruneops.io import Layout, read_json
-    from pruneops.registry.store import pipeline_input_description
-    from pruneops.runner import run_stage
-    from pruneops.stages import STAGE_NAMES
+    from pruneops.core.io import Layout, read_json
+    from pruneops.modelstore.store import pipeline_input_description
+    from pruneops.pipeline.runner import run_stage
+    from pruneops.pipeline.stages import STAGE_NAMES
     from tests.conftest import tiny_params, write_params
 
     params = tiny_params(train={"preprocess": IMAGENET})

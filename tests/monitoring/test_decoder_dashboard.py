@@ -41,7 +41,7 @@ def _prometheus(work, target: str, port: int) -> subprocess.Popen:
 def test_every_decoder_panel_has_data_from_a_live_prometheus(tmp_path, tiny_genai_decoder):
     import uvicorn
 
-    from pruneops.drift import prompt_reference
+    from pruneops.data.drift import prompt_reference
     from pruneops.serving.generate import DecoderService, create_decoder_app
 
     folder = tiny_genai_decoder[1]

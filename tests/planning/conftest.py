@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pruneops.models import ModelSpec
-from pruneops.timing.layers import LatencyTable
+from pruneops.runtimes.onnxruntime.layers import LatencyTable
 from tests.planning.latency_cases import SHAPE, _latency_model, _staircase
 
 

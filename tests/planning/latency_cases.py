@@ -13,7 +13,7 @@ from pruneops.planning import targets as targets_module
 from pruneops.planning.latency_model import LatencyModel, probe_unit_layers
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner
-from pruneops.timing.layers import LatencyTable, layer_shapes
+from pruneops.runtimes.onnxruntime.layers import LatencyTable, layer_shapes
 
 SHAPE = [1, 12, 12]
 
@@ -124,7 +124,7 @@ def _one_unit_loop(monkeypatch, tmp_path, staircase, gate):
     """`LatencyLoop.run` on one 100-channel unit, a latency ratio of 0.5 at batch 1, with
     `staircase` in place of the table's planner and `gate` in place of the measured gate."""
     from pruneops.config import BenchmarkConfig, PruneConfig
-    from pruneops.io import Layout
+    from pruneops.core.io import Layout
     from pruneops.planning import targets
 
     monkeypatch.setattr(targets, "plan_latency", staircase)
@@ -154,7 +154,7 @@ def _stage_copy(pipeline_dir, root, **sections):
 def _bare_loop(planning, asked):
     """A `LatencyLoop` at batch 1 over no model: for the parts that only read gate results."""
     from pruneops.config import BenchmarkConfig
-    from pruneops.io import Layout
+    from pruneops.core.io import Layout
 
     bench = BenchmarkConfig(batch_sizes=[1])
     return loop_module.LatencyLoop(planning, asked.target.value, bench, {}, Layout(), None, None, [1], sizes={})

@@ -16,7 +16,7 @@ from pruneops.planning import targets as targets_module
 from pruneops.planning.latency_model import LatencyModel, UnitLayers, fit_calibration
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner
-from pruneops.timing.layers import LatencyTable, LayerShape, layer_shapes
+from pruneops.runtimes.onnxruntime.layers import LatencyTable, LayerShape, layer_shapes
 from tests.planning.latency_cases import SHAPE, _latency_model, _pruned_shapes, _staircase, _units, _work
 
 
@@ -138,7 +138,7 @@ def test_layer_costs_fitted_on_exports_predict_unseen_allocations(synthetic):
     fitted on dense, uniform cuts and each unit alone (what the sensitivity stage exports), the
     model predicts allocations it never saw, where one line over the table sum cannot."""
     from pruneops.planning.latency_model import _measurement_points, fit_layer_costs, held_out_errors, pick_predictor
-    from pruneops.timing.layers import layer_mmacs
+    from pruneops.runtimes.onnxruntime.layers import layer_mmacs
 
     latency, sizes = synthetic
     per_mmac = {name: 0.01 * (1 + i % 3) for i, name in enumerate(latency.base)}
@@ -233,7 +233,7 @@ def test_the_latency_model_times_one_unit_per_twin_group_and_fits_on_every_point
     of its representative's, which a machine whose cost depends on layer shapes alone would give
     the twin's own copy too; the fit still sees every unit's points."""
     import pruneops.planning.latency_model as latency_module
-    from pruneops.timing.layers import layer_mmacs
+    from pruneops.runtimes.onnxruntime.layers import layer_mmacs
 
     spec = ModelSpec("tests.models.families:vit_style", SHAPE, 10, {"dim": 16, "num_heads": 4, "depth": 3})
     model, example, sizes, _ = _latency_model(spec)

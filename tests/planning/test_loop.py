@@ -33,7 +33,7 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     for it before it was measured is within 15% of what it then measured.
     """
     from pruneops.config import BenchmarkConfig, PruneConfig
-    from pruneops.io import Layout
+    from pruneops.core.io import Layout
     from pruneops.planning import targets
     from pruneops.planning.targets import GateDecision, GateResult, plan_latency
 
@@ -357,7 +357,7 @@ def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
     """A reference timed at 1.2x dense asks for a pruned model slower than dense: the plan is
     held to what the gate lets pass, and the record says so (with and without a min_speedup)."""
     from pruneops.config import BenchmarkConfig, PruneConfig
-    from pruneops.io import Layout
+    from pruneops.core.io import Layout
 
     monkeypatch.setattr(
         loop_module,

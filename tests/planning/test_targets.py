@@ -69,8 +69,8 @@ def test_a_mac_target_is_not_widened_past_its_budget_by_rounded_widths_that_run_
     shipped 3.10 M, the gate having taken the rounded-up widths because they ran no slower."""
     import shutil
 
-    from pruneops.io import read_json
-    from pruneops.runner import run_stage
+    from pruneops.core.io import read_json
+    from pruneops.pipeline.runner import run_stage
     from tests.conftest import tiny_params, write_params
 
     for stage in ("validate", "train", "sensitivity"):
@@ -140,7 +140,7 @@ def test_the_gate_times_the_form_that_will_ship(monkeypatch, form):
 
 def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_path):
     from pruneops.config import PruneConfig
-    from pruneops.errors import ConfigError
+    from pruneops.core.errors import ConfigError
     from pruneops.planning.targets import plan_latency
 
     latency, sizes = synthetic
@@ -159,7 +159,7 @@ def test_a_latency_target_refuses_a_table_timed_in_another_form(synthetic, tmp_p
 
 def test_a_target_in_ms_that_dense_already_meets_is_refused_and_one_below_it_is_planned(synthetic, tmp_path):
     from pruneops.config import PruneConfig
-    from pruneops.errors import ConfigError
+    from pruneops.core.errors import ConfigError
     from pruneops.planning.targets import plan
 
     latency, sizes = synthetic

@@ -11,15 +11,15 @@ import pytest
 def test_plan_trials_rank_plans_by_brief_training_and_train_each_plan_once(pipeline_dir):
     """A plan that keeps every unit whole trains to far above one that keeps a channel per unit;
     the trials pick it whatever the order, prune copies (never the model) and train each plan once."""
-    from pruneops.checkpoint import load_checkpoint
     from pruneops.config import PruneConfig
+    from pruneops.core.inputs import head_tensors
     from pruneops.data import load_prepared
-    from pruneops.inputs import head_tensors
+    from pruneops.models.checkpoint import load_checkpoint
     from pruneops.planning.latency_allocation import PlanOption
     from pruneops.planning.trials import PlanTrials, trial_records
     from pruneops.pruning.methods import METHODS
     from pruneops.pruning.units import unit_sizes
-    from pruneops.stages.prune import make_context
+    from pruneops.task.classification.prune import make_context
 
     _, train, val, _ = load_prepared(pipeline_dir / "artifacts/validate")
     model = load_checkpoint(pipeline_dir / "artifacts/train/model.safetensors").model

@@ -6,7 +6,7 @@ import torch
 
 from pruneops.data import Split
 from pruneops.models import ModelSpec, create_model
-from pruneops.profiling import count_macs, count_params
+from pruneops.models.profiling import count_macs, count_params
 from pruneops.pruning.heads import gate_importance, head_sites, remove_heads_
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.methods import METHODS, PruneContext

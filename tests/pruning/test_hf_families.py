@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from pruneops.errors import PruneOpsError
-from pruneops.inputs import text_inputs
-from pruneops.onnx_utils import export_onnx_file, make_session
+from pruneops.core.errors import PruneOpsError
+from pruneops.core.inputs import text_inputs
 from pruneops.pruning.heads import gate_importance, head_sites
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner
+from pruneops.runtimes.onnxruntime.files import export_onnx_file, make_session
 
 transformers = pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
 
@@ -183,7 +183,7 @@ def test_gate_importance_of_a_model_without_heads_is_empty():
 def test_macs_include_the_attention_matmuls_as_torch_counts_them(family):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pruneops.profiling import count_macs
+    from pruneops.models.profiling import count_macs
 
     model, _ = _model(family)
     wrapped = SequenceLogits(model)

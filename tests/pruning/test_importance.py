@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
+from pruneops.core.errors import PruneOpsError
 from pruneops.data import Split
-from pruneops.errors import PruneOpsError
 from pruneops.models import ModelSpec, create_model
 from pruneops.planning.sensitivity import sweep_units
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.methods import accumulate_grads_
 from pruneops.pruning.units import UnitPruner
-from pruneops.training import clone_with_grads, evaluate
+from pruneops.training.fit import clone_with_grads, evaluate
 
 SHAPE = [1, 8, 8]
 

@@ -94,8 +94,8 @@ def test_unreachable_target_stops_at_max_ratio():
 def test_prune_stage_refuses_a_target_out_of_the_sweeps_reach(pipeline_dir, tmp_path):
     import shutil
 
-    from pruneops.errors import ConfigError
-    from pruneops.runner import run_stage
+    from pruneops.core.errors import ConfigError
+    from pruneops.pipeline.runner import run_stage
     from tests.conftest import tiny_params, write_params
 
     for part in ("artifacts/validate", "artifacts/train"):

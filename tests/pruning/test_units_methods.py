@@ -4,14 +4,14 @@ import torch
 
 from pruneops.data import Split
 from pruneops.models import ModelSpec, create_model
-from pruneops.onnx_utils import export_onnx_file, make_session, ort_logits
-from pruneops.profiling import count_macs, count_params
+from pruneops.models.profiling import count_macs, count_params
 from pruneops.pruning.heads import head_sites
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.methods import METHODS, PruneContext
 from pruneops.pruning.report import layer_shapes, sparsity_report
 from pruneops.pruning.units import UnitPruner, round_keep
-from pruneops.training import FitSettings, fit_
+from pruneops.runtimes.onnxruntime.files import export_onnx_file, make_session, ort_logits
+from pruneops.training.fit import FitSettings, fit_
 
 SHAPE = [1, 8, 8]
 
@@ -182,7 +182,7 @@ def test_unmapped_concatenation_is_left_alone():
 
 
 def test_both_exporters_give_the_same_outputs(tmp_path):
-    from pruneops.onnx_utils import EXPORTERS
+    from pruneops.runtimes.onnxruntime.files import EXPORTERS
 
     torch.manual_seed(0)
     model = create_model(ModelSpec("transformer", SHAPE, 10)).eval()

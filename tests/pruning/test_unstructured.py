@@ -16,7 +16,7 @@ from pruneops.pruning.methods import (
     semi_structured_available,
     semi_structured_mask,
 )
-from pruneops.training import FitSettings, fit_
+from pruneops.training.fit import FitSettings, fit_
 
 SHAPE = [1, 8, 8]
 

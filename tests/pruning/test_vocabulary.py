@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from pruneops.checkpoint import load_checkpoint, save_checkpoint
-from pruneops.errors import ConfigError
-from pruneops.inputs import text_inputs
+from pruneops.core.errors import ConfigError
+from pruneops.core.inputs import text_inputs
+from pruneops.models.checkpoint import load_checkpoint, save_checkpoint
 from pruneops.models.registry import ModelSpec
-from pruneops.onnx_utils import export_onnx_file, make_session
 from pruneops.pruning.vocabulary import trim_vocabulary_, unknown_fraction, used_token_ids
+from pruneops.runtimes.onnxruntime.files import export_onnx_file, make_session
 
 transformers = pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
 
@@ -113,9 +113,9 @@ def test_used_ids_and_the_unknown_fraction_count_only_real_tokens():
 
 
 def test_the_prune_stage_step_reports_what_trimming_cost_on_unseen_text(tmp_path):
+    from pruneops.core.io import Layout
     from pruneops.data import Split
     from pruneops.data.text import load_tokenizer, tokenize
-    from pruneops.io import Layout
     from pruneops.models.hf import hf_classifier
     from pruneops.pruning.vocabulary import trim_vocabulary
     from tests.text_helpers import SPECIALS, WORDS, build_tokenizer

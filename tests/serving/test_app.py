@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("fastapi", reason="fastapi is not installed")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from pruneops.registry.store import ModelRegistry  # noqa: E402
+from pruneops.modelstore.store import ModelRegistry  # noqa: E402
 from pruneops.serving.app import ServingConfig, create_app  # noqa: E402
 from tests.conftest import digits_onnx  # noqa: E402
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pruneops.registry.store import ModelRegistry
+from pruneops.modelstore.store import ModelRegistry
 from pruneops.serving.loadtest import run_load, tracking_overhead_us
 from tests.conftest import ROOT, free_port, start_serving, wait_http
 
@@ -53,7 +53,7 @@ def test_load_with_a_promotion_and_a_rollback_loses_no_request(served_project):
 
 
 def test_tracking_overhead_is_measured(served_project):
-    from pruneops.io import read_json
+    from pruneops.core.io import read_json
 
     project, test = served_project
     cost = tracking_overhead_us(read_json(project / "artifacts/validate/reference_stats.json"), test.x, repeats=500)

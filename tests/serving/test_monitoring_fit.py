@@ -15,7 +15,7 @@ pytest.importorskip("fastapi", reason="fastapi is not installed")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from pruneops.data import load_prepared  # noqa: E402
-from pruneops.registry.store import ModelRegistry  # noqa: E402
+from pruneops.modelstore.store import ModelRegistry  # noqa: E402
 from pruneops.serving.app import ServingConfig, create_app  # noqa: E402
 from tests.conftest import digits_onnx  # noqa: E402
 
@@ -50,7 +50,7 @@ def _few_pixel_classifier(path, train, columns: int):
 
 
 def _held_out_accuracy(path, split) -> float:
-    from pruneops.onnx_utils import make_session, ort_accuracy
+    from pruneops.runtimes.onnxruntime.files import make_session, ort_accuracy
 
     return ort_accuracy(make_session(path), split.x, split.y)
 

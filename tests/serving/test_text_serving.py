@@ -12,15 +12,15 @@ pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not
 from fastapi.testclient import TestClient  # noqa: E402
 
 from pruneops.config import ValidateConfig  # noqa: E402
+from pruneops.core.inputs import text_inputs  # noqa: E402
+from pruneops.core.integrity import write_checksum
+from pruneops.core.io import Layout, read_json  # noqa: E402
 from pruneops.data import load_prepared  # noqa: E402
 from pruneops.data.text import load_tokenizer, read_text_table, tokenize  # noqa: E402
-from pruneops.inputs import text_inputs  # noqa: E402
-from pruneops.integrity import write_checksum
-from pruneops.io import Layout, read_json  # noqa: E402
-from pruneops.onnx_utils import export_onnx_file  # noqa: E402
-from pruneops.registry.store import ModelRegistry  # noqa: E402
+from pruneops.modelstore.store import ModelRegistry  # noqa: E402
+from pruneops.runtimes.onnxruntime.files import export_onnx_file  # noqa: E402
 from pruneops.serving.app import ServingConfig, create_app  # noqa: E402
-from pruneops.stages.validate import validate_dataset  # noqa: E402
+from pruneops.task.classification.validate import validate_dataset  # noqa: E402
 from tests.text_helpers import make_reviews, tiny_pretrained  # noqa: E402
 
 

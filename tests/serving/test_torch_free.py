@@ -75,7 +75,7 @@ sys.meta_path.insert(0, Blocked())
 from pathlib import Path
 from fastapi.testclient import TestClient
 from pruneops.serving.generate import DecoderService, create_decoder_app
-from pruneops.stages import load_section
+from pruneops.pipeline.stages import load_section
 
 gate = load_section(sys.argv[2], "reprune", "params.yaml")
 service = DecoderService(Path(sys.argv[1]), None, decode_slo_ms=gate.decode_slo_ms, prefill_slo_ms=gate.prefill_slo_ms)

@@ -10,7 +10,7 @@ from tests.planning.latency_cases import _renamed_or_fixed, _stage_copy
 
 
 def test_the_latency_stage_times_nothing_without_a_latency_target_and_says_why(pipeline_dir):
-    from pruneops.io import read_json
+    from pruneops.core.io import read_json
 
     # The session pipeline prunes to a ratio.
     metrics = read_json(pipeline_dir / "metrics/latency.json")
@@ -25,8 +25,8 @@ def test_the_latency_stage_times_nothing_without_a_latency_target_and_says_why(p
 def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipeline_dir, tmp_path):
     from PIL import Image
 
-    from pruneops.io import read_json
-    from pruneops.runner import run_stage
+    from pruneops.core.io import read_json
+    from pruneops.pipeline.runner import run_stage
 
     prune = {"target": {"kind": "latency_ratio", "value": 0.8, "form": "static"}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
@@ -64,8 +64,8 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
 def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one_kept(pipeline_dir, tmp_path):
     from PIL import Image
 
-    from pruneops.io import read_json
-    from pruneops.runner import run_stage
+    from pruneops.core.io import read_json
+    from pruneops.pipeline.runner import run_stage
 
     prune = {"target": {"kind": "latency_ratio", "value": 0.8, "form": "auto"}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune, quantize={"method": "static"})
@@ -89,9 +89,9 @@ def test_auto_times_every_form_the_quantize_stage_may_ship_and_prunes_in_the_one
 def test_auto_with_quantize_auto_leaves_untimed_only_the_forms_it_measured_slower_than_fp32(pipeline_dir, tmp_path):
     import re
 
-    from pruneops.io import read_json
+    from pruneops.core.io import read_json
+    from pruneops.pipeline.runner import run_stage
     from pruneops.planning.forms import SCREEN_MARGIN
-    from pruneops.runner import run_stage
 
     prune = {"target": {"kind": "latency_ratio", "value": 0.8, "form": "auto"}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune, quantize={"method": "auto"})
@@ -119,8 +119,8 @@ def test_a_latency_target_relative_to_a_reference_model_holds_each_plan_to_the_r
 ):
     """`prune.target.reference`: the reference is timed at the start (the plan's ratio of dense) and
     again in every gate reading beside dense and the plan, and each plan is held to that reading."""
-    from pruneops.io import read_json
-    from pruneops.runner import run_stage
+    from pruneops.core.io import read_json
+    from pruneops.pipeline.runner import run_stage
 
     reference = pipeline_dir / "artifacts/export/pruned_fp32.onnx"  # the session pipeline's half-ratio cut
     prune = {"target": {"kind": "latency_ratio", "value": 1.0, "reference": str(reference)}}
@@ -145,8 +145,8 @@ def test_a_latency_target_relative_to_a_reference_model_holds_each_plan_to_the_r
 
 def test_a_reference_model_that_cannot_be_timed_on_the_models_inputs_is_refused_with_why(pipeline_dir, tmp_path):
     from pruneops.config import BenchmarkConfig
-    from pruneops.errors import ConfigError
-    from pruneops.timing.sessions import measured_latency
+    from pruneops.core.errors import ConfigError
+    from pruneops.runtimes.onnxruntime.timing import measured_latency
 
     source = pipeline_dir / "artifacts/export/pruned_fp32.onnx"
     model = create_model(ModelSpec("cnn", [1, 8, 8], 10, {"widths": [16, 32]})).eval()
@@ -170,8 +170,8 @@ def test_a_reference_model_that_cannot_be_timed_on_the_models_inputs_is_refused_
 def test_the_latency_stage_refuses_a_sweep_of_another_model(pipeline_dir, tmp_path):
     import json
 
-    from pruneops.errors import DataError
-    from pruneops.runner import run_stage
+    from pruneops.core.errors import DataError
+    from pruneops.pipeline.runner import run_stage
 
     prune = {"target": {"kind": "latency_ratio", "value": 0.8}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune)

@@ -8,7 +8,7 @@ import torch
 from pruneops.models import ModelSpec, create_model
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner
-from pruneops.timing.layers import LatencyTable, LayerShape
+from pruneops.runtimes.onnxruntime.layers import LatencyTable, LayerShape
 from tests.planning.latency_cases import SHAPE
 
 
@@ -20,9 +20,9 @@ def test_measured_latency_times_each_export_in_the_form_asked(monkeypatch, form,
     """An INT8 form times the quantize stage's graph of each export, not the fp32 export."""
     import onnx
 
-    from pruneops import onnx_utils
     from pruneops.config import BenchmarkConfig
-    from pruneops.timing.sessions import measured_latency
+    from pruneops.runtimes.onnxruntime import files as onnx_utils
+    from pruneops.runtimes.onnxruntime.timing import measured_latency
 
     timed_ops = []
     make_session = onnx_utils.make_session
@@ -54,7 +54,7 @@ def test_the_one_operator_table_is_timed_in_the_form_asked(monkeypatch, form, in
     """Each form gets its own entries, timed on the layer graph quantized as the quantize stage would."""
     import onnx
 
-    from pruneops.timing import layers as latency_module
+    from pruneops.runtimes.onnxruntime import layers as latency_module
 
     timed_ops = []
 
@@ -111,7 +111,7 @@ def test_cpu_features_name_the_generation_and_the_extensions_kernels_use(tmp_pat
 
 def test_timing_copies_drop_the_vocabulary_but_compute_the_same():
     transformers = pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")
-    from pruneops.inputs import example_arrays, text_inputs
+    from pruneops.core.inputs import example_arrays, text_inputs
     from pruneops.models.hf import SequenceLogits
     from pruneops.planning.latency_model import VOCABULARY_ROWS, without_vocabulary
 

@@ -1,0 +1,166 @@
+"""Latency of a causal LM where it serves: onnxruntime-genai's builder and generation loop.
+
+`build_genai_model` exports a HuggingFace folder (uniform shapes, so its config describes it)
+with onnxruntime-genai's model builder in a precision (fp32; int8 or int4 weight-only
+MatMulNBits) and pins the session's threads. `time_generation` times, for each model and
+interleaved in rounds so that machine drift hits every model alike, the time to first token
+(prefill of a prompt of `prompt_length` tokens, then the first token) and the time per output
+token (each further greedy step with the KV cache), at a batch size. Requires the `llm` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pruneops.core.errors import PruneOpsError
+
+if TYPE_CHECKING:
+    from pruneops.config.prune import DecoderMetric
+
+PRECISIONS = ("fp32", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class GenerationTiming:
+    """Medians over rounds (milliseconds) of one model at one batch size."""
+
+    ttft_ms: float
+    tpot_ms: float
+    tpot_rounds_ms: tuple[float, ...]
+    prompt_length: int
+    new_tokens: int
+    batch: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second per sequence at steady decode."""
+        return 1000.0 / self.tpot_ms
+
+    def milliseconds(self, metric: DecoderMetric) -> float:
+        """The time a latency target names: per output token (`decode`) or to the first token (`prefill`)."""
+        return self.tpot_ms if metric == "decode" else self.ttft_ms
+
+
+def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "fp32", threads: int = 1) -> Path:
+    """Exports a causal LM folder with onnxruntime-genai's builder (CPU) and pins its threads.
+
+    Raises:
+        PruneOpsError: The builder failed (its log's last line is in the message).
+    """
+    if precision not in PRECISIONS:
+        raise PruneOpsError(f"decode export: precision {precision!r} is not one of {PRECISIONS}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "build.log"
+    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_folder), "-o", str(out)]
+    command += ["-p", precision, "-e", "cpu"]
+    with log.open("w") as handle:
+        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0 or not (out / "genai_config.json").is_file():
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise PruneOpsError(f"decode export: the onnxruntime-genai builder failed on {hf_folder}: {tail[0][:300]}")
+    config_path = out / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    options = config["model"]["decoder"].setdefault("session_options", {})
+    options["intra_op_num_threads"] = threads
+    options["inter_op_num_threads"] = 1
+    config_path.write_text(json.dumps(config, indent=2))
+    return out
+
+
+def _generate_once(model: object, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
+    """One greedy generation; returns (time to first token, per-step times, generated tokens)."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    length = prompt.shape[1] + new_tokens
+    # min_length = max_length: end-of-sequence is never chosen, so every run times `new_tokens` steps.
+    params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=prompt.shape[0])
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(prompt)
+    generator.generate_next_token()
+    first = time.perf_counter() - start
+    steps, tokens = [], [generator.get_next_tokens().copy()]
+    for _ in range(new_tokens - 1):
+        if generator.is_done():
+            break
+        tick = time.perf_counter()
+        generator.generate_next_token()
+        steps.append(time.perf_counter() - tick)
+        tokens.append(generator.get_next_tokens().copy())
+    return first, steps, np.stack(tokens, axis=1)
+
+
+def time_generation(
+    models: dict[str, str | Path],
+    prompt: np.ndarray,
+    new_tokens: int = 64,
+    rounds: int = 5,
+    warmup: int = 1,
+) -> dict[str, GenerationTiming]:
+    """Times every model interleaved: per round, one generation of each in turn.
+
+    Args:
+        models: Name -> onnxruntime-genai model folder.
+        prompt: (batch, prompt_length) int token ids (the same prompt for every model).
+        new_tokens: Tokens generated per run (the first is the TTFT's; the rest time decoding).
+        rounds: Timed rounds (the medians are over them).
+        warmup: Untimed generations of each model first.
+    """
+    import onnxruntime_genai as og
+
+    loaded = {name: og.Model(str(path)) for name, path in models.items()}
+    prompt = np.ascontiguousarray(prompt, dtype=np.int32)
+    for model in loaded.values():
+        for _ in range(warmup):
+            _generate_once(model, prompt, min(new_tokens, 4))
+    firsts: dict[str, list[float]] = {name: [] for name in loaded}
+    steps: dict[str, list[float]] = {name: [] for name in loaded}
+    for _ in range(rounds):
+        for name, model in loaded.items():
+            first, step, _ = _generate_once(model, prompt, new_tokens)
+            firsts[name].append(first)
+            steps[name].append(float(np.median(step)) if step else float("nan"))
+    return {
+        name: GenerationTiming(
+            ttft_ms=1000 * float(np.median(firsts[name])),
+            tpot_ms=1000 * float(np.median(steps[name])),
+            tpot_rounds_ms=tuple(1000 * s for s in steps[name]),
+            prompt_length=prompt.shape[1],
+            new_tokens=new_tokens,
+            batch=prompt.shape[0],
+        )
+        for name in loaded
+    }
+
+
+def greedy_tokens(model_folder: str | Path, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
+    """Greedy continuation of a prompt by an onnxruntime-genai model, (batch, new_tokens)."""
+    import onnxruntime_genai as og
+
+    return _generate_once(og.Model(str(model_folder)), np.ascontiguousarray(prompt, dtype=np.int32), new_tokens)[2]
+
+
+def exported_block_losses(model_folder: str | Path, blocks: np.ndarray, threads: int = 2) -> np.ndarray:
+    """Mean next-token NLL of each block under an exported model (prefill with an empty cache).
+
+    What a quantised candidate is judged by: its own logits in ONNX Runtime, not torch's.
+
+    Args:
+        model_folder: An onnxruntime-genai model folder (`model.onnx` and `genai_config.json`).
+        blocks: (n, length) token ids.
+        threads: ONNX Runtime intra-op threads.
+    """
+    from pruneops.runtimes.genai.scoring import open_scorer, prefill_losses
+
+    session, decoder = open_scorer(Path(model_folder), threads)
+    return np.asarray([prefill_losses(session, decoder, block).mean() for block in np.asarray(blocks)])

@@ -1,0 +1,1 @@
+"""pruneops/runtimes/onnxruntime."""

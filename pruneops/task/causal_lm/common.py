@@ -1,0 +1,249 @@
+"""What the decoder path's stages and `bench-decoder` share: artefact paths, cuts, exports, timing."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pruneops.config.prune import DecoderMetric
+from pruneops.core.errors import ConfigError
+from pruneops.core.io import Layout, read_json
+from pruneops.models.decoders import save_causal_lm
+from pruneops.models.language import block_losses
+from pruneops.planning.decode_cost import (
+    DecodeCostModel,
+    DecoderShape,
+    LoopRound,
+    close_the_loop,
+    feasible_plans,
+    fit_cost_model,
+    shape_of,
+    width_step,
+)
+from pruneops.pruning import decoder_cuts as cuts
+from pruneops.pruning.decoder_vocabulary import OutputHead, restrict_exported_head
+from pruneops.runtimes.genai.generation import GenerationTiming, build_genai_model, time_generation
+
+CORPUS_FILE = "corpus.npz"  # validate's token blocks; its presence marks a causal-LM run
+MODEL_DIR = "model"  # a HuggingFace folder (train, prune, finetune) or a genai folder (quantize, export)
+UNITS: dict[DecoderMetric, str] = {"decode": "ms/token", "prefill": "ms to first token"}
+
+log = logging.getLogger(__name__)
+
+
+def is_causal_lm_run(layout: Layout) -> bool:
+    """Whether `validate` wrote a corpus (so every later stage takes the decoder path)."""
+    return (layout.stage_dir("validate") / CORPUS_FILE).exists()
+
+
+def load_blocks(layout: Layout) -> dict[str, np.ndarray]:
+    """The corpus blocks `validate` wrote: train, val, test (int64, (n, block_length))."""
+    with np.load(layout.stage_dir("validate") / CORPUS_FILE) as npz:
+        return {name: npz[name].astype(np.int64) for name in ("train", "val", "test")}
+
+
+def read_stage_json(layout: Layout, stage: str, name: str) -> dict:
+    """A JSON file an earlier stage wrote under its artefacts."""
+    return read_json(layout.stage_dir(stage) / name)
+
+
+def cut_to_shape(
+    dense: torch.nn.Module,
+    shape: DecoderShape,
+    calibration: cuts.Calibration | None,
+    importance: str,
+    reconstruct: bool,
+    layer_order: list[int] | None = None,
+) -> torch.nn.Module:
+    """A copy of `dense` cut to `shape` (the dense model is left as it is)."""
+    model = copy.deepcopy(dense)
+    cuts.prune_to_shape_(
+        model,
+        shape.layers,
+        shape.mlp_width,
+        shape.kv_groups,
+        shape.queries_per_group,
+        calibration,
+        importance,
+        reconstruct,
+        layer_order,
+    )
+    return model
+
+
+def export_genai(model: torch.nn.Module, tokenizer: object, folder: Path, precisions: list[str], threads: int):
+    """onnxruntime-genai folders of `model`, one per precision (`folder/<precision>`).
+
+    A model whose vocabulary is cut (`OutputHead`) is built with its head padded to the full
+    vocabulary, a plain untied projection the builder reads, and each export is then cut back.
+    """
+    head = model.get_output_embeddings()
+    if not isinstance(head, OutputHead):
+        head = None
+        hf = save_causal_lm(model, tokenizer, folder / "hf")
+    else:
+        padded = torch.nn.Linear(head.weight.shape[1], head.index.numel(), bias=False)
+        padded.weight = torch.nn.Parameter(head.padded_weight())
+        model.set_output_embeddings(padded)
+        try:
+            hf = save_causal_lm(model, tokenizer, folder / "hf")
+        finally:
+            model.set_output_embeddings(head)
+    out = {p: build_genai_model(hf, folder / p, p, threads) for p in precisions}
+    if head is not None:
+        for exported in out.values():
+            restrict_exported_head(exported, head)
+    shutil.rmtree(hf)  # the exported folders are what is timed and scored
+    return out
+
+
+def cut_for_timing(dense: torch.nn.Module, shape: DecoderShape) -> torch.nn.Module:
+    """A copy of `dense` in `shape`, to be timed only.
+
+    Which weights a shape keeps does not change its time, so it is cut by magnitude, and layers
+    from the end, without calibration.
+    """
+    layers = shape_of(dense.config).layers
+    return cut_to_shape(dense, shape, None, "magnitude", False, list(range(layers - 1, -1, -1)))
+
+
+def timing_shapes(base: DecoderShape, max_layers_dropped: int) -> list[DecoderShape]:
+    """The uniform shapes a decode cost model is fitted on: dense, shallower, narrower, both, fewer KV groups."""
+    step = width_step(base.mlp_width)
+    half = max(step, base.mlp_width // 2 // step * step)
+    deep = max(1, base.layers - max(max_layers_dropped, 2))
+    grid = [base, replace(base, layers=deep), replace(base, mlp_width=half)]
+    grid.append(replace(base, layers=deep, mlp_width=half))
+    if base.kv_groups > 1:
+        grid.append(replace(base, kv_groups=base.kv_groups - 1))
+    return grid
+
+
+def fit_costs(table: list[tuple[DecoderShape, GenerationTiming]]) -> dict[DecoderMetric, DecodeCostModel]:
+    """The cost model of each latency metric (decode: ms per output token; prefill: ms to first token)."""
+    metrics: tuple[DecoderMetric, ...] = ("decode", "prefill")
+    return {m: fit_cost_model([(shape, timing.milliseconds(m)) for shape, timing in table]) for m in metrics}
+
+
+def time_shapes(
+    dense: torch.nn.Module,
+    tokenizer: object,
+    work: Path,
+    *,
+    max_layers_dropped: int,
+    prompt_length: int,
+    new_tokens: int,
+    rounds: int,
+    threads: int,
+    seed: int,
+) -> list[tuple[DecoderShape, GenerationTiming]]:
+    """Times the timing shapes (fp32, batch 1, interleaved; each `cut_for_timing`): dense first.
+
+    `fit_costs` fits them.
+    """
+    base = shape_of(dense.config)
+    grid = timing_shapes(base, max_layers_dropped)
+    folders = {}
+    for index, shape in enumerate(grid):
+        model = dense if shape == base else cut_for_timing(dense, shape)
+        folders[f"shape{index}"] = export_genai(model, tokenizer, work / f"table{index}", ["fp32"], threads)["fp32"]
+    prompt = np.random.default_rng(seed).integers(0, base.vocab, (1, prompt_length))
+    timings = time_generation(folders, prompt, new_tokens, rounds)
+    return [(shape, timings[f"shape{i}"]) for i, shape in enumerate(grid)]
+
+
+@dataclass(frozen=True)
+class PlanSpace:
+    """The uniform shapes a plan may take, and how a plan is cut from the dense model."""
+
+    max_layers_dropped: int
+    kv_groups: tuple[int, ...] = ()  # empty: every count from the dense model's down to one
+    depth_step: int = 1
+    importance: str = "activation"
+    reconstruct: bool = True
+    layer_order: list[int] | None = None  # the order depth cuts remove layers (None: by block influence)
+
+
+@dataclass
+class PlanLoop:
+    """The closed loop over one dense model: plans cut and scored once, the best timed against dense.
+
+    `run` plans for a target, exports the best plan (fp32), times it interleaved with the dense
+    export at batch 1 in `metric`, and plans narrower while it misses (`close_the_loop`).
+    `scored` keeps every plan scored across rounds, `models` every plan timed.
+    """
+
+    dense: torch.nn.Module
+    tokenizer: object
+    calibration: cuts.Calibration
+    search: np.ndarray  # token blocks that rank plans, kept apart from those a report gives
+    cost: DecodeCostModel
+    space: PlanSpace
+    dense_folder: Path  # the dense fp32 export plans are timed against
+    work: Path
+    prompt: np.ndarray  # (1, prompt length) token ids
+    new_tokens: int
+    rounds: int
+    threads: int
+    metric: DecoderMetric = "decode"
+    scored: dict[DecoderShape, dict] = field(default_factory=dict)
+    models: dict[DecoderShape, torch.nn.Module] = field(default_factory=dict)
+
+    def cut(self, shape: DecoderShape) -> torch.nn.Module:
+        """A copy of the dense model cut to `shape` as the plan space says."""
+        s = self.space
+        return cut_to_shape(self.dense, shape, self.calibration, s.importance, s.reconstruct, s.layer_order)
+
+    def ranked(self, target_ms: float) -> list[dict]:
+        """Every plan predicted to take at most `target_ms`, cut and scored once, lowest perplexity first.
+
+        Raises:
+            ConfigError: No uniform shape is predicted to take `target_ms`.
+        """
+        base = shape_of(self.dense.config)
+        groups = [g for g in (self.space.kv_groups or range(base.kv_groups, 0, -1)) if g <= base.kv_groups]
+        plans = feasible_plans(
+            base, self.cost, target_ms, self.space.max_layers_dropped, groups, depth_step=self.space.depth_step
+        )
+        if not plans:
+            raise ConfigError(
+                f"no uniform shape is predicted to take {target_ms:.2f} {UNITS[self.metric]} "
+                f"(the cost model's floor is {self.cost.intercept_ms:.2f} ms)"
+            )
+        for shape in plans:
+            if shape not in self.scored:
+                nll = float(block_losses(self.cut(shape), self.search).mean())
+                self.scored[shape] = {
+                    "shape": shape,
+                    "search_nll": nll,
+                    "search_perplexity": math.exp(nll),
+                    "predicted_ms": self.cost.predict(shape),
+                }
+                log.info("plan %s: search perplexity %.2f", shape.describe(), math.exp(nll))
+        return sorted((self.scored[s] for s in plans), key=lambda t: t["search_nll"])
+
+    def measure(self, shape: DecoderShape) -> tuple[float, float]:
+        """(dense ms, plan ms) in `metric`: the plan exported and timed interleaved with dense."""
+        self.models[shape] = self.cut(shape)
+        name = f"loop-{shape.layers}-{shape.kv_groups}-{shape.mlp_width}"
+        folder = export_genai(self.models[shape], self.tokenizer, self.work / name, ["fp32"], self.threads)["fp32"]
+        timed = time_generation({"dense": self.dense_folder, "plan": folder}, self.prompt, self.new_tokens, self.rounds)
+        dense_ms, plan_ms = timed["dense"].milliseconds(self.metric), timed["plan"].milliseconds(self.metric)
+        log.info("loop: %s measured %.3f of dense", shape.describe(), plan_ms / dense_ms)
+        shutil.rmtree(folder.parent)  # a later round's plan is timed against dense again, not this one
+        return dense_ms, plan_ms
+
+    def run(self, target_ratio: float, target_ms: float) -> list[LoopRound]:
+        """The loop's rounds for `target_ratio` of dense time, the first planned for `target_ms` (cost units).
+
+        Raises:
+            ConfigError: No shape is predicted to meet the first round's target.
+        """
+        return close_the_loop(lambda ms: self.ranked(ms)[0]["shape"], self.measure, self.cost, target_ratio, target_ms)

@@ -1,0 +1,437 @@
+"""The decoder path of `latency`, `prune` and `finetune`: decode cost, the kept shape, distillation."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pruneops.config import BenchmarkConfig, FinetuneConfig, LatencyConfig, PruneConfig
+from pruneops.config.prune import DecoderMetric
+from pruneops.core.errors import ConfigError, DataError, LatencyGateError
+from pruneops.core.io import Layout, dump_json, staged_output_paths
+from pruneops.models.decoders import load_causal_lm, save_causal_lm
+from pruneops.models.language import block_losses, perplexity_from_losses
+from pruneops.pipeline.stages import StageReport
+from pruneops.planning.decode_cost import DecodeCostModel, DecoderShape, shape_of
+from pruneops.pruning.decoder_cuts import calibrate
+from pruneops.reports.decoder_plots import plot_cost_model, plot_plans, plot_shape
+from pruneops.reports.plots import plot_history
+from pruneops.runtimes.genai.generation import time_generation
+from pruneops.task.causal_lm.common import (
+    MODEL_DIR,
+    UNITS,
+    PlanLoop,
+    PlanSpace,
+    export_genai,
+    fit_costs,
+    load_blocks,
+    read_stage_json,
+    time_shapes,
+)
+from pruneops.timing.machine import machine_info
+from pruneops.training.recovery import (
+    RecoverySettings,
+    compute_dtype_warning,
+    progress_marks,
+    recover_,
+    training_device,
+)
+
+log = logging.getLogger(__name__)
+
+COST_FILE = "decode_cost.json"
+COST_KEYS: dict[DecoderMetric, str] = {"decode": "cost", "prefill": "prefill_cost"}  # fits in COST_FILE
+DENSE_KEYS: dict[DecoderMetric, str] = {"decode": "dense_tpot_ms", "prefill": "dense_ttft_ms"}
+
+
+@dataclass(frozen=True)
+class DecodeCostReport(StageReport):
+    """The decode and prefill cost models fitted on shapes timed on this machine."""
+
+    dense_tpot_ms: float
+    intercept_ms: float
+    slope_ms: float
+    residual_ms: float
+    untouchable_share: float
+    dense_ttft_ms: float
+    prefill_residual_ms: float
+    prefill_untouchable_share: float
+    shapes_timed: int
+
+    def summary(self) -> str:
+        return (
+            f"decode cost: dense {self.dense_tpot_ms:.2f} ms/token, fit residual {self.residual_ms:.2f} ms on "
+            f"{self.shapes_timed} shapes; {100 * self.untouchable_share:.0f} % of it no layer cut removes "
+            f"(first token: {self.dense_ttft_ms:.1f} ms, residual {self.prefill_residual_ms:.2f} ms, "
+            f"{100 * self.prefill_untouchable_share:.0f} % untouchable)"
+        )
+
+
+def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecodeCostReport:
+    """Times uniform shapes of the adopted decoder (onnxruntime-genai, fp32, batch 1) and fits the costs.
+
+    Timed at `benchmark.threads` after a `benchmark.prompt_length`-token prompt over
+    `benchmark.new_tokens` tokens, `benchmark.rounds` interleaved rounds; one cost model per
+    metric (`decode`: time per output token, `prefill`: time to first token). Writes
+    `artifacts/latency/decode_cost.json` (the fits, every timed shape, the machine) and a plot.
+    """
+    torch.set_num_threads(config.threads)
+    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    base = shape_of(dense.config)
+    with tempfile.TemporaryDirectory(prefix="pruneops-decode-table-") as work:
+        table = time_shapes(
+            dense,
+            tokenizer,
+            Path(work),
+            max_layers_dropped=max(2, base.layers // 2),
+            prompt_length=benchmark.prompt_length,
+            new_tokens=benchmark.new_tokens,
+            rounds=benchmark.rounds,
+            threads=benchmark.threads,
+            seed=0,
+        )
+    costs = fit_costs(table)
+    rows = [
+        {
+            "shape": s.describe(),
+            "layout": asdict(s),
+            "tpot_ms": t.tpot_ms,
+            "predicted_ms": costs["decode"].predict(s),
+            "ttft_ms": t.ttft_ms,
+            "predicted_ttft_ms": costs["prefill"].predict(s),
+        }
+        for s, t in table
+    ]
+    out, plots = layout.stage_dir("latency"), layout.plots("latency")
+    dense_timing = table[0][1]
+    report = DecodeCostReport(
+        dense_tpot_ms=dense_timing.tpot_ms,
+        intercept_ms=costs["decode"].intercept_ms,
+        slope_ms=costs["decode"].slope_ms,
+        residual_ms=costs["decode"].residual_ms,
+        untouchable_share=costs["decode"].untouchable_share(base),
+        dense_ttft_ms=dense_timing.ttft_ms,
+        prefill_residual_ms=costs["prefill"].residual_ms,
+        prefill_untouchable_share=costs["prefill"].untouchable_share(base),
+        shapes_timed=len(table),
+    )
+    with staged_output_paths(out, layout.metrics("latency"), plots) as staged:
+        record = {
+            **{COST_KEYS[m]: asdict(c) for m, c in costs.items()},
+            **{DENSE_KEYS[m]: dense_timing.milliseconds(m) for m in costs},
+            "table": rows,
+        }
+        dump_json({**record, "machine": machine_info(benchmark.threads)}, staged.dir(out) / COST_FILE)
+        plot_cost_model(rows, staged.dir(plots) / "latency.png")
+        dump_json(report.metrics(), staged.path(layout.metrics("latency")))
+    return report
+
+
+def read_cost(layout: Layout, metric: DecoderMetric) -> tuple[DecodeCostModel, float]:
+    """The latency stage's cost model of `metric` and the dense model's measured time in it.
+
+    Raises:
+        DataError: The table was written before prefill was fitted (rerun the latency stage).
+    """
+    record = read_stage_json(layout, "latency", COST_FILE)
+    if COST_KEYS[metric] not in record:
+        raise DataError(f"{COST_FILE}: no {metric} cost model in it (written by an older PruneOps); rerun latency")
+    return DecodeCostModel(**record[COST_KEYS[metric]]), float(record[DENSE_KEYS[metric]])
+
+
+@dataclass(frozen=True)
+class DecoderPruneReport(StageReport):
+    """The kept shape: predicted and measured time in the target's metric, validation perplexity."""
+
+    shape: str
+    metric: str
+    target_ms: float
+    predicted_ms: float
+    dense_ms: float
+    measured_ms: float
+    measured_speedup: float
+    val_perplexity: float
+    dense_val_perplexity: float
+    plans_tried: int
+    plans_timed: int  # rounds of the closed loop
+    target_met: bool
+    layers_removed: list
+    checkpoint: Path
+    warnings: tuple[str, ...] = ()
+    reference_of_dense: float | None = None  # prune.target.reference's time over dense's, timed here
+
+    def summary(self) -> str:
+        return (
+            f"{self.shape}: {self.measured_ms:.2f} {UNITS[self.metric]} measured "
+            f"({self.measured_speedup:.2f}x dense, predicted "
+            f"{self.predicted_ms:.2f}), validation perplexity {self.val_perplexity:.2f} "
+            f"(dense {self.dense_val_perplexity:.2f}) -> {self.checkpoint}"
+        )
+
+
+def target_ratio(config: PruneConfig, dense_ms: float) -> float:
+    """`prune.target` as a fraction of dense time: `latency_ratio` as set, `latency_ms` of dense's `dense_ms`.
+
+    Raises:
+        ConfigError: A `latency_ms` target that dense already meets (there is nothing to cut for).
+    """
+    target = config.target
+    if target.kind == "latency_ratio":
+        return target.value
+    if target.value >= dense_ms:
+        raise ConfigError(
+            f"prune.target.value: {target.value:g} {UNITS[target.decoder_metric]} is not below the dense model's "
+            f"{dense_ms:.2f} (the latency stage's measurement): dense already meets it"
+        )
+    return target.value / dense_ms
+
+
+def reference_folder(config: PruneConfig, layout: Layout) -> Path | None:
+    """`prune.target.reference`'s onnxruntime-genai folder (the one its `model.onnx` lies in), or None.
+
+    Raises:
+        ConfigError: The file is missing or its folder is not an onnxruntime-genai model.
+    """
+    if not config.target.reference:
+        return None
+    path = (layout.root / config.target.reference).resolve()
+    if not path.is_file() or not (path.parent / "genai_config.json").is_file():
+        raise ConfigError(
+            f"prune.target.reference: {config.target.reference} is not the model.onnx of an onnxruntime-genai model "
+            "folder (a causal LM is timed against one, e.g. the folder served now)"
+        )
+    return path.parent
+
+
+def aim_at_decoder_reference(
+    config: PruneConfig, benchmark: BenchmarkConfig, folders: dict[str, Path], prompt: np.ndarray
+) -> dict:
+    """Times the reference and dense interleaved in the target's metric: the ratio of dense to plan for.
+
+    The ratio asked of the reference (`prune.target.value`) becomes a ratio of dense, at most
+    1/`gate.min_speedup` (what the gate lets pass); the record says when it was held there.
+    """
+    metric = config.target.decoder_metric
+    timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
+    ms = {name: timings[name].milliseconds(metric) for name in folders}
+    of_dense = ms["reference"] / ms["dense"]
+    ratio, note = config.reference_aim(of_dense)
+    record = {
+        "folder": str(folders["reference"]),
+        "metric": metric,
+        "reference_ms": ms["reference"],
+        "dense_ms": ms["dense"],
+        "reference_of_dense": of_dense,
+        "planned_ratio_of_dense": ratio,
+    }
+    if note is not None:
+        record["note"] = note
+    log.info("latency target reference %s: %.3f of dense %s time: aiming at %.3f", folders["reference"], of_dense,
+             metric, ratio)  # fmt: skip
+    return record
+
+
+def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, tokenizer, blocks, layout: Layout):
+    """The closed loop of `prune_decoder`.
+
+    Returns:
+        Its rounds, every plan scored, the kept plan's model, the layer order, the target as a ratio of
+        dense, and the reference's timing (None without `prune.target.reference`).
+    """
+    metric, cut = config.target.decoder_metric, config.decoder
+    cost, dense_ms = read_cost(layout, metric)
+    reference = reference_folder(config, layout)
+    ratio = target_ratio(config, dense_ms)
+    order = read_stage_json(layout, "sensitivity", "layers.json")["layer_order"]
+    base = shape_of(dense.config)
+    space = PlanSpace(
+        max_layers_dropped=int(config.max_unit_ratio * base.layers),
+        kv_groups=tuple(cut.kv_groups or ()),
+        depth_step=cut.depth_step,
+        importance=cut.importance,
+        reconstruct=cut.reconstruct,
+        layer_order=order,
+    )
+    calibration = calibrate(dense, torch.as_tensor(blocks["train"][: cut.calibration_blocks]))
+    prompt = np.random.default_rng(0).integers(0, base.vocab, (1, benchmark.prompt_length))
+    with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
+        dense_folder = export_genai(dense, tokenizer, Path(work) / "dense", ["fp32"], benchmark.threads)["fp32"]
+        aim = None
+        if reference is not None:
+            aim = aim_at_decoder_reference(config, benchmark, {"dense": dense_folder, "reference": reference}, prompt)
+            ratio = aim["planned_ratio_of_dense"]
+        loop = PlanLoop(
+            dense, tokenizer, calibration, blocks["val"][-cut.search_blocks :], cost, space, dense_folder, Path(work),
+            prompt, benchmark.new_tokens, benchmark.rounds, benchmark.threads, metric,
+        )  # fmt: skip
+        try:
+            rounds = loop.run(ratio, ratio * dense_ms)
+        except ConfigError as err:
+            raise ConfigError(f"prune.target: {err}; raise prune.target.value or max_unit_ratio") from err
+    return rounds, list(loop.scored.values()), loop.models[rounds[-1].shape], order, ratio, aim
+
+
+def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecoderPruneReport:
+    """Cuts the adopted decoder to the uniform shape with the lowest search perplexity that meets the target.
+
+    The target is `prune.target.value` of the dense model's time in `prune.target.metric` (per
+    output token, or to the first token) the latency stage measured, or (`latency_ms`) that many
+    milliseconds as a fraction of the same measurement, so that the loop's check, interleaved with
+    dense, holds in whatever state the machine is in. The best plan is timed
+    interleaved with dense in that metric; while it measures slower than the target, a narrower
+    plan is chosen and timed (`close_the_loop`, at most `LOOP_ROUNDS` plans). A target still
+    missed after that is reported in the warnings; the gate then keeps the plan only if it
+    measured at least `gate.min_speedup` faster (null: not gated).
+
+    Raises:
+        ConfigError: No shape is predicted to meet the target.
+        LatencyGateError: The kept plan measured less than `gate.min_speedup` faster (nothing is written).
+    """
+    torch.set_num_threads(config.threads)
+    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    blocks = load_blocks(layout)
+    metric = config.target.decoder_metric
+    rounds, tried, model, order, ratio, aim = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
+    last = rounds[-1]
+    speedup = last.dense_ms / last.measured_ms
+    if config.gate.min_speedup is not None and speedup < config.gate.min_speedup:
+        raise LatencyGateError(
+            f"prune.gate: {last.shape.describe()} measured {speedup:.2f}x faster than dense at batch 1 in {metric} "
+            f"time, below {config.gate.min_speedup:.2f}x ({len(rounds)} plans timed); nothing slower ships"
+        )
+    warnings = []
+    if last.measured_ratio > ratio:
+        warnings.append(
+            f"prune.target: {last.shape.describe()} measured {last.measured_ratio:.3f} of dense {metric} time, "
+            f"above the target {ratio:.3g} after {len(rounds)} plans timed (no narrower plan met it)"
+        )
+    kept: DecoderShape = last.shape
+    val = block_losses(model, blocks["val"])
+    dense_val = block_losses(dense, blocks["val"])
+    dropped = sorted(order[: shape_of(dense.config).layers - kept.layers])
+    rows = [{**t, "step": i, "shape": t["shape"].describe()} for i, t in enumerate(tried)]
+    loop = [r.record() for r in rounds]
+    out, plots = layout.stage_dir("prune"), layout.plots("prune")
+    with staged_output_paths(out, layout.metrics("prune"), plots) as staged:
+        save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
+        plan_record = {"shape": asdict(kept), "layers_removed": dropped, "plans": rows, "loop": loop}
+        if aim is not None:
+            plan_record["reference"] = aim
+        dump_json(plan_record, staged.dir(out) / "plan.json")
+        dump_json(rows, staged.dir(plots) / "history.json")
+        plot_plans(rows, kept.describe(), staged.path(plots) / "history.png", UNITS[metric])
+        plot_shape(asdict(shape_of(dense.config)), asdict(kept), staged.path(plots) / "allocation.png")
+        report = DecoderPruneReport(
+            shape=kept.describe(),
+            metric=metric,
+            target_ms=rounds[0].target_ms,
+            predicted_ms=last.predicted_ms,
+            dense_ms=last.dense_ms,
+            measured_ms=last.measured_ms,
+            measured_speedup=speedup,
+            val_perplexity=perplexity_from_losses(val, 0).value,
+            dense_val_perplexity=perplexity_from_losses(dense_val, 0).value,
+            plans_tried=len(tried),
+            plans_timed=len(rounds),
+            target_met=not warnings,
+            layers_removed=dropped,
+            checkpoint=out / MODEL_DIR,
+            warnings=tuple(warnings),
+            reference_of_dense=aim["reference_of_dense"] if aim else None,
+        )
+        dump_json(report.metrics(), staged.path(layout.metrics("prune")))
+    return report
+
+
+@dataclass(frozen=True)
+class RecoveryReport(StageReport):
+    """What distillation spent and what it gave back."""
+
+    tokens: int
+    steps: int
+    wall_s: float
+    tokens_per_second: float
+    val_perplexity_before: float
+    val_perplexity: float
+    dense_val_perplexity: float
+    checkpoint: Path
+    compute_dtype: str = "fp32"
+    device: str = "cpu"
+    warnings: tuple[str, ...] = ()
+    lora_rank: int | None = None
+    trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
+
+    def summary(self) -> str:
+        return (
+            f"{self.tokens:,} tokens in {self.wall_s / 60:.1f} min on {self.device}: validation perplexity "
+            f"{self.val_perplexity_before:.2f} -> {self.val_perplexity:.2f} (dense {self.dense_val_perplexity:.2f}) "
+            f"-> {self.checkpoint}"
+        )
+
+
+def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
+    """Distils the dense decoder into the pruned one within `finetune.max_tokens` training tokens.
+
+    `distill_weight` x logit KL from the dense model (at `distill_temperature`) + the rest x the
+    next-token loss on the training blocks; AdamW at `lr` with warm-up and cosine decay,
+    `batch_size` blocks per step; 0 tokens passes the pruned model on as it is.
+    """
+    torch.set_num_threads(config.threads)
+    if config.max_tokens:
+        training_device(config.device)  # a device torch does not see is refused before anything loads
+    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    model, _ = load_causal_lm(layout.stage_dir("prune") / MODEL_DIR)
+    blocks = load_blocks(layout)
+    before = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
+    history: list[dict] = []
+    tokens = steps = trained = 0
+    wall = 0.0
+    if config.max_tokens:
+        settings = RecoverySettings(
+            max_tokens=config.max_tokens,
+            batch_blocks=config.batch_size,
+            lr=config.lr,
+            temperature=config.distill_temperature,
+            distill_weight=config.distill_weight,
+            weight_decay=config.weight_decay,
+            seed=config.seed,
+            compute_dtype=config.compute_dtype,
+            device=config.device,
+            lora_rank=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+        )
+        progress = progress_marks(config.max_tokens, 20, log, history)
+        result = recover_(model, dense, blocks["train"], settings, progress)
+        tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
+    warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
+    after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
+    dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
+    out, plots = layout.stage_dir("finetune"), layout.plots("finetune")
+    with staged_output_paths(out, layout.metrics("finetune"), plots) as staged:
+        save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
+        dump_json(history, staged.dir(plots) / "history.json")
+        rows = history or [{"tokens": 0, "loss": 0.0}]
+        png = staged.path(plots) / "history.png"
+        plot_history(rows, "tokens", [("training loss", ["loss"])], "Recovery", png)
+        report = RecoveryReport(
+            tokens=tokens,
+            steps=steps,
+            wall_s=wall,
+            tokens_per_second=tokens / wall if wall else 0.0,
+            val_perplexity_before=before,
+            val_perplexity=after,
+            dense_val_perplexity=dense_ppl,
+            checkpoint=out / MODEL_DIR,
+            compute_dtype=config.compute_dtype,
+            device=config.device,
+            warnings=(warning,) if warning else (),
+            lora_rank=config.lora_rank,
+            trained_parameters=trained,
+        )
+        dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
+    return report
