@@ -1,4 +1,4 @@
-"""`pruneops.runtimes.onnxruntime.timing.measure_latencies`: interleaved turns, each timed run warm, optionally time-boxed."""
+"""`runtimes.onnxruntime.timing.measure_latencies`: interleaved turns, each timed run warm, optionally time-boxed."""
 
 from __future__ import annotations
 
