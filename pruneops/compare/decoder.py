@@ -38,11 +38,7 @@ from pruneops.core.errors import ConfigError
 from pruneops.core.io import dump_json
 from pruneops.data.corpus import build_corpus, read_documents, read_labelled, to_blocks
 from pruneops.models.decoders import load_causal_lm
-from pruneops.models.language import (
-    paired_ratio_interval,
-    perplexity_from_losses,
-    zero_shot_accuracy,
-)
+from pruneops.models.language import paired_ratio_interval, perplexity_from_losses, zero_shot_accuracy
 from pruneops.planning.decode_cost import DecoderShape, feasible_plans, shape_of
 from pruneops.pruning import decoder_cuts as cuts
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence

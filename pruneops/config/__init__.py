@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pruneops.config.base import (
+    TASK_NOUNS,
     BatchSize,
     Epochs,
     Fraction,
@@ -23,9 +24,12 @@ from pruneops.config.base import (
     Text,
     Threads,
     importable,
+    keys_of_other_task,
     lookup,
     registered,
+    task_keys,
 )
+from pruneops.config.orchestration import ComputeConfig, RepruneConfig, ServeConfig
 from pruneops.config.prune import (
     AUTO_FORM,
     DEFAULT_PLAN_TRIALS,
@@ -49,6 +53,8 @@ CORPUS_DATASET = "corpus"
 Task = Literal["classification", "causal_lm"]
 
 __all__ = [
+    "TASK_NOUNS",
+    "keys_of_other_task",
     "AUTO_FORM",
     "ComputeConfig",
     "CORPUS_DATASET",
@@ -135,6 +141,14 @@ class FitParams(StageConfig):
 
 class ValidateConfig(StageConfig):
     """`validate`: load the data, split it, check it with Great Expectations."""
+
+    TASK_KEYS = task_keys(
+        classification=(
+            "label_column feature_columns classes value_range max_train_samples min_samples_per_class "
+            "max_class_imbalance hist_bins exclude_labels max_length"
+        ),
+        causal_lm="block_length max_unknown_token_rate",
+    )
 
     dataset: Text = "digits"
     path: Text | None = None
@@ -229,6 +243,13 @@ class TrainConfig(FitParams):
     already a classifier for these classes as it is. `model_kwargs` override its config.
     """
 
+    TASK_KEYS = task_keys(
+        classification=(
+            "model_kwargs classifier lr warmup_epochs freeze_backbone_epochs init_weights init_strict "
+            "reset_classifier preprocess augment batch_size weight_decay patience seed"
+        ),
+    )
+
     task: Task = "classification"
     model: Text = "cnn"
     pretrained: Text | None = None
@@ -295,6 +316,13 @@ class TrainConfig(FitParams):
 class SensitivityConfig(StageConfig):
     """`sensitivity`: prune each unit alone at a sweep of ratios."""
 
+    TASK_KEYS = task_keys(
+        classification=(
+            "ratios importance estimator fisher_samples bn_recalibration_samples val_samples batch_size seed"
+        ),
+        causal_lm="val_blocks",
+    )
+
     ratios: Annotated[list[Ratio], Field(max_length=64)] = Field(
         default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
     )
@@ -349,6 +377,10 @@ class LatencyConfig(StageConfig):
     units without sweeping their accuracy again (the sweep took 11 min on a MobileNetV2-style model).
     """
 
+    TASK_KEYS = task_keys(
+        classification="unit_points",
+    )
+
     # Exports per unit alone, at its efficient widths, that the cost model is fitted on besides
     # dense and four uniform cuts: each is one ONNX export and one timed session.
     unit_points: Annotated[int, Field(ge=1, le=16)] = 4
@@ -357,6 +389,14 @@ class LatencyConfig(StageConfig):
 
 class FinetuneConfig(FitParams):
     """`finetune`: recovery fine-tuning with knowledge distillation from the baseline (0 epochs: none)."""
+
+    TASK_KEYS = task_keys(
+        classification=(
+            "epochs patience hidden_distill_weight distill_schedule augment nproc_per_node nnodes "
+            "rdzv_endpoint rdzv_id teacher_runtime"
+        ),
+        causal_lm="max_tokens compute_dtype device lora_rank lora_alpha",
+    )
 
     epochs: Annotated[int, Field(ge=0, le=10_000)] = 20
     lr: LearningRate = 1e-3
@@ -413,6 +453,14 @@ class FinetuneConfig(FitParams):
 class QuantizeConfig(StageConfig):
     """`quantize`: ONNX Runtime INT8 (static QDQ, dynamic, or the fastest of those and fp32)."""
 
+    TASK_KEYS = task_keys(
+        classification=(
+            "method calibration_samples per_channel activation_type accuracy_tolerance latency_repeats "
+            "opset exporter reduce_range"
+        ),
+        causal_lm="decoder_precisions perplexity_tolerance decoder_vocabulary decoder_tail_groups",
+    )
+
     method: str = "auto"
     calibration_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 256
     per_channel: bool = True
@@ -449,6 +497,11 @@ class QuantizeConfig(StageConfig):
 class ExportConfig(StageConfig):
     """`export`: ONNX with a dynamic batch axis, parity-checked; TensorRT where present."""
 
+    TASK_KEYS = task_keys(
+        classification="opset exporter parity_atol parity_samples tensorrt",
+        causal_lm="greedy_tokens",
+    )
+
     opset: Annotated[int, Field(ge=13, le=23)] = 18
     exporter: str = "torchscript"
     parity_atol: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-4
@@ -466,6 +519,11 @@ class ExportConfig(StageConfig):
 class BenchmarkConfig(StageConfig):
     """`benchmark`: latency, throughput, size and accuracy of each exported model."""
 
+    TASK_KEYS = task_keys(
+        classification="warmup repeats",
+        causal_lm="prompt_length new_tokens",
+    )
+
     threads: Threads = 1
     batch_sizes: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=16)] = Field(
         default_factory=lambda: [1, 64]
@@ -477,66 +535,6 @@ class BenchmarkConfig(StageConfig):
     # per output token over `new_tokens` generated tokens, at each of `batch_sizes`.
     prompt_length: Annotated[int, Field(ge=1, le=32_768)] = 256
     new_tokens: Annotated[int, Field(ge=2, le=4096)] = 32
-
-
-class RepruneConfig(StageConfig):
-    """`reprune` (not a DVC stage): the promotion gate and drift trigger of the Prefect flows."""
-
-    accuracy_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.005
-    latency_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] = 1.0
-    drift_threshold: Annotated[float, Field(gt=0.0, le=1e6)] = 0.2
-    drift_check_cron: Annotated[str, Field(pattern=r"^\s*([0-9*/,\-]+\s+){4}[0-9*/,\-]+\s*$")] = "*/15 * * * *"
-    drift_source: Text = "http://127.0.0.1:9090"
-    registry_dir: Text = "models"
-    feedback_dir: Text = "data/feedback"
-    latency_repeats: Annotated[int, Field(ge=1, le=1_000_000)] = 200
-    # Decoder LLMs: the most held-out perplexity a candidate may add (relative to production's), and
-    # the time per output token and to the first token it must meet (each null: no slower than
-    # production, timed interleaved).
-    perplexity_tolerance: Annotated[float, Field(ge=0.0, le=100.0)] = 0.02
-    decode_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] | None = None
-    prefill_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] | None = None
-
-
-class ServeConfig(StageConfig):
-    """`serve` (not a DVC stage): the serving app's drift window, thresholds and feedback store."""
-
-    drift_window: Annotated[int, Field(ge=10, le=1_000_000)] = 1000
-    drift_min_samples: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    psi_threshold: Annotated[float, Field(gt=0.0, le=1e6)] = 0.2
-    ks_threshold: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3
-    accuracy_window: Annotated[int, Field(ge=1, le=1_000_000)] = 500
-    max_batch: Annotated[int, Field(ge=1, le=65_536)] = 256
-    max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 8 * 1024 * 1024
-    read_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
-    reload_interval_s: Annotated[float, Field(ge=0.05, le=3600.0)] = 2.0
-    feedback_flush_every: Annotated[int, Field(ge=1, le=1_000_000)] = 100
-
-
-class ComputeConfig(StageConfig):
-    """`compute`: where the independent evaluations of sweeps and trials run (never the timing).
-
-    The results do not depend on it (the same seeds, the same values in the same order; each Ray
-    task reserves and runs on the stage's `threads`), so no stage reruns when it changes.
-    """
-
-    backend: str = "local"
-    # ray: `host:port` of a running cluster (`ray start --head`); null starts an instance on this machine.
-    address: Annotated[str, Field(pattern=r"^(ray://)?[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")] | None = None
-    local_cpus: Annotated[int, Field(ge=1, le=4096)] | None = None  # that instance's CPUs (null: all)
-    # Custom Ray resources each task needs, e.g. {sweep: 1} for workers started with that label.
-    resources: dict[Annotated[str, Field(min_length=1, max_length=100)], Annotated[float, Field(gt=0, le=1e6)]] = Field(
-        default_factory=dict
-    )
-    max_retries: Annotated[int, Field(ge=0, le=100)] = 3  # a task whose worker dies runs again elsewhere
-    # The Ray resource that marks the serving machine: the timed stages (latency, prune, quantize,
-    # benchmark) then run whole on that node, holding all its CPUs. null: they run where `dvc repro` does.
-    timing_resource: Annotated[str, Field(min_length=1, max_length=100)] | None = None
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, v: str) -> str:
-        return registered("pruneops.pipeline.compute:BACKENDS", v)
 
 
 # Sections that configure the orchestration around the stages rather than a stage.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,10 +29,46 @@ LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
 Text = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
 
 
+# What each task is called in messages (`train.task`).
+TASK_NOUNS = {"classification": "a classifier", "causal_lm": "a causal LM"}
+
+
 class StageConfig(BaseModel):
-    """Base of every stage config: strict types, no unknown keys, finite numbers, immutable."""
+    """Base of every stage config: strict types, no unknown keys, finite numbers, immutable.
+
+    `TASK_KEYS` names the keys that apply to one task only (`train.task`); the rest are shared. A
+    key of another task than the run's, set in the params file, is refused (`keys_of_other_task`).
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+    TASK_KEYS: ClassVar[dict[str, frozenset[str]]] = {}
+
+    @classmethod
+    def keys_for(cls, task: str) -> frozenset[str]:
+        """The keys that apply to `task`: the shared ones and its own."""
+        others = set().union(*(keys for t, keys in cls.TASK_KEYS.items() if t != task))
+        return frozenset(set(cls.model_fields) - others)
+
+
+def task_keys(**by_task: str) -> dict[str, frozenset[str]]:
+    """`TASK_KEYS` from space-separated key names per task."""
+    return {task: frozenset(names.split()) for task, names in by_task.items()}
+
+
+def keys_of_other_task(config: StageConfig, task: str, prefix: str) -> list[tuple[str, str]]:
+    """(dotted key, its task) of every key set in the file that applies to another task than `task`.
+
+    Nested blocks are searched too (`prune.target.metric`).
+    """
+    found = []
+    for other, keys in config.TASK_KEYS.items():
+        if other != task:
+            found += [(f"{prefix}.{key}", other) for key in sorted(keys & config.model_fields_set)]
+    for name in sorted(config.model_fields_set):
+        value = getattr(config, name)
+        if isinstance(value, StageConfig):
+            found += keys_of_other_task(value, task, f"{prefix}.{name}")
+    return found
 
 
 def lookup(target: str, name: str) -> Any:

@@ -7,7 +7,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pruneops.config.base import BatchSize, LearningRate, Ratio, Seed, StageConfig, Text, Threads, lookup, registered
+from pruneops.config.base import (
+    BatchSize,
+    LearningRate,
+    Ratio,
+    Seed,
+    StageConfig,
+    Text,
+    Threads,
+    lookup,
+    registered,
+    task_keys,
+)
 
 LATENCY_TARGETS = ("latency_ms", "latency_ratio")
 
@@ -52,6 +63,11 @@ class TargetConfig(StageConfig):
     only): `decode` (time per output token, the default) or `prefill` (time to first token after a
     `benchmark.prompt_length`-token prompt); plans, the gate and the precision choice go by it.
     """
+
+    TASK_KEYS = task_keys(
+        classification="form",
+        causal_lm="metric",
+    )
 
     kind: TargetKind
     value: Annotated[float, Field(ge=0.0, le=1e18)]
@@ -212,6 +228,14 @@ class PruneConfig(StageConfig):
     use; other token ids read as the unknown token (the report says how often on validation and
     test text).
     """
+
+    TASK_KEYS = task_keys(
+        classification=(
+            "method trials distillation scope steps schedule importance use_sensitivity round_to "
+            "epochs_per_step bn_recalibration_samples trim_vocabulary lr batch_size seed"
+        ),
+        causal_lm="decoder",
+    )
 
     method: str = "channel"
     target: TargetConfig | None = Field(default_factory=lambda: TargetConfig(kind="latency_ratio", value=0.5))

@@ -19,11 +19,11 @@ from typing import Any
 import yaml
 
 import pruneops
-from pruneops.config import StageConfig
+from pruneops.config import StageConfig, Task
 from pruneops.core.errors import ConfigError
 from pruneops.core.io import Layout
 from pruneops.core.params import read_params
-from pruneops.pipeline.stages import STAGES, Plot, Stage, load_configs, project_importable
+from pruneops.pipeline.stages import STAGES, Plot, Stage, load_configs, project_importable, task_of
 
 PACKAGE_DIR = Path(pruneops.__file__).resolve().parent
 RELATIVE = Layout(Path("."))  # dvc.yaml paths are relative to the project
@@ -123,21 +123,22 @@ def model_module_file(model: str, root: Path) -> Path | None:
 
 
 def _user_paths(stage: Stage, configs: dict[str, StageConfig]) -> list[tuple[str, str]]:
-    """(params key, path) of each file the user's params make this stage read."""
-    named: list[tuple[str, str | None]] = []
-    if stage.name == "validate":
-        named += [("validate.path", configs["validate"].path), ("validate.tokenizer", configs["validate"].tokenizer)]
-    if stage.name == "train":
-        named += [
-            ("train.init_weights", configs["train"].init_weights),
-            ("train.pretrained", configs["train"].pretrained),
-        ]
-    if stage.name == "prune" and configs["prune"].target and configs["prune"].target.reference:
-        reference = configs["prune"].target.reference
-        if "train" in configs and configs["train"].task == "causal_lm":
-            reference = Path(reference).parent.as_posix()  # the onnxruntime-genai folder: its weights and config
-        named.append(("prune.target.reference", reference))
-    return [(key, value) for key, value in named if value]
+    """(params key, path) of each file the user's params make this stage read (as its task's row names them)."""
+    named = []
+    for file in stage.impl(task_of(configs)).files:
+        value = _param(configs, file.key)
+        if value:
+            named.append((file.key, Path(value).parent.as_posix() if file.folder else value))
+    return named
+
+
+def _param(configs: dict[str, StageConfig], key: str) -> Any:
+    """The value of a dotted params key in validated configs (None where a block on the way is null)."""
+    section, *path = key.split(".")
+    node: Any = configs.get(section)
+    for part in path:
+        node = getattr(node, part, None) if node is not None else None
+    return node
 
 
 def _ignore_rules(root: Path) -> list[str]:
@@ -193,7 +194,7 @@ def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
         ConfigError: One that DVC would not track (`refuse_untracked`).
     """
     files = [refuse_untracked(key, root / value, root, value) for key, value in _user_paths(stage, configs)]
-    if stage.builds_model and "train" in configs:
+    if stage.impl(task_of(configs)).builds_model and "train" in configs:
         module = model_module_file(configs["train"].model, root)
         if module is not None:
             files.append(refuse_untracked("train.model", module, root))
@@ -202,21 +203,25 @@ def user_files(stage: Stage, configs: dict[str, StageConfig], root: Path) -> lis
 
 def stage_deps(stage: Stage, configs: dict[str, StageConfig], root: Path) -> list[str]:
     """Everything `stage` depends on besides params: code, upstream outputs, user files."""
-    code = import_closure(stage.module, "pruneops.pipeline.stages")
+    code = import_closure(stage.impl(task_of(configs)).module, "pruneops.pipeline.stages")
     deps = [_dep_path(p, root) for p in _compress(code)]
     deps += [RELATIVE.stage_dir(up).as_posix() for up in stage.upstream]
     return deps + user_files(stage, configs, root)
 
 
-def stage_params(stage: Stage, params: dict[str, Any] | None = None) -> list[str]:
-    """Every key of the stage's own section, then the keys it reads from other sections.
+def stage_params(stage: Stage, task: Task, params: dict[str, Any] | None = None) -> list[str]:
+    """Every key of the stage's own section that applies to `task`, then the keys its implementation reads.
 
-    With the raw `params` (as read from the file), only the keys the file holds: DVC refuses a
-    params dependency the file does not hold, and a key left out takes its default from the code,
-    which is a dependency already. A key inside a block the file sets to null
-    (`prune.target.kind` without a target) names the block instead.
+    Every stage also depends on `train.task`: the task picks every stage's implementation. With
+    the raw `params` (as read from the file), only the keys the file holds: DVC refuses a params
+    dependency the file does not hold, and a key left out takes its default from the code, which
+    is a dependency already. A key inside a block the file sets to null (`prune.target.kind`
+    without a target) names the block instead.
     """
-    keys = [f"{stage.name}.{key}" for key in stage.config.model_fields] + list(stage.reads)
+    own = [f"{stage.name}.{key}" for key in stage.config.model_fields if key in stage.config.keys_for(task)]
+    keys = [*own, *stage.impl(task).reads]
+    if stage.name != "train":
+        keys.append("train.task")
     if params is None:
         return keys
     held = (_held(key, params) for key in keys)
@@ -242,28 +247,27 @@ def render(root: Path, params_file: str | Path = "params.yaml") -> dict[str, Any
     with project_importable(root):
         configs = load_configs(raw)
     default = str(params_file) == "params.yaml"
-    decoder = configs["train"].task == "causal_lm"
+    task = task_of(configs)
     stages = {}
     for stage in STAGES:
+        keys = stage_params(stage, task, raw)
         entry: dict[str, Any] = {
             "cmd": f"pruneops {stage.name}" if default else f"pruneops --params {params_file} {stage.name}",
             "deps": stage_deps(stage, configs, Path(root)),
-            "params": stage_params(stage, raw) if default else [{str(params_file): stage_params(stage, raw)}],
+            "params": keys if default else [{str(params_file): keys}],
             "outs": [RELATIVE.stage_dir(stage.name).as_posix()],
             "metrics": [{RELATIVE.metrics(stage.name).as_posix(): {"cache": False}}],
         }
-        if stage.plots:
-            entry["plots"] = [
-                {(RELATIVE.plots(stage.name) / p.file).as_posix(): _plot(p, decoder)} for p in stage.plots
-            ]
+        plots = stage.impl(task).plots
+        if plots:
+            entry["plots"] = [{(RELATIVE.plots(stage.name) / p.file).as_posix(): _plot(p)} for p in plots]
         stages[stage.name] = entry
     return {"stages": stages}
 
 
-def _plot(plot: Plot, decoder: bool) -> dict[str, Any]:
-    """A plot's DVC entry: its axes (a causal LM's stage writes other rows), or none for a PNG."""
-    x, y = plot.decoder_axes if decoder and plot.decoder_axes else (plot.x, plot.y)
-    return {"cache": False, **({"x": x, "y": y} if x else {})}
+def _plot(plot: Plot) -> dict[str, Any]:
+    """A plot's DVC entry: its axes, or none for a PNG."""
+    return {"cache": False, **({"x": plot.x, "y": plot.y} if plot.x else {})}
 
 
 def write_dvc_yaml(root: Path, params_file: str | Path = "params.yaml") -> Path:
@@ -301,7 +305,9 @@ def stage_problems(
     ]
     listed = _declared_params(entry)
     problems += [
-        f"stage {stage.name}: does not list param {key}" for key in stage_params(stage, params) if key not in listed
+        f"stage {stage.name}: does not list param {key}"
+        for key in stage_params(stage, task_of(configs), params)
+        if key not in listed
     ]
     out = RELATIVE.stage_dir(stage.name).as_posix()
     if out not in entry.get("outs", []):

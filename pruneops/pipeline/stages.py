@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
 from pruneops.config import (
     CORPUS_DATASET,
     EXTRA_SECTIONS,
+    TASK_NOUNS,
     BenchmarkConfig,
     ExportConfig,
     FinetuneConfig,
@@ -29,8 +30,10 @@ from pruneops.config import (
     QuantizeConfig,
     SensitivityConfig,
     StageConfig,
+    Task,
     TrainConfig,
     ValidateConfig,
+    keys_of_other_task,
 )
 from pruneops.core.errors import ConfigError
 from pruneops.core.io import Layout
@@ -71,178 +74,269 @@ class Plot:
     file: str
     x: str | None = None
     y: str | None = None
-    decoder_axes: tuple[str, str] | None = None  # (x, y) of the rows a causal LM's stage writes instead
+
+
+@dataclass(frozen=True)
+class UserFile:
+    """A file the user's params name that a stage reads: the params key, and whether its folder is what counts.
+
+    `folder`: the file's parent folder is the dependency (an onnxruntime-genai `model.onnx` is read
+    with its weights and config beside it).
+    """
+
+    key: str
+    folder: bool = False
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One task's implementation of a stage.
+
+    Args:
+        function: `module:function` called as `function(config, *reads_configs, layout)`.
+        reads: Keys of other sections it depends on, as `section.key` (their sections' configs are
+            passed after its own, in order of first appearance).
+        files: The user files its params name (each a DVC dependency of the stage).
+        plots: The plot files it writes.
+        builds_model: Whether it builds the model architecture (a user's model module given as
+            `package.module:factory` is then one of its dependencies).
+        fans_out: Whether it runs independent evaluations on the `compute` backend (passed as
+            `compute=`; not a DVC dependency: where they run does not change the results).
+    """
+
+    function: str
+    reads: tuple[str, ...] = ()
+    files: tuple[UserFile, ...] = ()
+    plots: tuple[Plot, ...] = ()
+    builds_model: bool = False
+    fans_out: bool = False
+
+    @property
+    def module(self) -> str:
+        """The module that implements it."""
+        return self.function.partition(":")[0]
+
+    def resolve(self) -> Callable[..., StageReport]:
+        """The function (imported now: stage modules import torch)."""
+        module, _, attr = self.function.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One pipeline stage.
+    """One pipeline stage: its params section, its place in the pipeline, one implementation per task.
 
     Args:
         name: The stage (DVC stage, CLI command and params section).
         config: Its params section's config class.
-        function: `module:function` called as `function(config, *reads_configs, layout)`.
         help: One line for `pruneops --help`.
-        reads: Keys of other sections it depends on, as `section.key` (their sections' configs
-            are passed after its own, in order of first appearance).
+        impls: Each task's implementation (`train.task` picks one for the whole run).
         upstream: Stages whose outputs (`artifacts/<stage>`) it reads.
-        plots: The plot files it writes.
-        builds_model: Whether it builds the model architecture (so a user's model module is one
-            of its dependencies).
-        fans_out: Whether it runs independent evaluations on the `compute` backend (passed as
-            `compute=`; not a DVC dependency: where they run does not change the results).
         timed: Whether it times models (latency table, gates, precision choice, benchmark): with
             `compute.timing_resource` it runs whole on the node that resource marks.
     """
 
     name: str
     config: type[StageConfig]
-    function: str
     help: str
-    reads: tuple[str, ...] = ()
+    impls: dict[Task, Impl]
     upstream: tuple[str, ...] = ()
-    plots: tuple[Plot, ...] = ()
-    builds_model: bool = False
-    fans_out: bool = False
     timed: bool = False
 
-    @property
-    def module(self) -> str:
-        """The module that implements the stage."""
-        return self.function.partition(":")[0]
+    def impl(self, task: Task) -> Impl:
+        """The implementation for `task`."""
+        return self.impls[task]
 
     @property
-    def sections(self) -> tuple[str, ...]:
-        """Params sections passed to the stage function: its own, then those of `reads`."""
-        extra = [k.partition(".")[0] for k in self.reads]
+    def modules(self) -> tuple[str, ...]:
+        """Every task's implementing module."""
+        return tuple(i.module for i in self.impls.values())
+
+    def sections(self, task: Task) -> tuple[str, ...]:
+        """Params sections passed to `task`'s function: its own, then those of its `reads`."""
+        extra = [k.partition(".")[0] for k in self.impl(task).reads]
         return (self.name, *dict.fromkeys(s for s in extra if s != self.name))
 
-    def resolve(self) -> Callable[..., StageReport]:
-        """The stage function (imported now: stage modules import torch)."""
-        module, _, attr = self.function.partition(":")
-        return getattr(importlib.import_module(module), attr)
-
     def run(self, configs: dict[str, StageConfig], layout: Layout) -> StageReport:
-        """Runs the stage with validated configs (all of `sections` must be present)."""
-        if self.fans_out:
-            compute = configs.get("compute") or SECTIONS["compute"]()
-            return self.resolve()(*(configs[s] for s in self.sections), layout, compute=compute)
-        return self.resolve()(*(configs[s] for s in self.sections), layout)
+        """Runs the task's implementation with validated configs (all of its `sections` must be present)."""
+        task = task_of(configs)
+        impl = self.impl(task)
+        args = [configs[s] for s in self.sections(task)]
+        if impl.fans_out:
+            return impl.resolve()(*args, layout, compute=configs.get("compute") or SECTIONS["compute"]())
+        return impl.resolve()(*args, layout)
+
+
+def task_of(configs: dict[str, StageConfig]) -> Task:
+    """The run's task (`train.task`; a classifier where the params have no `train` section)."""
+    train = configs.get("train")
+    return train.task if train is not None else "classification"
 
 
 # How a causal LM's decode is timed (latency table, prune gate, precision choice).
-_DECODE_TIMING = ("benchmark.prompt_length", "benchmark.new_tokens", "benchmark.rounds")
-
+_DECODE_TIMING = ("benchmark.threads", "benchmark.prompt_length", "benchmark.new_tokens", "benchmark.rounds")
+_CLS = "pruneops.task.classification"
+_LM = "pruneops.task.causal_lm"
 _HISTORY = (Plot("history.json", "epoch", "val_accuracy"), Plot("history.png"))
-_RECOVERY = (Plot("history.json", "epoch", "val_accuracy", ("tokens", "loss")), Plot("history.png"))
 
 STAGES: tuple[Stage, ...] = (
     Stage(
         "validate",
         ValidateConfig,
-        "pruneops.task.classification.validate:validate_dataset",
         "load, split and check the data (Great Expectations)",
+        {
+            "classification": Impl(
+                f"{_CLS}.validate:validate_dataset", files=(UserFile("validate.path"), UserFile("validate.tokenizer"))
+            ),
+            "causal_lm": Impl(
+                f"{_LM}.validate:validate_corpus", files=(UserFile("validate.path"), UserFile("validate.tokenizer"))
+            ),
+        },
     ),
     Stage(
         "train",
         TrainConfig,
-        "pruneops.task.classification.train:train_baseline",
         "train the baseline model",
+        {
+            "classification": Impl(
+                f"{_CLS}.train:train_baseline",
+                files=(UserFile("train.init_weights"), UserFile("train.pretrained")),
+                plots=_HISTORY,
+                builds_model=True,
+            ),
+            "causal_lm": Impl(f"{_LM}.train:adopt_causal_lm", files=(UserFile("train.pretrained"),), plots=_HISTORY),
+        },
         upstream=("validate",),
-        plots=_HISTORY,
-        builds_model=True,
     ),
     Stage(
         "sensitivity",
         SensitivityConfig,
-        "pruneops.task.classification.sensitivity:analyze_sensitivity",
         "per-unit sensitivity sweep (each unit pruned alone)",
-        reads=("prune.method", "prune.use_sensitivity"),
+        {
+            "classification": Impl(
+                f"{_CLS}.sensitivity:analyze_sensitivity",
+                reads=("prune.method", "prune.use_sensitivity"),
+                plots=(Plot("curves.json", "ratio", "accuracy_drop"), Plot("sensitivity.png")),
+                builds_model=True,
+                fans_out=True,
+            ),
+            "causal_lm": Impl(
+                f"{_LM}.sensitivity:layer_sensitivity",
+                plots=(Plot("curves.json", "layer", "perplexity_increase"), Plot("sensitivity.png")),
+                fans_out=True,
+            ),
+        },
         upstream=("validate", "train"),
-        plots=(
-            Plot("curves.json", "ratio", "accuracy_drop", ("layer", "perplexity_increase")),
-            Plot("sensitivity.png"),
-        ),
-        builds_model=True,
-        fans_out=True,
     ),
     Stage(
         "latency",
         LatencyConfig,
-        "pruneops.task.classification.latency:measure_latency_table",
         "for latency targets: time the units' widths on this machine (the latency table)",
-        reads=(
-            "prune.target.kind",
-            "prune.target.form",
-            "benchmark.threads",
-            "benchmark.batch_sizes",
-            *_DECODE_TIMING,
-            "quantize.method",
-        ),
+        {
+            "classification": Impl(
+                f"{_CLS}.latency:measure_latency_table",
+                reads=(
+                    "prune.target.kind",
+                    "prune.target.form",
+                    "benchmark.threads",
+                    "benchmark.batch_sizes",
+                    "quantize.method",
+                ),
+                plots=(Plot("latency.png"),),
+                builds_model=True,
+            ),
+            "causal_lm": Impl(f"{_LM}.latency:decode_cost_table", reads=_DECODE_TIMING, plots=(Plot("latency.png"),)),
+        },
         upstream=("validate", "train", "sensitivity"),
-        plots=(Plot("latency.png"),),
-        builds_model=True,
         timed=True,
     ),
     Stage(
         "prune",
         PruneConfig,
-        "pruneops.task.classification.prune:prune_iteratively",
         "plan per-unit widths for the target, gate them on measured latency, prune iteratively",
-        reads=("benchmark.threads", "benchmark.batch_sizes", *_DECODE_TIMING),
+        {
+            "classification": Impl(
+                f"{_CLS}.prune:prune_iteratively",
+                reads=("benchmark.threads", "benchmark.batch_sizes"),
+                files=(UserFile("prune.target.reference"),),
+                plots=(
+                    Plot("history.json", "step", "val_accuracy"),
+                    Plot("history.png"),
+                    Plot("allocation.png"),
+                ),
+                builds_model=True,
+                fans_out=True,
+            ),
+            "causal_lm": Impl(
+                f"{_LM}.prune:prune_decoder",
+                reads=_DECODE_TIMING,
+                files=(UserFile("prune.target.reference", folder=True),),
+                plots=(
+                    Plot("history.json", "step", "search_perplexity"),
+                    Plot("history.png"),
+                    Plot("allocation.png"),
+                ),
+            ),
+        },
         upstream=("validate", "train", "sensitivity", "latency"),
-        plots=(
-            Plot("history.json", "step", "val_accuracy", ("step", "search_perplexity")),
-            Plot("history.png"),
-            Plot("allocation.png"),
-        ),
-        builds_model=True,
-        fans_out=True,
         timed=True,
     ),
     Stage(
         "finetune",
         FinetuneConfig,
-        "pruneops.task.classification.finetune:finetune",
         "recovery fine-tuning with distillation",
+        {
+            "classification": Impl(f"{_CLS}.finetune:finetune", plots=_HISTORY, builds_model=True),
+            "causal_lm": Impl(
+                f"{_LM}.finetune:recover_decoder", plots=(Plot("history.json", "tokens", "loss"), Plot("history.png"))
+            ),
+        },
         upstream=("validate", "train", "prune"),
-        plots=_RECOVERY,
-        builds_model=True,
     ),
     Stage(
         "quantize",
         QuantizeConfig,
-        "pruneops.task.classification.quantize:quantize_model",
-        "ONNX Runtime INT8 quantization (fp32 kept unless INT8 is faster at batch 1 and no slower elsewhere)",
-        reads=(
-            "benchmark.batch_sizes",
-            *_DECODE_TIMING,
-            "prune.target.kind",
-            "prune.target.form",
-            "prune.target.metric",
-        ),
+        "INT8 (or another precision) where it measures faster within tolerance, fp32 otherwise",
+        {
+            "classification": Impl(
+                f"{_CLS}.quantize:quantize_model",
+                reads=(
+                    "benchmark.batch_sizes",
+                    "prune.target.kind",
+                    "prune.target.form",
+                ),
+                builds_model=True,
+            ),
+            "causal_lm": Impl(f"{_LM}.quantize:quantize_stage", reads=(*_DECODE_TIMING, "prune.target.metric")),
+        },
         upstream=("validate", "prune", "finetune"),
-        builds_model=True,
         timed=True,
     ),
     Stage(
         "export",
         ExportConfig,
-        "pruneops.task.classification.export:export_onnx",
-        "ONNX export with parity checks (and TensorRT where present)",
+        "the serving artefacts with parity checks (and TensorRT where present)",
+        {
+            "classification": Impl(f"{_CLS}.export:export_onnx", builds_model=True),
+            "causal_lm": Impl(f"{_LM}.export:export_decoder"),
+        },
         upstream=("validate", "train", "finetune", "quantize"),
-        builds_model=True,
     ),
     Stage(
         "benchmark",
         BenchmarkConfig,
-        "pruneops.task.classification.benchmark:benchmark_model",
         "latency/throughput/size/accuracy benchmark",
+        {
+            "classification": Impl(
+                f"{_CLS}.benchmark:benchmark_model",
+                plots=(Plot("frontier.json", "latency_b1_ms", "test_accuracy"), Plot("frontier.png")),
+            ),
+            "causal_lm": Impl(
+                f"{_LM}.benchmark:benchmark_decoder",
+                plots=(Plot("frontier.json", "latency_b1_ms", "test_perplexity"), Plot("frontier.png")),
+            ),
+        },
         upstream=("validate", "export"),
-        plots=(
-            Plot("frontier.json", "latency_b1_ms", "test_accuracy", ("latency_b1_ms", "test_perplexity")),
-            Plot("frontier.png"),
-        ),
         timed=True,
     ),
 )
@@ -300,42 +394,48 @@ def load_configs(params: dict[str, Any], sections: tuple[str, ...] | None = None
             )
         configs[name] = parse_section(name, params.get(name), SECTIONS[name])
     _check_target_batch(configs)
-    _check_causal_lm(configs)
+    _check_task(configs, _task_in(params, configs))
     return configs
 
 
-def _check_causal_lm(configs: dict[str, StageConfig]) -> None:
-    """A causal LM reads a corpus and is planned on decode time; a classifier reads samples."""
-    train, validate = configs.get("train"), configs.get("validate")
-    if train is None or validate is None:
+def _task_in(params: dict[str, Any], configs: dict[str, StageConfig]) -> Task | None:
+    """The params' task: `train.task`, read from the file even when its section was not asked for.
+
+    Read as it is written, not by validating the section (which imports the model registry): a
+    value that is not a task is refused where the `train` section is loaded. None: the file has
+    no `train` section (a file of orchestration sections alone names no task).
+    """
+    if "train" in configs:
+        return task_of(configs)
+    if not isinstance(params.get("train"), dict):
+        return None
+    task = params["train"].get("task", "classification")
+    return task if task in get_args(Task) else "classification"
+
+
+def _check_task(configs: dict[str, StageConfig], task: Task | None) -> None:
+    """Every section holds the keys of the run's task only; a causal LM reads a corpus, planned on its time.
+
+    The task is `train.task`: a key of the other task set in the file would be ignored, so it is
+    refused, naming it.
+    """
+    if task is None:
         return
-    if (train.task == "causal_lm") != (validate.dataset == CORPUS_DATASET):
+    for name, config in configs.items():
+        for key, other in keys_of_other_task(config, task, name):
+            raise ConfigError(f"{key}: applies to {TASK_NOUNS[other]} only (train.task is {task}); remove it")
+    train, validate = configs.get("train"), configs.get("validate")
+    if train is not None and validate is not None and (task == "causal_lm") != (validate.dataset == CORPUS_DATASET):
         raise ConfigError(
             f"train.task: {train.task} with validate.dataset {validate.dataset}: a causal LM reads a corpus "
             "(dataset: corpus) and only a causal LM does"
         )
-    prune, quantize, finetune = configs.get("prune"), configs.get("quantize"), configs.get("finetune")
-    if train.task != "causal_lm":
-        if prune is not None and prune.target is not None and prune.target.metric is not None:
-            raise ConfigError("prune.target.metric: applies to a causal LM only (decode or prefill time); remove it")
-        if finetune is not None and finetune.compute_dtype != "fp32":
-            raise ConfigError("finetune.compute_dtype: applies to a causal LM's recovery only; remove it")
-        if finetune is not None and finetune.lora_rank is not None:
-            raise ConfigError("finetune.lora_rank: applies to a causal LM's recovery only; remove it")
-        return
-    if prune is not None and (prune.target is None or not prune.target.is_latency or prune.target.batch != 1):
+    target = configs["prune"].target if "prune" in configs else None
+    planned_on_time = "prune" not in configs or (target is not None and target.is_latency and target.batch == 1)
+    if task == "causal_lm" and not planned_on_time:
         raise ConfigError(
             "prune.target: a causal LM is planned on its measured time at batch 1 (per output token, or to the "
             "first token with metric: prefill): kind latency_ratio or latency_ms, batch 1"
-        )
-    if prune is not None and prune.target.form != "fp32":
-        raise ConfigError(
-            "prune.target.form: a causal LM is planned in fp32; quantize then picks its precision by perplexity"
-        )
-    if quantize is not None and quantize.method != "auto":
-        raise ConfigError(
-            "quantize.method: a causal LM's precision is chosen among fp32 and quantize.decoder_precisions "
-            "(onnxruntime-genai weight-only): auto"
         )
 
 
@@ -375,7 +475,8 @@ def load_stage_configs(params_path: str | Path, stage: str) -> dict[str, StageCo
     not one an hour later.
     """
     params = read_params(params_path)
-    wanted = get_stage(stage).sections
+    stage_ = get_stage(stage)
+    wanted = {s for impl in stage_.impls.values() for s in (stage_.name, *(k.partition(".")[0] for k in impl.reads))}
     return load_configs(params, tuple(s for s in SECTIONS if s in params or s in wanted))
 
 

@@ -117,6 +117,9 @@ def _config_table(prefix: str, config: type[StageConfig], helps: dict[str, str])
         bounds = _bounds(field.annotation, field.metadata)
         type_name = _type_name(field.annotation).replace("|", "\\|")
         help_text = helps.get(f"{prefix}.{name}", "").replace("|", "\\|")
+        only = [task for task, keys in config.TASK_KEYS.items() if name in keys]
+        if only:
+            help_text = f"*{only[0]} only:* {help_text}"
         lines.append(f"| `{name}` | {type_name} | {_default(field)} | {bounds} | {help_text} |")
         nested += [(f"{prefix}.{name}", sub) for sub in _nested_configs(field.annotation)]
     lines.append("")
@@ -157,10 +160,15 @@ def params_help(text: str) -> dict[str, str]:
     return found
 
 
+CAUSAL_LM_EXAMPLE = "examples/causal-lm/params.yaml"  # a decoder project's params, every key commented
+
+
 def params_page(params_file: Path | None = None) -> Page:
     """Every `params.yaml` section and key: type, default, bounds, from the pydantic configs; help from the file.
 
-    The help column is the key's comment in the embedded `params.yaml` (`params_file`).
+    The help column is the key's comment in the embedded `params.yaml` (`params_file`), or, for a
+    key it does not write (a causal LM's), in the example causal-LM params (`examples/causal-lm/`);
+    a key of one task only says which.
     """
     lines = [
         GENERATED,
@@ -173,8 +181,10 @@ def params_page(params_file: Path | None = None) -> Page:
         "",
     ]
     sections = [(s.name, s.config) for s in STAGES] + list(EXTRA_SECTIONS.items())
-    path = params_file or Path(__file__).resolve().parents[2] / "params.yaml"
-    helps = params_help(path.read_text()) if path.is_file() else {}
+    root = Path(__file__).resolve().parents[2]
+    helps: dict[str, str] = {}
+    for path in (root / CAUSAL_LM_EXAMPLE, params_file or root / "params.yaml"):
+        helps.update(params_help(path.read_text()) if path.is_file() else {})
     for name, config in sections:
         lines += _config_table(name, config, helps)
     return Page("params.md", "\n".join(lines).rstrip() + "\n")
@@ -222,22 +232,27 @@ def metrics_page() -> Page:
 
 
 def stages_page() -> Page:
-    """The stage table: what each stage does, what it reads, what it writes plots of."""
+    """The stage table: what each stage does and, per task, what it runs, reads and plots."""
     lines = [
         GENERATED,
         "",
         "# Stages",
         "",
-        "`dvc.yaml` is written from this table (`pruneops dvc-yaml`); each stage is also a command.",
+        "`dvc.yaml` is written from this table (`pruneops dvc-yaml`); each stage is also a command. `train.task`",
+        "picks one implementation per stage for the whole run, so a project's DVC dependencies are its own",
+        "task's code.",
         "",
-        "| stage | what it does | reads params of | reads outputs of | plots |",
-        "|---|---|---|---|---|",
+        "| stage | what it does | reads outputs of | task | runs | reads params of | reads your files | plots |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for stage in STAGES:
-        reads = ", ".join(f"`{r}`" for r in stage.reads) or "-"
         upstream = ", ".join(f"`{u}`" for u in stage.upstream) or "-"
-        plots = ", ".join(f"`{p.file}`" for p in stage.plots) or "-"
-        lines.append(f"| `{stage.name}` | {stage.help} | {reads} | {upstream} | {plots} |")
+        for i, (task, impl) in enumerate(stage.impls.items()):
+            reads = ", ".join(f"`{r}`" for r in impl.reads) or "-"
+            files = ", ".join(f"`{f.key}`" + (" (its folder)" if f.folder else "") for f in impl.files) or "-"
+            plots = ", ".join(f"`{p.file}`" for p in impl.plots) or "-"
+            head = f"| `{stage.name}` | {stage.help} | {upstream} " if i == 0 else "| | | "
+            lines.append(f"{head}| {task} | `{impl.function}` | {reads} | {files} | {plots} |")
     return Page("stages.md", "\n".join(lines) + "\n")
 
 

@@ -60,7 +60,7 @@ def test_a_decoder_params_mistake_is_one_line(corpus_params, tmp_path, capsys, s
     ],
 )
 def test_a_latency_target_is_a_fraction_of_dense_time(corpus_params, target, dense_ms, ratio):
-    from pruneops.task.causal_lm.model_stages import target_ratio
+    from pruneops.task.causal_lm.prune import target_ratio
 
     corpus_params["prune"] = {**corpus_params["prune"], "target": target}
     assert target_ratio(load_configs(corpus_params)["prune"], dense_ms) == pytest.approx(ratio, rel=1e-12)
@@ -68,7 +68,7 @@ def test_a_latency_target_is_a_fraction_of_dense_time(corpus_params, target, den
 
 def test_a_latency_ms_target_dense_already_meets_is_refused(corpus_params):
     from pruneops.core.errors import ConfigError
-    from pruneops.task.causal_lm.model_stages import target_ratio
+    from pruneops.task.causal_lm.prune import target_ratio
 
     corpus_params["prune"] = {**corpus_params["prune"], "target": {"kind": "latency_ms", "value": 25.0}}
     with pytest.raises(ConfigError, match=r"25 ms.*not below the dense model's 20.00"):
@@ -150,7 +150,7 @@ def test_a_reference_target_is_planned_as_its_measured_ratio_of_dense(
     import numpy as np
 
     from pruneops.core.io import Layout
-    from pruneops.task.causal_lm import model_stages
+    from pruneops.task.causal_lm import prune as prune_stage
 
     (tmp_path / "served").mkdir()
     (tmp_path / "served" / "model.onnx").write_bytes(b"")
@@ -158,12 +158,12 @@ def test_a_reference_target_is_planned_as_its_measured_ratio_of_dense(
     target = {"kind": "latency_ratio", "value": value, "metric": metric, "reference": "served/model.onnx"}
     corpus_params["prune"] = {**corpus_params["prune"], "target": target, "gate": {"min_speedup": min_speedup}}
     config, benchmark = (load_configs(corpus_params)[k] for k in ("prune", "benchmark"))
-    folder = model_stages.reference_folder(config, Layout(tmp_path))
+    folder = prune_stage.reference_folder(config, Layout(tmp_path))
     assert folder == (tmp_path / "served").resolve()
     timed = _reference_timings({"dense": 400.0, "reference": 320.0}, {"dense": 20.0, "reference": 14.0})
-    monkeypatch.setattr(model_stages, "time_generation", timed)
+    monkeypatch.setattr(prune_stage, "time_generation", timed)
     folders = {"dense": tmp_path / "dense", "reference": folder}
-    aim = model_stages.aim_at_decoder_reference(config, benchmark, folders, np.zeros((1, 16), dtype=np.int64))
+    aim = prune_stage.aim_at_decoder_reference(config, benchmark, folders, np.zeros((1, 16), dtype=np.int64))
     assert aim["reference_of_dense"] == pytest.approx(0.7 if metric == "decode" else 0.8, rel=1e-12)
     assert aim["planned_ratio_of_dense"] == pytest.approx(planned, rel=1e-12)
     assert ("note" in aim) is held
@@ -172,7 +172,7 @@ def test_a_reference_target_is_planned_as_its_measured_ratio_of_dense(
 def test_a_reference_that_is_not_an_onnxruntime_genai_model_is_refused(corpus_params, tmp_path):
     from pruneops.core.errors import ConfigError
     from pruneops.core.io import Layout
-    from pruneops.task.causal_lm.model_stages import reference_folder
+    from pruneops.task.causal_lm.prune import reference_folder
 
     (tmp_path / "served").mkdir()
     (tmp_path / "served" / "model.onnx").write_bytes(b"")  # no genai_config.json beside it
@@ -210,7 +210,7 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
     from pruneops.models.decoders import load_causal_lm
     from pruneops.pipeline.stages import get_stage
     from pruneops.planning.decode_cost import DecodeCostModel, DecoderShape
-    from pruneops.task.causal_lm import deploy_stages
+    from pruneops.task.causal_lm import quantize as quantize_stage
     from tests.llm.decoder_helpers import save_small_llama
 
     save_small_llama(tmp_path / "model")
@@ -250,9 +250,9 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
 
     # INT8 decodes faster and prefills slower (injected): a prefill target keeps fp32, a decode target INT8.
     timed = _injected_timings({"fp32": 40.0, "int8": 55.0}, {"fp32": 4.0, "int8": 2.0})
-    monkeypatch.setattr(deploy_stages, "_timed", timed)
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
     for metric, expected in (("prefill", "fp32"), ("decode", "int8")):
-        report = deploy_stages.quantize_decoder(configs["quantize"], configs["benchmark"], metric, layout)
+        report = quantize_stage.quantize_decoder(configs["quantize"], configs["benchmark"], metric, layout)
         assert (report.metric, report.precision) == (metric, expected)
         assert (report.ttft_b1_ms, report.tpot_b1_ms) == ((40.0, 4.0) if expected == "fp32" else (55.0, 2.0))
 

@@ -165,7 +165,7 @@ def test_quantize_ships_a_vocabulary_cut_only_within_the_perplexity_tolerance(tm
 
     from pruneops.config import BenchmarkConfig, QuantizeConfig
     from pruneops.runtimes.genai.generation import GenerationTiming, exported_block_losses
-    from pruneops.task.causal_lm import deploy_stages
+    from pruneops.task.causal_lm import quantize as quantize_stage
 
     layout = _recovered_layout(tmp_path)
     tpot = {"fp32": 4.0, "fp32 vocab8": 3.0}  # injected: the cut is faster
@@ -173,18 +173,18 @@ def test_quantize_ships_a_vocabulary_cut_only_within_the_perplexity_tolerance(tm
     def timed(folders, vocab, batch, benchmark, seed=0):
         return {n: GenerationTiming(9.0, tpot[n], (tpot[n],), benchmark.prompt_length, 8, batch) for n in folders}
 
-    monkeypatch.setattr(deploy_stages, "_timed", timed)
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
     config = QuantizeConfig(
         decoder_precisions=[], decoder_vocabulary=[8], decoder_tail_groups=1, perplexity_tolerance=tolerance
     )
-    report = deploy_stages.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
+    report = quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
     choice = json.loads((layout.stage_dir("quantize") / "precision.json").read_text())
     assert set(choice["candidates"]) == set(tpot)
     fp32 = choice["candidates"]["fp32"]["val_perplexity"]
     # The cut of a random model's vocabulary costs perplexity: it ships only when the tolerance allows.
     assert fp32 < choice["candidates"]["fp32 vocab8"]["val_perplexity"] < fp32 * 11
     expected = ships
-    assert deploy_stages._candidate_name(report.precision, report.vocabulary) == expected
+    assert quantize_stage._candidate_name(report.precision, report.vocabulary) == expected
     assert (choice["precision"], choice["vocabulary"]) == (report.precision, report.vocabulary)
     served = layout.stage_dir("quantize") / "model"
     losses = exported_block_losses(served, np.load(layout.stage_dir("validate") / "corpus.npz")["val"])

@@ -1,4 +1,4 @@
-"""What the decoder path's stages and `bench-decoder` share: artefact paths, cuts, exports, timing."""
+"""What the causal-LM stages share: artefact paths, the corpus blocks, cuts, exports, timing and the decode cost."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pruneops.config import BenchmarkConfig
 from pruneops.config.prune import DecoderMetric
-from pruneops.core.errors import ConfigError
+from pruneops.core.errors import ConfigError, DataError
 from pruneops.core.io import Layout, read_json
 from pruneops.models.decoders import save_causal_lm
 from pruneops.models.language import block_losses
@@ -31,16 +32,31 @@ from pruneops.pruning import decoder_cuts as cuts
 from pruneops.pruning.decoder_vocabulary import OutputHead, restrict_exported_head
 from pruneops.runtimes.genai.generation import GenerationTiming, build_genai_model, time_generation
 
-CORPUS_FILE = "corpus.npz"  # validate's token blocks; its presence marks a causal-LM run
-MODEL_DIR = "model"  # a HuggingFace folder (train, prune, finetune) or a genai folder (quantize, export)
-UNITS: dict[DecoderMetric, str] = {"decode": "ms/token", "prefill": "ms to first token"}
-
 log = logging.getLogger(__name__)
 
 
-def is_causal_lm_run(layout: Layout) -> bool:
-    """Whether `validate` wrote a corpus (so every later stage takes the decoder path)."""
-    return (layout.stage_dir("validate") / CORPUS_FILE).exists()
+CORPUS_FILE = "corpus.npz"  # validate's token blocks
+
+
+MODEL_DIR = "model"  # a HuggingFace folder (train, prune, finetune) or a genai folder (quantize, export)
+
+
+UNITS: dict[DecoderMetric, str] = {"decode": "ms/token", "prefill": "ms to first token"}
+
+
+REFERENCE_FILE = "prompt_reference.json"  # the token-frequency reference of prompt drift
+
+
+COST_FILE = "decode_cost.json"
+
+
+COST_KEYS: dict[DecoderMetric, str] = {"decode": "cost", "prefill": "prefill_cost"}  # fits in COST_FILE
+
+
+DENSE_KEYS: dict[DecoderMetric, str] = {"decode": "dense_tpot_ms", "prefill": "dense_ttft_ms"}
+
+
+CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figures
 
 
 def load_blocks(layout: Layout) -> dict[str, np.ndarray]:
@@ -52,6 +68,23 @@ def load_blocks(layout: Layout) -> dict[str, np.ndarray]:
 def read_stage_json(layout: Layout, stage: str, name: str) -> dict:
     """A JSON file an earlier stage wrote under its artefacts."""
     return read_json(layout.stage_dir(stage) / name)
+
+
+def read_cost(layout: Layout, metric: DecoderMetric) -> tuple[DecodeCostModel, float]:
+    """The latency stage's cost model of `metric` and the dense model's measured time in it.
+
+    Raises:
+        DataError: The table was written before prefill was fitted (rerun the latency stage).
+    """
+    record = read_stage_json(layout, "latency", COST_FILE)
+    if COST_KEYS[metric] not in record:
+        raise DataError(f"{COST_FILE}: no {metric} cost model in it (written by an older PruneOps); rerun latency")
+    return DecodeCostModel(**record[COST_KEYS[metric]]), float(record[DENSE_KEYS[metric]])
+
+
+def _timed(folders: dict[str, Path], vocab: int, batch: int, benchmark: BenchmarkConfig, seed: int = 0) -> dict:
+    prompt = np.random.default_rng(seed).integers(0, vocab, (batch, benchmark.prompt_length))
+    return time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
 
 
 def cut_to_shape(

@@ -17,8 +17,6 @@ from pruneops.pipeline.stages import StageReport
 from pruneops.reports.plots import plot_frontier
 from pruneops.runtimes.onnxruntime.files import file_size, make_session, ort_accuracy
 from pruneops.runtimes.onnxruntime.timing import measure_latencies
-from pruneops.task.causal_lm.common import is_causal_lm_run
-from pruneops.task.causal_lm.deploy_stages import DecoderBenchmarkReport, benchmark_decoder
 from pruneops.timing.machine import cuda_device, gpu_not_timed, machine_info
 
 
@@ -97,7 +95,7 @@ def markdown_table(models: dict, batch_sizes: list[int]) -> str:
     return render_table([{"name": n, **m} for n, m in models.items()], columns)
 
 
-def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> BenchmarkReport | DecoderBenchmarkReport:
+def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> BenchmarkReport:
     """Benchmarks dense fp32, pruned fp32 and the deployed model in one process with ONNX Runtime CPU.
 
     Each model gets the same thread count, warm-up and repeats; rounds are interleaved.
@@ -107,8 +105,6 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         `plots/benchmark/frontier.png`.
     """
     layout = layout or Layout()
-    if is_causal_lm_run(layout):
-        return benchmark_decoder(config, layout)
     _, _, _, test = load_prepared(layout.stage_dir("validate"))
     export_dir = layout.stage_dir("export")
     if not (export_dir / "manifest.json").is_file():

@@ -21,8 +21,6 @@ from pruneops.models.checkpoint import load_checkpoint
 from pruneops.models.profiling import count_macs, count_nonzero_params, count_params
 from pruneops.pipeline.stages import StageReport
 from pruneops.runtimes.onnxruntime.files import export_onnx_file, make_session, ort_logits
-from pruneops.task.causal_lm.common import is_causal_lm_run
-from pruneops.task.causal_lm.deploy_stages import DecoderExportReport, export_decoder
 
 EngineBuilder = Callable[[Path, Path, list[int]], dict]
 ENGINE_BUILDERS: Registry[EngineBuilder] = Registry("engine builder")
@@ -103,7 +101,7 @@ def check_parity(
     return diff
 
 
-def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportReport | DecoderExportReport:
+def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportReport:
     """Exports the dense and pruned models to ONNX and checks them against PyTorch.
 
     Both get a dynamic batch axis; the INT8 model from `quantize` ships beside them, and
@@ -116,8 +114,6 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
         ParityError: An fp32 export disagrees with PyTorch beyond `parity_atol`.
     """
     layout = layout or Layout()
-    if is_causal_lm_run(layout):
-        return export_decoder(config, layout)
     meta, _, val, _ = load_prepared(layout.stage_dir("validate"))
     x = rows(val.x, slice(0, config.parity_samples))
     sources = {

@@ -18,8 +18,6 @@ from pruneops.pipeline.stages import StageReport
 from pruneops.pruning.masks import apply_masks_, load_masks, make_permanent_
 from pruneops.pruning.report import sparsity_report
 from pruneops.reports.plots import save_fit_history
-from pruneops.task.causal_lm.common import is_causal_lm_run
-from pruneops.task.causal_lm.model_stages import RecoveryReport, recover_decoder
 from pruneops.training.distillation import Distillation
 from pruneops.training.fit import FitResult, evaluate, fit_, fit_settings, onnx_forward, torchrun_group
 
@@ -49,7 +47,7 @@ class FinetuneReport(StageReport):
         )
 
 
-def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport | RecoveryReport:
+def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneReport:
     """Fine-tunes the pruned model with distillation from the baseline, keeping its sparsity.
 
     Under torchrun (`finetune.nproc_per_node` x `finetune.nnodes` > 1, launched by the CLI) every
@@ -63,8 +61,6 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         The report; the checkpoint is `artifacts/finetune/model.safetensors`.
     """
     layout = layout or Layout()
-    if is_causal_lm_run(layout):
-        return recover_decoder(config, layout)
     with torchrun_group() as (rank, world):
         torch.set_num_threads(max(1, config.threads // world))
         meta, train, val, test = load_prepared(layout.stage_dir("validate"))

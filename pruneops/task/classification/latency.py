@@ -29,8 +29,6 @@ from pruneops.planning.forms import FORMS_FILE, planned_forms, screen_forms, tim
 from pruneops.planning.latency_model import LatencyModel, build_latency_model
 from pruneops.reports.plots import plot_latency_staircases
 from pruneops.runtimes.onnxruntime.layers import LatencyTable, width_grid
-from pruneops.task.causal_lm.common import is_causal_lm_run
-from pruneops.task.causal_lm.model_stages import DecodeCostReport, decode_cost_table
 from pruneops.timing.machine import machine_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -88,7 +86,7 @@ def measure_latency_table(
     benchmark: BenchmarkConfig,
     quantize: QuantizeConfig,
     layout: Layout | None = None,
-) -> LatencyReport | DecodeCostReport:
+) -> LatencyReport:
     """Times every unit of the baseline model on this machine, for the prune stage's latency target.
 
     The units are the sensitivity sweep's (their names and sizes); the one-operator table and the
@@ -114,8 +112,6 @@ def measure_latency_table(
         DataError: The sweep is missing, or was made on another model than the one trained.
     """
     layout = layout or Layout()
-    if is_causal_lm_run(layout):
-        return decode_cost_table(config, benchmark, layout)
     torch.set_num_threads(config.threads)
     batches = sorted({1, *benchmark.batch_sizes})
     machine = machine_fingerprint(benchmark.threads)

@@ -45,8 +45,6 @@ from pruneops.pruning.report import layer_shapes, sparsity_report
 from pruneops.pruning.schedule import SCHEDULES
 from pruneops.pruning.vocabulary import trim_vocabulary
 from pruneops.reports.plots import plot_history, plot_sensitivity
-from pruneops.task.causal_lm.common import is_causal_lm_run
-from pruneops.task.causal_lm.model_stages import DecoderPruneReport, prune_decoder
 from pruneops.training.distillation import Distillation, with_teacher_outputs
 from pruneops.training.fit import FitSettings, calibration_subset, evaluate, fit_, recalibrate_batchnorm_
 
@@ -205,7 +203,7 @@ def _resolve_form(
 
 def prune_iteratively(
     config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout | None = None, compute: ComputeConfig | None = None
-) -> PruneReport | DecoderPruneReport:
+) -> PruneReport:
     """Plans the target, gates the plan on measured latency, then prunes step by step with fine-tuning.
 
     Args:
@@ -219,8 +217,6 @@ def prune_iteratively(
         `artifacts/prune/`, the per-step history under `plots/prune/`.
     """
     layout = layout or Layout()
-    if is_causal_lm_run(layout):
-        return prune_decoder(config, benchmark, layout)
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"

@@ -20,8 +20,6 @@ from pruneops.models.checkpoint import load_checkpoint
 from pruneops.pipeline.stages import StageReport
 from pruneops.runtimes.onnxruntime.files import export_onnx_file, file_size, make_session, ort_accuracy
 from pruneops.runtimes.onnxruntime.quantizers import QUANTIZERS, preprocess_for_quantization, weight_range
-from pruneops.task.causal_lm.common import is_causal_lm_run
-from pruneops.task.causal_lm.deploy_stages import PrecisionReport, quantize_decoder
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +188,7 @@ def _planned_in_another_form(prune: PruneConfig, planned: str, chosen: str) -> l
 
 def quantize_model(
     config: QuantizeConfig, benchmark: BenchmarkConfig, prune: PruneConfig, layout: Layout | None = None
-) -> QuantizeReport | PrecisionReport:
+) -> QuantizeReport:
     """Quantizes the fine-tuned model with ONNX Runtime and keeps the fastest model within tolerance.
 
     Candidates (`static`, `dynamic` and `fp32` for `auto`, or the one named) are compared on
@@ -212,8 +210,6 @@ def quantize_model(
         QualityGateError: No candidate is within the accuracy tolerance.
     """
     layout = layout or Layout()
-    if is_causal_lm_run(layout):
-        return quantize_decoder(config, benchmark, prune.target.decoder_metric, layout)
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))

@@ -18,17 +18,10 @@ from pruneops.models.checkpoint import check_recorded_accuracy, load_checkpoint
 from pruneops.pipeline.compute import LocalBackend, open_backend
 from pruneops.pipeline.stages import StageReport
 from pruneops.planning.allocation import chance_drop, cost_of
-from pruneops.planning.sensitivity import (
-    ESTIMATORS,
-    Sweep,
-    stratified_subset,
-    uninformative_units,
-)
+from pruneops.planning.sensitivity import ESTIMATORS, Sweep, stratified_subset, uninformative_units
 from pruneops.pruning.fisher import FISHER_SCORES_FILE
 from pruneops.pruning.methods import METHODS
 from pruneops.reports.plots import plot_sensitivity
-from pruneops.task.causal_lm.common import is_causal_lm_run
-from pruneops.task.causal_lm.data_stages import LayerSensitivityReport, layer_sensitivity
 from pruneops.training.fit import evaluate
 
 
@@ -50,7 +43,7 @@ class SensitivityReport(StageReport):
 
 def analyze_sensitivity(
     config: SensitivityConfig, prune: PruneConfig, layout: Layout | None = None, compute: ComputeConfig | None = None
-) -> SensitivityReport | LayerSensitivityReport:
+) -> SensitivityReport:
     """Measures each unit's validation accuracy drop when pruned alone.
 
     Structured methods sweep units (channel groups, attention heads) and weight them by MACs;
@@ -69,8 +62,6 @@ def analyze_sensitivity(
         The report; `artifacts/sensitivity/sensitivity.json` and a PNG of the curves.
     """
     layout = layout or Layout()
-    if is_causal_lm_run(layout):
-        return layer_sensitivity(config, layout, compute)
     torch.set_num_threads(config.threads)
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"

@@ -17,7 +17,6 @@ from pruneops.models.init_weights import AdoptedWeights, load_init_weights_
 from pruneops.models.profiling import count_macs, count_params
 from pruneops.pipeline.stages import StageReport
 from pruneops.reports.plots import save_fit_history
-from pruneops.task.causal_lm.data_stages import AdoptedDecoderReport, adopt_causal_lm
 from pruneops.training.fit import FitResult, evaluate, fit_, fit_settings, seed_everything
 
 
@@ -45,7 +44,7 @@ class TrainReport(StageReport):
         )
 
 
-def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainReport | AdoptedDecoderReport:
+def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainReport:
     """Trains the configured architecture (from `init_weights` when given) and saves it as safetensors.
 
     With `epochs: 0` the loaded weights are the baseline as they are: evaluated and recorded.
@@ -58,8 +57,6 @@ def train_baseline(config: TrainConfig, layout: Layout | None = None) -> TrainRe
         The report; the checkpoint is `artifacts/train/model.safetensors`.
     """
     layout = layout or Layout()
-    if config.task == "causal_lm":
-        return adopt_causal_lm(config, layout)
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     preprocess = config.preprocess.model_dump(exclude_none=True) if config.preprocess else None

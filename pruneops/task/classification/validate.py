@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from pruneops.config import CORPUS_DATASET, ValidateConfig
+from pruneops.config import ValidateConfig
 from pruneops.core.errors import DataError
 from pruneops.core.inputs import text_inputs
 from pruneops.core.io import Layout, dump_json, staged_output_paths
@@ -28,7 +28,6 @@ from pruneops.data.text import (
     unknown_id,
 )
 from pruneops.pipeline.stages import StageReport
-from pruneops.task.causal_lm.data_stages import CorpusReport, validate_corpus
 
 QUANTILE_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 
@@ -243,7 +242,7 @@ def validate_text(config: ValidateConfig, table: TextTable, layout: Layout) -> V
     return report
 
 
-def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> ValidationReport | CorpusReport:
+def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> ValidationReport:
     """Loads the configured data, splits it (seeded), validates it and writes the splits.
 
     Args:
@@ -259,8 +258,6 @@ def validate_dataset(config: ValidateConfig, layout: Layout | None = None) -> Va
         DataValidationError: An expectation failed; nothing is written.
     """
     layout = layout or Layout()
-    if config.dataset == CORPUS_DATASET:
-        return validate_corpus(config, layout)
     raw = load_raw(config)
     if isinstance(raw, TextTable):
         return validate_text(config, raw, layout)

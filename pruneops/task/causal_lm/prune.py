@@ -1,4 +1,4 @@
-"""The decoder path of `latency`, `prune` and `finetune`: decode cost, the kept shape, distillation."""
+"""`prune` for a causal LM: the uniform shape with the lowest search perplexity that meets the target, measured."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pruneops.config import BenchmarkConfig, FinetuneConfig, LatencyConfig, PruneConfig
-from pruneops.config.prune import DecoderMetric
-from pruneops.core.errors import ConfigError, DataError, LatencyGateError
+from pruneops.config import BenchmarkConfig, PruneConfig
+from pruneops.core.errors import ConfigError, LatencyGateError
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.pipeline.stages import StageReport
-from pruneops.planning.decode_cost import DecodeCostModel, DecoderShape, shape_of
+from pruneops.planning.decode_cost import DecoderShape, shape_of
 from pruneops.pruning.decoder_cuts import calibrate
-from pruneops.reports.decoder_plots import plot_cost_model, plot_plans, plot_shape
-from pruneops.reports.plots import plot_history
+from pruneops.reports.decoder_plots import plot_plans, plot_shape
 from pruneops.runtimes.genai.generation import time_generation
 from pruneops.task.causal_lm.common import (
     MODEL_DIR,
@@ -28,120 +26,12 @@ from pruneops.task.causal_lm.common import (
     PlanLoop,
     PlanSpace,
     export_genai,
-    fit_costs,
     load_blocks,
+    read_cost,
     read_stage_json,
-    time_shapes,
-)
-from pruneops.timing.machine import machine_info
-from pruneops.training.recovery import (
-    RecoverySettings,
-    compute_dtype_warning,
-    progress_marks,
-    recover_,
-    training_device,
 )
 
 log = logging.getLogger(__name__)
-
-COST_FILE = "decode_cost.json"
-COST_KEYS: dict[DecoderMetric, str] = {"decode": "cost", "prefill": "prefill_cost"}  # fits in COST_FILE
-DENSE_KEYS: dict[DecoderMetric, str] = {"decode": "dense_tpot_ms", "prefill": "dense_ttft_ms"}
-
-
-@dataclass(frozen=True)
-class DecodeCostReport(StageReport):
-    """The decode and prefill cost models fitted on shapes timed on this machine."""
-
-    dense_tpot_ms: float
-    intercept_ms: float
-    slope_ms: float
-    residual_ms: float
-    untouchable_share: float
-    dense_ttft_ms: float
-    prefill_residual_ms: float
-    prefill_untouchable_share: float
-    shapes_timed: int
-
-    def summary(self) -> str:
-        return (
-            f"decode cost: dense {self.dense_tpot_ms:.2f} ms/token, fit residual {self.residual_ms:.2f} ms on "
-            f"{self.shapes_timed} shapes; {100 * self.untouchable_share:.0f} % of it no layer cut removes "
-            f"(first token: {self.dense_ttft_ms:.1f} ms, residual {self.prefill_residual_ms:.2f} ms, "
-            f"{100 * self.prefill_untouchable_share:.0f} % untouchable)"
-        )
-
-
-def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecodeCostReport:
-    """Times uniform shapes of the adopted decoder (onnxruntime-genai, fp32, batch 1) and fits the costs.
-
-    Timed at `benchmark.threads` after a `benchmark.prompt_length`-token prompt over
-    `benchmark.new_tokens` tokens, `benchmark.rounds` interleaved rounds; one cost model per
-    metric (`decode`: time per output token, `prefill`: time to first token). Writes
-    `artifacts/latency/decode_cost.json` (the fits, every timed shape, the machine) and a plot.
-    """
-    torch.set_num_threads(config.threads)
-    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
-    base = shape_of(dense.config)
-    with tempfile.TemporaryDirectory(prefix="pruneops-decode-table-") as work:
-        table = time_shapes(
-            dense,
-            tokenizer,
-            Path(work),
-            max_layers_dropped=max(2, base.layers // 2),
-            prompt_length=benchmark.prompt_length,
-            new_tokens=benchmark.new_tokens,
-            rounds=benchmark.rounds,
-            threads=benchmark.threads,
-            seed=0,
-        )
-    costs = fit_costs(table)
-    rows = [
-        {
-            "shape": s.describe(),
-            "layout": asdict(s),
-            "tpot_ms": t.tpot_ms,
-            "predicted_ms": costs["decode"].predict(s),
-            "ttft_ms": t.ttft_ms,
-            "predicted_ttft_ms": costs["prefill"].predict(s),
-        }
-        for s, t in table
-    ]
-    out, plots = layout.stage_dir("latency"), layout.plots("latency")
-    dense_timing = table[0][1]
-    report = DecodeCostReport(
-        dense_tpot_ms=dense_timing.tpot_ms,
-        intercept_ms=costs["decode"].intercept_ms,
-        slope_ms=costs["decode"].slope_ms,
-        residual_ms=costs["decode"].residual_ms,
-        untouchable_share=costs["decode"].untouchable_share(base),
-        dense_ttft_ms=dense_timing.ttft_ms,
-        prefill_residual_ms=costs["prefill"].residual_ms,
-        prefill_untouchable_share=costs["prefill"].untouchable_share(base),
-        shapes_timed=len(table),
-    )
-    with staged_output_paths(out, layout.metrics("latency"), plots) as staged:
-        record = {
-            **{COST_KEYS[m]: asdict(c) for m, c in costs.items()},
-            **{DENSE_KEYS[m]: dense_timing.milliseconds(m) for m in costs},
-            "table": rows,
-        }
-        dump_json({**record, "machine": machine_info(benchmark.threads)}, staged.dir(out) / COST_FILE)
-        plot_cost_model(rows, staged.dir(plots) / "latency.png")
-        dump_json(report.metrics(), staged.path(layout.metrics("latency")))
-    return report
-
-
-def read_cost(layout: Layout, metric: DecoderMetric) -> tuple[DecodeCostModel, float]:
-    """The latency stage's cost model of `metric` and the dense model's measured time in it.
-
-    Raises:
-        DataError: The table was written before prefill was fitted (rerun the latency stage).
-    """
-    record = read_stage_json(layout, "latency", COST_FILE)
-    if COST_KEYS[metric] not in record:
-        raise DataError(f"{COST_FILE}: no {metric} cost model in it (written by an older PruneOps); rerun latency")
-    return DecodeCostModel(**record[COST_KEYS[metric]]), float(record[DENSE_KEYS[metric]])
 
 
 @dataclass(frozen=True)
@@ -345,93 +235,4 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
             reference_of_dense=aim["reference_of_dense"] if aim else None,
         )
         dump_json(report.metrics(), staged.path(layout.metrics("prune")))
-    return report
-
-
-@dataclass(frozen=True)
-class RecoveryReport(StageReport):
-    """What distillation spent and what it gave back."""
-
-    tokens: int
-    steps: int
-    wall_s: float
-    tokens_per_second: float
-    val_perplexity_before: float
-    val_perplexity: float
-    dense_val_perplexity: float
-    checkpoint: Path
-    compute_dtype: str = "fp32"
-    device: str = "cpu"
-    warnings: tuple[str, ...] = ()
-    lora_rank: int | None = None
-    trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
-
-    def summary(self) -> str:
-        return (
-            f"{self.tokens:,} tokens in {self.wall_s / 60:.1f} min on {self.device}: validation perplexity "
-            f"{self.val_perplexity_before:.2f} -> {self.val_perplexity:.2f} (dense {self.dense_val_perplexity:.2f}) "
-            f"-> {self.checkpoint}"
-        )
-
-
-def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
-    """Distils the dense decoder into the pruned one within `finetune.max_tokens` training tokens.
-
-    `distill_weight` x logit KL from the dense model (at `distill_temperature`) + the rest x the
-    next-token loss on the training blocks; AdamW at `lr` with warm-up and cosine decay,
-    `batch_size` blocks per step; 0 tokens passes the pruned model on as it is.
-    """
-    torch.set_num_threads(config.threads)
-    if config.max_tokens:
-        training_device(config.device)  # a device torch does not see is refused before anything loads
-    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
-    model, _ = load_causal_lm(layout.stage_dir("prune") / MODEL_DIR)
-    blocks = load_blocks(layout)
-    before = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
-    history: list[dict] = []
-    tokens = steps = trained = 0
-    wall = 0.0
-    if config.max_tokens:
-        settings = RecoverySettings(
-            max_tokens=config.max_tokens,
-            batch_blocks=config.batch_size,
-            lr=config.lr,
-            temperature=config.distill_temperature,
-            distill_weight=config.distill_weight,
-            weight_decay=config.weight_decay,
-            seed=config.seed,
-            compute_dtype=config.compute_dtype,
-            device=config.device,
-            lora_rank=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-        )
-        progress = progress_marks(config.max_tokens, 20, log, history)
-        result = recover_(model, dense, blocks["train"], settings, progress)
-        tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
-    warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
-    after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
-    dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
-    out, plots = layout.stage_dir("finetune"), layout.plots("finetune")
-    with staged_output_paths(out, layout.metrics("finetune"), plots) as staged:
-        save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
-        dump_json(history, staged.dir(plots) / "history.json")
-        rows = history or [{"tokens": 0, "loss": 0.0}]
-        png = staged.path(plots) / "history.png"
-        plot_history(rows, "tokens", [("training loss", ["loss"])], "Recovery", png)
-        report = RecoveryReport(
-            tokens=tokens,
-            steps=steps,
-            wall_s=wall,
-            tokens_per_second=tokens / wall if wall else 0.0,
-            val_perplexity_before=before,
-            val_perplexity=after,
-            dense_val_perplexity=dense_ppl,
-            checkpoint=out / MODEL_DIR,
-            compute_dtype=config.compute_dtype,
-            device=config.device,
-            warnings=(warning,) if warning else (),
-            lora_rank=config.lora_rank,
-            trained_parameters=trained,
-        )
-        dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
     return report

@@ -1,0 +1,89 @@
+"""`export` for a causal LM: the served folder, the dense references, greedy parity of the fp32 export."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pruneops.config import ExportConfig
+from pruneops.core.errors import ParityError
+from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.models.decoders import load_causal_lm
+from pruneops.modelstore.decoder import SERVED_FILE
+from pruneops.pipeline.stages import StageReport
+from pruneops.runtimes.genai.generation import greedy_tokens
+from pruneops.task.causal_lm.common import CHOICE_FILE, MODEL_DIR, export_genai, load_blocks
+
+PARITY_PROMPT_TOKENS = 32  # the greedy parity check's prompt: the start of the first test block
+
+
+@dataclass(frozen=True)
+class DecoderExportReport(StageReport):
+    """The served folder, the dense references and the greedy parity of the fp32 export."""
+
+    precision: str
+    greedy_tokens_checked: int
+    greedy_tokens_equal: int
+    tensorrt: str
+    model_dir: Path
+
+    def summary(self) -> str:
+        return (
+            f"{self.precision} onnxruntime-genai folder; fp32 greedy parity {self.greedy_tokens_equal}/"
+            f"{self.greedy_tokens_checked} tokens -> {self.model_dir}"
+        )
+
+
+def _greedy_parity(model, folder: Path, prompt: np.ndarray, tokens: int) -> int:
+    """Generated tokens the exported model shares with torch's greedy output before the first difference."""
+    ids = torch.as_tensor(prompt)
+    expected = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
+    )[:, ids.shape[1] :].numpy()
+    exported = greedy_tokens(folder, prompt, tokens)
+    differ = np.flatnonzero(exported[0] != expected[0])
+    return int(differ[0]) if len(differ) else tokens
+
+
+def export_decoder(config: ExportConfig, layout: Layout) -> DecoderExportReport:
+    """Writes the served decoder folder, the dense references the benchmark times, and checks parity.
+
+    `artifacts/export/model` is the precision `quantize` chose; `artifacts/export/dense/<precision>`
+    the adopted model in fp32 and in that precision. The recovered model exported in fp32 must
+    generate `greedy_tokens` greedy tokens exactly as torch does.
+
+    Raises:
+        ParityError: The exported fp32 model's greedy output leaves torch's.
+    """
+    model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
+    dense, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    choice = read_json(layout.stage_dir("quantize") / CHOICE_FILE)
+    precision = choice["precision"]
+    prompt = load_blocks(layout)["test"][:1, :PARITY_PROMPT_TOKENS].astype(np.int32)
+    with tempfile.TemporaryDirectory(prefix="pruneops-decode-parity-") as work:
+        fp32 = export_genai(model, tokenizer, Path(work), ["fp32"], 1)["fp32"]
+        equal = _greedy_parity(model, fp32, prompt, config.greedy_tokens)
+    if equal < config.greedy_tokens:
+        raise ParityError(
+            f"export: the fp32 export's greedy output leaves torch's after {equal} of {config.greedy_tokens} tokens"
+        )
+    out = layout.stage_dir("export")
+    with staged_output_paths(out, layout.metrics("export")) as staged:
+        shutil.copytree(layout.stage_dir("quantize") / MODEL_DIR, staged.dir(out) / MODEL_DIR)
+        export_genai(dense, tokenizer, staged.path(out) / "dense", sorted({"fp32", precision}), 1)
+        shutil.copy(layout.stage_dir("validate") / "prompt_reference.json", staged.path(out) / "prompt_reference.json")
+        dump_json({"precision": precision, "vocabulary": choice["vocabulary"]}, staged.path(out) / SERVED_FILE)
+        report = DecoderExportReport(
+            precision=precision,
+            greedy_tokens_checked=config.greedy_tokens,
+            greedy_tokens_equal=equal,
+            tensorrt="not built: decoder LLMs are served by onnxruntime-genai",
+            model_dir=out / MODEL_DIR,
+        )
+        dump_json(report.metrics(), staged.path(layout.metrics("export")))
+    return report

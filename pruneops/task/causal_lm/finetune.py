@@ -1,0 +1,115 @@
+"""`finetune` for a causal LM: distillation from the dense model within a token budget."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pruneops.config import FinetuneConfig
+from pruneops.core.io import Layout, dump_json, staged_output_paths
+from pruneops.models.decoders import load_causal_lm, save_causal_lm
+from pruneops.models.language import block_losses, perplexity_from_losses
+from pruneops.pipeline.stages import StageReport
+from pruneops.reports.plots import plot_history
+from pruneops.task.causal_lm.common import MODEL_DIR, load_blocks
+from pruneops.training.recovery import (
+    RecoverySettings,
+    compute_dtype_warning,
+    progress_marks,
+    recover_,
+    training_device,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecoveryReport(StageReport):
+    """What distillation spent and what it gave back."""
+
+    tokens: int
+    steps: int
+    wall_s: float
+    tokens_per_second: float
+    val_perplexity_before: float
+    val_perplexity: float
+    dense_val_perplexity: float
+    checkpoint: Path
+    compute_dtype: str = "fp32"
+    device: str = "cpu"
+    warnings: tuple[str, ...] = ()
+    lora_rank: int | None = None
+    trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
+
+    def summary(self) -> str:
+        return (
+            f"{self.tokens:,} tokens in {self.wall_s / 60:.1f} min on {self.device}: validation perplexity "
+            f"{self.val_perplexity_before:.2f} -> {self.val_perplexity:.2f} (dense {self.dense_val_perplexity:.2f}) "
+            f"-> {self.checkpoint}"
+        )
+
+
+def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
+    """Distils the dense decoder into the pruned one within `finetune.max_tokens` training tokens.
+
+    `distill_weight` x logit KL from the dense model (at `distill_temperature`) + the rest x the
+    next-token loss on the training blocks; AdamW at `lr` with warm-up and cosine decay,
+    `batch_size` blocks per step; 0 tokens passes the pruned model on as it is.
+    """
+    torch.set_num_threads(config.threads)
+    if config.max_tokens:
+        training_device(config.device)  # a device torch does not see is refused before anything loads
+    dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    model, _ = load_causal_lm(layout.stage_dir("prune") / MODEL_DIR)
+    blocks = load_blocks(layout)
+    before = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
+    history: list[dict] = []
+    tokens = steps = trained = 0
+    wall = 0.0
+    if config.max_tokens:
+        settings = RecoverySettings(
+            max_tokens=config.max_tokens,
+            batch_blocks=config.batch_size,
+            lr=config.lr,
+            temperature=config.distill_temperature,
+            distill_weight=config.distill_weight,
+            weight_decay=config.weight_decay,
+            seed=config.seed,
+            compute_dtype=config.compute_dtype,
+            device=config.device,
+            lora_rank=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+        )
+        progress = progress_marks(config.max_tokens, 20, log, history)
+        result = recover_(model, dense, blocks["train"], settings, progress)
+        tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
+    warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
+    after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
+    dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
+    out, plots = layout.stage_dir("finetune"), layout.plots("finetune")
+    with staged_output_paths(out, layout.metrics("finetune"), plots) as staged:
+        save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
+        dump_json(history, staged.dir(plots) / "history.json")
+        rows = history or [{"tokens": 0, "loss": 0.0}]
+        png = staged.path(plots) / "history.png"
+        plot_history(rows, "tokens", [("training loss", ["loss"])], "Recovery", png)
+        report = RecoveryReport(
+            tokens=tokens,
+            steps=steps,
+            wall_s=wall,
+            tokens_per_second=tokens / wall if wall else 0.0,
+            val_perplexity_before=before,
+            val_perplexity=after,
+            dense_val_perplexity=dense_ppl,
+            checkpoint=out / MODEL_DIR,
+            compute_dtype=config.compute_dtype,
+            device=config.device,
+            warnings=(warning,) if warning else (),
+            lora_rank=config.lora_rank,
+            trained_parameters=trained,
+        )
+        dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
+    return report

@@ -1,0 +1,67 @@
+"""`train` for a causal LM: the user's pretrained decoder adopted as it is, scored and saved as a plain folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pruneops.config import TrainConfig
+from pruneops.core.io import Layout, dump_json, staged_output_paths
+from pruneops.models.decoders import load_causal_lm, save_causal_lm
+from pruneops.models.language import block_losses, perplexity_from_losses
+from pruneops.pipeline.stages import StageReport
+from pruneops.planning.decode_cost import shape_of
+from pruneops.reports.decoder_plots import plot_note
+from pruneops.task.causal_lm.common import MODEL_DIR, load_blocks
+
+
+@dataclass(frozen=True)
+class AdoptedDecoderReport(StageReport):
+    """The adopted causal LM's shape and validation perplexity."""
+
+    model: str
+    params: int
+    layers: int
+    mlp_width: int
+    kv_groups: int
+    val_perplexity: float
+    val_perplexity_ci: list
+    checkpoint: Path
+
+    def summary(self) -> str:
+        return (
+            f"{self.model}: {self.params:,} params, {self.layers} layers, validation perplexity "
+            f"{self.val_perplexity:.2f} -> {self.checkpoint}"
+        )
+
+
+def adopt_causal_lm(config: TrainConfig, layout: Layout) -> AdoptedDecoderReport:
+    """Loads the user's decoder (folder or GGUF) as it is, scores it, and saves a plain folder.
+
+    Writes `artifacts/train/model/` (safetensors, config, tokenizer: what every runtime loads).
+    """
+    torch.set_num_threads(config.threads)
+    model, tokenizer = load_causal_lm(config.pretrained)
+    losses = block_losses(model, load_blocks(layout)["val"])
+    ppl = perplexity_from_losses(losses, 0)
+    shape = shape_of(model.config)
+    out = layout.stage_dir("train")
+    plots = layout.plots("train")
+    with staged_output_paths(out, layout.metrics("train"), plots) as staged:
+        save_causal_lm(model, tokenizer, staged.path(out) / MODEL_DIR)
+        report = AdoptedDecoderReport(
+            model=str(config.pretrained),
+            params=sum(p.numel() for p in model.parameters()),
+            layers=shape.layers,
+            mlp_width=shape.mlp_width,
+            kv_groups=shape.kv_groups,
+            val_perplexity=ppl.value,
+            val_perplexity_ci=[ppl.low, ppl.high],
+            checkpoint=out / MODEL_DIR,
+        )
+        dump_json(report.metrics(), staged.path(layout.metrics("train")))
+        dump_json([], staged.path(plots) / "history.json")
+        plot_note("adopted as it is (epochs: 0): no training history", staged.path(plots) / "history.png")
+    return report
