@@ -45,8 +45,8 @@ from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, loa
 from pruneops.models.language import paired_ratio_interval, perplexity, perplexity_from_losses
 from pruneops.planning.decode_cost import shape_of, width_step
 from pruneops.pruning.decoder_cuts import calibrate, prune_to_shape_, rebuild
+from pruneops.runtimes.genai.export import export_model as export_genai
 from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
-from pruneops.task.causal_lm.common import export_genai
 from pruneops.timing.machine import machine_info
 from pruneops.training.recovery import recover_
 

@@ -45,8 +45,8 @@ from pruneops.models.language import paired_ratio_interval, perplexity_from_loss
 from pruneops.planning.decode_cost import shape_of
 from pruneops.pruning.decoder_cuts import calibrate, prune_to_shape_
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
+from pruneops.runtimes.genai.export import export_model as export_genai
 from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
-from pruneops.task.causal_lm.common import export_genai
 from pruneops.timing.machine import machine_info
 from pruneops.training.recovery import recover_
 

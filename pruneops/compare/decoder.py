@@ -42,8 +42,9 @@ from pruneops.models.language import paired_ratio_interval, perplexity_from_loss
 from pruneops.planning.decode_cost import DecoderShape, feasible_plans, shape_of
 from pruneops.pruning import decoder_cuts as cuts
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
+from pruneops.runtimes.genai.export import export_model as export_genai
 from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
-from pruneops.task.causal_lm.common import PlanLoop, PlanSpace, cut_to_shape, export_genai, fit_costs, time_shapes
+from pruneops.task.causal_lm.common import PlanLoop, PlanSpace, cut_to_shape, fit_costs, time_shapes
 from pruneops.timing.machine import machine_info
 from pruneops.training.recovery import RecoverySettings, progress_marks, recover_
 

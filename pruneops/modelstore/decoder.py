@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pruneops.core.integrity import file_sha256
 from pruneops.core.io import Layout, read_json
+from pruneops.runtimes import get_runtime
 
 DECODER_TASK = "causal_lm"
 SERVED_FILE = "served.json"  # written by the export stage of a causal LM: the served precision
@@ -40,23 +40,18 @@ def decoder_export(layout: Layout) -> tuple[Path, Path, dict[str, Any]]:
 
 
 def decoder_contract(path: Path) -> dict[str, Any]:
-    """What requests a decoder version serves: its vocabulary and tokenizer."""
-    vocab = int(read_json(Path(path) / GENAI_CONFIG)["model"]["vocab_size"])
-    tokenizer = Path(path) / "tokenizer.json"
-    return {"num_classes": vocab, "tokenizer_sha256": file_sha256(tokenizer) if tokenizer.is_file() else None}
+    """What requests a decoder version serves: its vocabulary and tokenizer (its runtime's contract)."""
+    return get_runtime("genai").contract(Path(path), {})
 
 
 def check_decoder_runs(path: Path) -> tuple[object, int]:
-    """Loads a decoder version in ONNX Runtime and scores a few tokens; returns (session, vocabulary).
+    """Opens a decoder version in its runtime and scores a few tokens; returns (the opened model, vocabulary).
 
     Raises:
         ValueError: Non-finite or missing logits.
     """
-    from pruneops.runtimes.genai.scoring import open_scorer, prefill_losses
-
-    vocab = int(read_json(Path(path) / GENAI_CONFIG)["model"]["vocab_size"])
-    session, decoder = open_scorer(Path(path), 1)
-    losses = prefill_losses(session, decoder, np.arange(4, dtype=np.int64) % vocab)
+    model = get_runtime("genai").open(Path(path))
+    losses = model.token_losses(np.arange(4, dtype=np.int64) % model.vocab_size)
     if not np.isfinite(losses).all():
         raise ValueError("non-finite logits")
-    return session, vocab
+    return model, model.vocab_size

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.core.io import read_json
 from pruneops.data.splits import Split
+from pruneops.runtimes import get_runtime
 from pruneops.runtimes.onnxruntime.files import make_session, median_latency_ms, ort_accuracy
 
 
@@ -99,14 +99,15 @@ def evaluate_decoders(
     folders: dict[str, Path], datasets: dict[str, np.ndarray], prompt_length: int, new_tokens: int, rounds: int
 ) -> dict[str, DecoderEvaluation]:
     """Scores each genai folder on each set of token blocks and times them interleaved at batch 1."""
-    from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
+    from pruneops.timing.generation import DecodeWorkload
 
-    vocab = int(read_json(next(iter(folders.values())) / "genai_config.json")["model"]["vocab_size"])
+    runtime = get_runtime("genai")
+    vocab = runtime.open(next(iter(folders.values()))).vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, (1, prompt_length))
-    timings = time_generation(folders, prompt, new_tokens, rounds)
+    timings = runtime.time(folders, DecodeWorkload(prompt, new_tokens, rounds))
     return {
         name: DecoderEvaluation(
-            {d: float(np.exp(exported_block_losses(folder, blocks).mean())) for d, blocks in datasets.items()},
+            {d: float(np.exp(runtime.open(folder).losses(blocks).mean())) for d, blocks in datasets.items()},
             timings[name].tpot_ms,
             timings[name].ttft_ms,
         )

@@ -36,7 +36,7 @@ import numpy as np
 from pruneops.core.errors import PruneOpsError
 from pruneops.core.integrity import IntegrityError, file_sha256, recorded_checksum, verify_file, write_checksum
 from pruneops.core.io import Layout, dump_json, read_json
-from pruneops.modelstore.contract import contract_differences, serving_contract
+from pruneops.modelstore.contract import contract_differences
 from pruneops.modelstore.decoder import (
     check_decoder_runs,
     decoder_contract,
@@ -44,6 +44,7 @@ from pruneops.modelstore.decoder import (
     is_decoder_export,
     is_decoder_version,
 )
+from pruneops.runtimes.onnxruntime.contract import probe, serving_contract
 from pruneops.runtimes.onnxruntime.files import INPUT_NAME
 
 REFERENCE_STATS = "reference_stats.json"
@@ -136,13 +137,7 @@ def check_servable(path: Path, threads: int = 1) -> ServableModel:
             parse_reference(reference)
         session = make_session(path / "model.onnx", threads)
         inputs = session.get_inputs()
-        if len(inputs) == 1:
-            input_shape = tuple(int(d) for d in inputs[0].shape[1:])
-            feed = {INPUT_NAME: np.zeros((1, *input_shape), dtype=np.float32)}
-        else:  # named text inputs: one example of the data's max_length
-            input_shape = tuple(metadata.get("input", {}).get("input_shape") or [8])
-            feed = {i.name: np.ones((1, *input_shape), dtype=np.int64) for i in inputs}
-        out = session.run(None, feed)[0]
+        input_shape, _, out = probe(session, metadata)
     except Exception as exc:  # ONNX Runtime and a malformed JSON raise many types
         raise RegistryError(f"{path}: cannot serve this model ({type(exc).__name__}: {str(exc)[:200]})") from None
     if out.ndim != 2 or not np.isfinite(out).all():

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pruneops.core.errors import ConfigError
 from pruneops.data.drift import psi
-from pruneops.runtimes.genai.scoring import open_scorer, prefill_losses
+from pruneops.runtimes import get_runtime
 
 TOKEN_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 3e-2, 5e-2, 7.5e-2, 0.1, 0.15, 0.25, 0.5, 1.0)
 FIRST_TOKEN_BUCKETS = (1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -174,19 +174,15 @@ class DecoderService:
 
     def _load(self, folder: Path, reference: dict | None) -> None:
         """Loads everything first, then switches: a folder that fails to load leaves the service as it was."""
-        import onnxruntime_genai as og
         from tokenizers import Tokenizer
 
-        if not (folder / "genai_config.json").is_file():
-            raise ConfigError(
-                f"serve-decoder: {folder} is not an onnxruntime-genai model folder (no genai_config.json)"
-            )
-        model = og.Model(str(folder))
-        vocab = int(json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"])
+        try:
+            model = get_runtime("genai").open(folder).load()
+        except ConfigError as exc:
+            raise ConfigError(f"serve-decoder: {exc}") from None
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.folder, self.model, self.vocab, self.tokenizer = folder, model, vocab, tokenizer
+        self.folder, self.model, self.vocab, self.tokenizer = folder, model, model.vocab_size, tokenizer
         self.drift = PromptDrift(reference, self.drift_window) if reference else None
-        self._scorer: tuple[object, dict] | None = None
         self.metrics.version = folder.name
 
     def swap(self, folder: Path, reference: dict | None) -> bool:
@@ -263,30 +259,26 @@ class DecoderService:
     def _decode(
         self, prompt: list[int], request: GenerateRequest, emit: Callable[[int], None] | None
     ) -> GenerateResponse:
-        import onnxruntime_genai as og
-
-        params = og.GeneratorParams(self.model)
-        options = {"max_length": len(prompt) + request.max_new_tokens, "do_sample": request.do_sample}
+        sampling = None
         if request.do_sample:
             top_k = min(request.top_k, self.vocab)  # 0: the whole vocabulary
-            options.update(temperature=request.temperature, top_k=top_k, top_p=request.top_p)
-            if request.seed is not None:
-                options["random_seed"] = request.seed
-        params.set_search_options(**options)
+            sampling = {
+                "temperature": request.temperature,
+                "top_k": top_k,
+                "top_p": request.top_p,
+                "seed": request.seed,
+            }
         with self.lock:
-            generator = og.Generator(self.model, params)
+            generation = self.model.start(prompt, len(prompt) + request.max_new_tokens, sampling)
             start = time.perf_counter()
-            generator.append_tokens(np.asarray(prompt, dtype=np.int32))
-            generator.generate_next_token()
+            tokens, steps = [generation.step()], []
             first = time.perf_counter() - start
-            tokens, steps = [int(generator.get_next_tokens()[0])], []
             if emit is not None:
                 emit(tokens[-1])
-            while not generator.is_done():
+            while not generation.done:
                 tick = time.perf_counter()
-                generator.generate_next_token()
+                tokens.append(generation.step())
                 steps.append(time.perf_counter() - tick)
-                tokens.append(int(generator.get_next_tokens()[0]))
                 if emit is not None:
                     emit(tokens[-1])
             drift = self.drift.add(prompt) if self.drift else None
@@ -318,9 +310,7 @@ class DecoderService:
         if not prompt or not continuation:
             raise EmptyText("the prompt and the continuation must each hold a token")
         with self.lock:
-            if self._scorer is None:
-                self._scorer = open_scorer(self.folder)
-            losses = prefill_losses(*self._scorer, np.asarray(prompt + continuation))[len(prompt) - 1 :]
+            losses = self.model.token_losses(np.asarray(prompt + continuation))[len(prompt) - 1 :]
             if self.feedback_file is not None:  # the text a re-prune is run on
                 self.feedback_file.parent.mkdir(parents=True, exist_ok=True)
                 with self.feedback_file.open("a", encoding="utf-8") as handle:

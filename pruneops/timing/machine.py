@@ -84,9 +84,9 @@ def gpu_not_timed(gpu: str) -> str:
     )
 
 
-def machine_info(threads: int) -> dict[str, Any]:
-    """What the figures were measured on."""
-    import onnxruntime
+def machine_info(threads: int, runtime: str = "onnxruntime") -> dict[str, Any]:
+    """What the figures were measured on: the CPU, the threads, and the runtime's library versions."""
+    from pruneops.runtimes import get_runtime
 
     return {
         "cpu": cpu_name(),
@@ -94,7 +94,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "threads": threads,
         "python": platform.python_version(),
-        "onnxruntime": onnxruntime.__version__,
+        **get_runtime(runtime).versions(),
         "date": time.strftime("%Y-%m-%d"),
     }
 

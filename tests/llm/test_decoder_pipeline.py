@@ -161,7 +161,7 @@ def test_a_reference_target_is_planned_as_its_measured_ratio_of_dense(
     folder = prune_stage.reference_folder(config, Layout(tmp_path))
     assert folder == (tmp_path / "served").resolve()
     timed = _reference_timings({"dense": 400.0, "reference": 320.0}, {"dense": 20.0, "reference": 14.0})
-    monkeypatch.setattr(prune_stage, "time_generation", timed)
+    monkeypatch.setattr(prune_stage.GENAI, "time", lambda folders, w: timed(folders, w.prompt, w.new_tokens, w.rounds))
     folders = {"dense": tmp_path / "dense", "reference": folder}
     aim = prune_stage.aim_at_decoder_reference(config, benchmark, folders, np.zeros((1, 16), dtype=np.int64))
     assert aim["reference_of_dense"] == pytest.approx(0.7 if metric == "decode" else 0.8, rel=1e-12)
@@ -257,7 +257,7 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
         assert (report.ttft_b1_ms, report.tpot_b1_ms) == ((40.0, 4.0) if expected == "fp32" else (55.0, 2.0))
 
     # As fast as a reference (dense itself, exported as a served model is): planned at value x its ratio.
-    from pruneops.task.causal_lm.common import export_genai
+    from pruneops.runtimes.genai.export import export_model as export_genai
 
     served = export_genai(*load_causal_lm(tmp_path / "artifacts/train/model"), tmp_path / "served", ["fp32"], 1)
     target = {"kind": "latency_ratio", "value": 0.8, "metric": "prefill", "reference": "served/fp32/model.onnx"}

@@ -113,8 +113,8 @@ def test_keep_outside_the_vocabulary_is_refused():
 @pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
 def test_the_export_scores_as_torch_does(tmp_path, precision):
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    from pruneops.runtimes.genai.export import export_model as export_genai
     from pruneops.runtimes.genai.generation import exported_block_losses, greedy_tokens
-    from pruneops.task.causal_lm.common import export_genai
 
     dense = tiny_decoder("llama", seed=7, hidden_size=64, head_dim=16)
     calibration = random_blocks(6, 24, seed=8)

@@ -48,8 +48,8 @@ def test_a_full_width_cut_is_the_model_and_a_narrower_one_reloads_and_exports(tm
     assert torch.isfinite(torch.as_tensor(block_losses(reloaded, blocks))).all()
     # onnxruntime-genai's builder takes it (q/k/v wider than the stream): greedy tokens as torch's.
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    from pruneops.runtimes.genai.export import export_model as export_genai
     from pruneops.runtimes.genai.generation import greedy_tokens
-    from pruneops.task.causal_lm.common import export_genai
     from tests.llm.decoder_helpers import tiny_tokenizer
 
     folder = export_genai(reloaded, tiny_tokenizer(), tmp_path, ["fp32"], 1)["fp32"]

@@ -1,1 +1,143 @@
-"""pruneops/runtimes/genai."""
+"""onnxruntime-genai: a decoder LLM exported by its model builder (fp32, INT8 or INT4 weights), timed and served.
+
+The folder the builder writes (`model.onnx` and its data, `genai_config.json`, the tokenizer) is
+the artefact; it is scored by its own logits in ONNX Runtime, generated from by onnxruntime-genai's
+loop. Requires the `llm` extra.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pruneops.core.errors import ConfigError
+from pruneops.core.integrity import file_sha256
+from pruneops.runtimes.base import Runtime
+from pruneops.runtimes.genai.generation import PRECISIONS, exported_block_losses, greedy_tokens, time_generation
+from pruneops.timing.generation import DecodeWorkload, GenerationTiming
+
+CONFIG_FILE = "genai_config.json"
+
+
+class Generation:
+    """One sequence being generated: the prompt is read on the first `step`, each `step` yields one token."""
+
+    def __init__(self, generator: Any, prompt: np.ndarray):
+        self._generator, self._prompt = generator, prompt
+
+    def step(self) -> int:
+        """Generates the next token (the first one reads the prompt: prefill) and returns it."""
+        if self._prompt is not None:
+            self._generator.append_tokens(self._prompt)
+            self._prompt = None
+        self._generator.generate_next_token()
+        return int(self._generator.get_next_tokens()[0])
+
+    @property
+    def done(self) -> bool:
+        """Whether the sequence ended (end of sequence, or its length)."""
+        return bool(self._generator.is_done())
+
+
+class GenaiModel:
+    """An onnxruntime-genai folder opened for scoring (its logits in ONNX Runtime) and generation."""
+
+    def __init__(self, folder: Path, threads: int = 1):
+        self.folder, self.threads = Path(folder), threads
+        if not (self.folder / CONFIG_FILE).is_file():
+            raise ConfigError(f"{self.folder} is not an onnxruntime-genai model folder (no {CONFIG_FILE})")
+        self.vocab_size = int(json.loads((self.folder / CONFIG_FILE).read_text())["model"]["vocab_size"])
+        self._model: Any = None
+        self._scorer: tuple[Any, dict] | None = None
+
+    def load(self) -> GenaiModel:
+        """Loads the model for generation now (a folder that does not load fails here, not on a request)."""
+        import onnxruntime_genai as og
+
+        if self._model is None:
+            self._model = og.Model(str(self.folder))
+        return self
+
+    def losses(self, blocks: np.ndarray) -> np.ndarray:
+        """Mean next-token NLL of each block (prefill with an empty cache)."""
+        return exported_block_losses(self.folder, blocks, threads=self.threads)
+
+    def token_losses(self, ids: np.ndarray) -> np.ndarray:
+        """Next-token NLL at every position of one sequence (position i: token i + 1)."""
+        from pruneops.runtimes.genai.scoring import open_scorer, prefill_losses
+
+        if self._scorer is None:
+            self._scorer = open_scorer(self.folder, self.threads)
+        return prefill_losses(*self._scorer, np.asarray(ids))
+
+    def greedy(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
+        """Greedy continuation of a (batch, length) prompt: (batch, new_tokens) token ids."""
+        return greedy_tokens(self.folder, prompt, new_tokens)
+
+    def start(self, prompt: Sequence[int], max_length: int, sampling: Mapping[str, Any] | None = None) -> Generation:
+        """A generation of one sequence up to `max_length` tokens (prompt included).
+
+        `sampling`: temperature, top_k, top_p and seed (None: greedy).
+        """
+        import onnxruntime_genai as og
+
+        self.load()
+        params = og.GeneratorParams(self._model)
+        options: dict[str, Any] = {"max_length": max_length, "do_sample": sampling is not None}
+        if sampling is not None:
+            options.update({k: v for k, v in sampling.items() if k != "seed"})
+            if sampling.get("seed") is not None:
+                options["random_seed"] = sampling["seed"]
+        params.set_search_options(**options)
+        return Generation(og.Generator(self._model, params), np.asarray(prompt, dtype=np.int32))
+
+
+class GenaiRuntime(Runtime):
+    """onnxruntime-genai on the CPU."""
+
+    name: ClassVar[str] = "genai"
+    task: ClassVar[str] = "causal_lm"
+    precisions: ClassVar[tuple[str, ...]] = PRECISIONS
+
+    def export(
+        self, model: Any, out: Path, precisions: Sequence[str], *, tokenizer: object, threads: int = 1
+    ) -> dict[str, Path]:
+        """One builder folder per precision (`out/<precision>`); a cut output vocabulary is gathered back to full."""
+        from pruneops.runtimes.genai.export import export_model  # torch and transformers: not for serving
+
+        self.check_precisions(precisions)
+        return export_model(model, tokenizer, Path(out), list(precisions), threads)
+
+    def open(self, artefact: Path, threads: int = 1) -> GenaiModel:
+        return GenaiModel(artefact, threads)
+
+    def time(self, artefacts: Mapping[str, Path], workload: DecodeWorkload) -> dict[str, GenerationTiming]:
+        return time_generation(dict(artefacts), workload.prompt, workload.new_tokens, workload.rounds, workload.warmup)
+
+    def contract(self, artefact: Path, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """Its vocabulary and its tokenizer's digest: a candidate that tokenises otherwise serves other requests."""
+        tokenizer = Path(artefact) / "tokenizer.json"
+        return {
+            "num_classes": GenaiModel(artefact).vocab_size,
+            "tokenizer_sha256": file_sha256(tokenizer) if tokenizer.is_file() else None,
+        }
+
+    def files(self, artefact: Path) -> list[Path]:
+        return sorted(p for p in Path(artefact).rglob("*") if p.is_file())
+
+    def recognises(self, artefact: Path) -> bool:
+        return (Path(artefact) / CONFIG_FILE).is_file()
+
+    def versions(self) -> dict[str, str]:
+        import onnxruntime_genai
+
+        from pruneops.runtimes.onnxruntime import RUNTIME as ONNXRUNTIME
+
+        return {**ONNXRUNTIME.versions(), "onnxruntime_genai": onnxruntime_genai.__version__}
+
+
+RUNTIME = GenaiRuntime()

@@ -1,4 +1,4 @@
-"""Latency of a causal LM where it serves: onnxruntime-genai's builder and generation loop.
+"""onnxruntime-genai's builder and generation loop: a causal LM exported, timed and run where it serves.
 
 `build_genai_model` exports a HuggingFace folder (uniform shapes, so its config describes it)
 with onnxruntime-genai's model builder in a precision (fp32; int8 or int4 weight-only
@@ -14,39 +14,14 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pruneops.core.errors import PruneOpsError
-
-if TYPE_CHECKING:
-    from pruneops.config.prune import DecoderMetric
+from pruneops.timing.generation import GenerationTiming
 
 PRECISIONS = ("fp32", "int8", "int4")
-
-
-@dataclass(frozen=True)
-class GenerationTiming:
-    """Medians over rounds (milliseconds) of one model at one batch size."""
-
-    ttft_ms: float
-    tpot_ms: float
-    tpot_rounds_ms: tuple[float, ...]
-    prompt_length: int
-    new_tokens: int
-    batch: int
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Generated tokens per second per sequence at steady decode."""
-        return 1000.0 / self.tpot_ms
-
-    def milliseconds(self, metric: DecoderMetric) -> float:
-        """The time a latency target names: per output token (`decode`) or to the first token (`prefill`)."""
-        return self.tpot_ms if metric == "decode" else self.ttft_ms
 
 
 def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "fp32", threads: int = 1) -> Path:

@@ -38,10 +38,8 @@ def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarra
 
 
 def open_scorer(folder: Path, threads: int = 1) -> tuple[object, dict]:
-    """An ONNX Runtime session over a genai folder's decoder, and its config block."""
-    import onnxruntime as ort
+    """An ONNX Runtime session over a genai folder's decoder (the onnxruntime runtime's), and its config block."""
+    from pruneops.runtimes.onnxruntime.files import make_session
 
     decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(folder / decoder["filename"]), options, providers=["CPUExecutionProvider"]), decoder
+    return make_session(folder / decoder["filename"], threads), decoder

@@ -11,8 +11,7 @@ from pruneops.models.language import paired_ratio_interval, perplexity_from_loss
 from pruneops.modelstore.decoder import SERVED_FILE
 from pruneops.pipeline.stages import StageReport
 from pruneops.reports.decoder_plots import plot_decoder_frontier
-from pruneops.runtimes.genai.generation import exported_block_losses
-from pruneops.task.causal_lm.common import MODEL_DIR, _timed, load_blocks
+from pruneops.task.causal_lm.common import GENAI, MODEL_DIR, _timed, load_blocks
 from pruneops.timing.machine import machine_info
 
 
@@ -63,13 +62,13 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
     precision = read_json(layout.stage_dir("export") / SERVED_FILE)["precision"]
     folders = _rows(layout, precision)
     test = load_blocks(layout)["test"]
-    vocab = int(read_json(folders["dense fp32"] / "genai_config.json")["model"]["vocab_size"])
+    vocab = GENAI.open(folders["dense fp32"]).vocab_size
     figures: dict[str, dict] = {name: {} for name in folders}
     for batch in sorted({1, *config.batch_sizes}):
         for name, timing in _timed(folders, vocab, batch, config).items():
             figures[name][f"ttft_b{batch}_ms"] = timing.ttft_ms
             figures[name][f"tpot_b{batch}_ms"] = timing.tpot_ms
-    losses = {name: exported_block_losses(folder, test, threads=2) for name, folder in folders.items()}
+    losses = {name: GENAI.open(folder, threads=2).losses(test) for name, folder in folders.items()}
     dense = perplexity_from_losses(losses["dense fp32"], 0)
     for name in folders:
         ppl = perplexity_from_losses(losses[name], 0)
@@ -82,7 +81,11 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         for n, f in figures.items()
     ]
     with staged_output_paths(out, layout.metrics("benchmark"), plots) as staged:
-        results = {"rows": figures, "machine": machine_info(config.threads), "batch_sizes": config.batch_sizes}
+        results = {
+            "rows": figures,
+            "machine": machine_info(config.threads, GENAI.name),
+            "batch_sizes": config.batch_sizes,
+        }
         dump_json(results, staged.dir(out) / "results.json")
         dump_json(frontier, staged.dir(plots) / "frontier.json")
         plot_decoder_frontier(frontier, staged.path(plots) / "frontier.png")

@@ -16,7 +16,6 @@ from pruneops.config import BenchmarkConfig
 from pruneops.config.prune import DecoderMetric
 from pruneops.core.errors import ConfigError, DataError
 from pruneops.core.io import Layout, read_json
-from pruneops.models.decoders import save_causal_lm
 from pruneops.models.language import block_losses
 from pruneops.planning.decode_cost import (
     DecodeCostModel,
@@ -29,8 +28,8 @@ from pruneops.planning.decode_cost import (
     width_step,
 )
 from pruneops.pruning import decoder_cuts as cuts
-from pruneops.pruning.decoder_vocabulary import OutputHead, restrict_exported_head
-from pruneops.runtimes.genai.generation import GenerationTiming, build_genai_model, time_generation
+from pruneops.runtimes.genai import RUNTIME as GENAI
+from pruneops.timing.generation import DecodeWorkload, GenerationTiming
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ def read_cost(layout: Layout, metric: DecoderMetric) -> tuple[DecodeCostModel, f
 
 def _timed(folders: dict[str, Path], vocab: int, batch: int, benchmark: BenchmarkConfig, seed: int = 0) -> dict:
     prompt = np.random.default_rng(seed).integers(0, vocab, (batch, benchmark.prompt_length))
-    return time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
+    return GENAI.time(folders, DecodeWorkload(prompt, benchmark.new_tokens, benchmark.rounds))
 
 
 def cut_to_shape(
@@ -109,32 +108,6 @@ def cut_to_shape(
         layer_order,
     )
     return model
-
-
-def export_genai(model: torch.nn.Module, tokenizer: object, folder: Path, precisions: list[str], threads: int):
-    """onnxruntime-genai folders of `model`, one per precision (`folder/<precision>`).
-
-    A model whose vocabulary is cut (`OutputHead`) is built with its head padded to the full
-    vocabulary, a plain untied projection the builder reads, and each export is then cut back.
-    """
-    head = model.get_output_embeddings()
-    if not isinstance(head, OutputHead):
-        head = None
-        hf = save_causal_lm(model, tokenizer, folder / "hf")
-    else:
-        padded = torch.nn.Linear(head.weight.shape[1], head.index.numel(), bias=False)
-        padded.weight = torch.nn.Parameter(head.padded_weight())
-        model.set_output_embeddings(padded)
-        try:
-            hf = save_causal_lm(model, tokenizer, folder / "hf")
-        finally:
-            model.set_output_embeddings(head)
-    out = {p: build_genai_model(hf, folder / p, p, threads) for p in precisions}
-    if head is not None:
-        for exported in out.values():
-            restrict_exported_head(exported, head)
-    shutil.rmtree(hf)  # the exported folders are what is timed and scored
-    return out
 
 
 def cut_for_timing(dense: torch.nn.Module, shape: DecoderShape) -> torch.nn.Module:
@@ -186,9 +159,10 @@ def time_shapes(
     folders = {}
     for index, shape in enumerate(grid):
         model = dense if shape == base else cut_for_timing(dense, shape)
-        folders[f"shape{index}"] = export_genai(model, tokenizer, work / f"table{index}", ["fp32"], threads)["fp32"]
+        export = GENAI.export(model, work / f"table{index}", ["fp32"], tokenizer=tokenizer, threads=threads)
+        folders[f"shape{index}"] = export["fp32"]
     prompt = np.random.default_rng(seed).integers(0, base.vocab, (1, prompt_length))
-    timings = time_generation(folders, prompt, new_tokens, rounds)
+    timings = GENAI.time(folders, DecodeWorkload(prompt, new_tokens, rounds))
     return [(shape, timings[f"shape{i}"]) for i, shape in enumerate(grid)]
 
 
@@ -266,8 +240,10 @@ class PlanLoop:
         """(dense ms, plan ms) in `metric`: the plan exported and timed interleaved with dense."""
         self.models[shape] = self.cut(shape)
         name = f"loop-{shape.layers}-{shape.kv_groups}-{shape.mlp_width}"
-        folder = export_genai(self.models[shape], self.tokenizer, self.work / name, ["fp32"], self.threads)["fp32"]
-        timed = time_generation({"dense": self.dense_folder, "plan": folder}, self.prompt, self.new_tokens, self.rounds)
+        model, work = self.models[shape], self.work / name
+        folder = GENAI.export(model, work, ["fp32"], tokenizer=self.tokenizer, threads=self.threads)["fp32"]
+        workload = DecodeWorkload(self.prompt, self.new_tokens, self.rounds)
+        timed = GENAI.time({"dense": self.dense_folder, "plan": folder}, workload)
         dense_ms, plan_ms = timed["dense"].milliseconds(self.metric), timed["plan"].milliseconds(self.metric)
         log.info("loop: %s measured %.3f of dense", shape.describe(), plan_ms / dense_ms)
         shutil.rmtree(folder.parent)  # a later round's plan is timed against dense again, not this one

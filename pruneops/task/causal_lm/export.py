@@ -16,8 +16,7 @@ from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.models.decoders import load_causal_lm
 from pruneops.modelstore.decoder import SERVED_FILE
 from pruneops.pipeline.stages import StageReport
-from pruneops.runtimes.genai.generation import greedy_tokens
-from pruneops.task.causal_lm.common import CHOICE_FILE, MODEL_DIR, export_genai, load_blocks
+from pruneops.task.causal_lm.common import CHOICE_FILE, GENAI, MODEL_DIR, load_blocks
 
 PARITY_PROMPT_TOKENS = 32  # the greedy parity check's prompt: the start of the first test block
 
@@ -45,7 +44,7 @@ def _greedy_parity(model, folder: Path, prompt: np.ndarray, tokens: int) -> int:
     expected = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
     )[:, ids.shape[1] :].numpy()
-    exported = greedy_tokens(folder, prompt, tokens)
+    exported = GENAI.open(folder).greedy(prompt, tokens)
     differ = np.flatnonzero(exported[0] != expected[0])
     return int(differ[0]) if len(differ) else tokens
 
@@ -66,7 +65,7 @@ def export_decoder(config: ExportConfig, layout: Layout) -> DecoderExportReport:
     precision = choice["precision"]
     prompt = load_blocks(layout)["test"][:1, :PARITY_PROMPT_TOKENS].astype(np.int32)
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-parity-") as work:
-        fp32 = export_genai(model, tokenizer, Path(work), ["fp32"], 1)["fp32"]
+        fp32 = GENAI.export(model, Path(work), ["fp32"], tokenizer=tokenizer)["fp32"]
         equal = _greedy_parity(model, fp32, prompt, config.greedy_tokens)
     if equal < config.greedy_tokens:
         raise ParityError(
@@ -75,7 +74,7 @@ def export_decoder(config: ExportConfig, layout: Layout) -> DecoderExportReport:
     out = layout.stage_dir("export")
     with staged_output_paths(out, layout.metrics("export")) as staged:
         shutil.copytree(layout.stage_dir("quantize") / MODEL_DIR, staged.dir(out) / MODEL_DIR)
-        export_genai(dense, tokenizer, staged.path(out) / "dense", sorted({"fp32", precision}), 1)
+        GENAI.export(dense, staged.path(out) / "dense", sorted({"fp32", precision}), tokenizer=tokenizer)
         shutil.copy(layout.stage_dir("validate") / "prompt_reference.json", staged.path(out) / "prompt_reference.json")
         dump_json({"precision": precision, "vocabulary": choice["vocabulary"]}, staged.path(out) / SERVED_FILE)
         report = DecoderExportReport(

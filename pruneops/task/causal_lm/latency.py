@@ -14,7 +14,7 @@ from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
 from pruneops.planning.decode_cost import shape_of
 from pruneops.reports.decoder_plots import plot_cost_model
-from pruneops.task.causal_lm.common import COST_FILE, COST_KEYS, DENSE_KEYS, MODEL_DIR, fit_costs, time_shapes
+from pruneops.task.causal_lm.common import COST_FILE, COST_KEYS, DENSE_KEYS, GENAI, MODEL_DIR, fit_costs, time_shapes
 from pruneops.timing.machine import machine_info
 
 
@@ -95,7 +95,7 @@ def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout:
             **{DENSE_KEYS[m]: dense_timing.milliseconds(m) for m in costs},
             "table": rows,
         }
-        dump_json({**record, "machine": machine_info(benchmark.threads)}, staged.dir(out) / COST_FILE)
+        dump_json({**record, "machine": machine_info(benchmark.threads, GENAI.name)}, staged.dir(out) / COST_FILE)
         plot_cost_model(rows, staged.dir(plots) / "latency.png")
         dump_json(report.metrics(), staged.path(layout.metrics("latency")))
     return report

@@ -19,17 +19,17 @@ from pruneops.pipeline.stages import StageReport
 from pruneops.planning.decode_cost import DecoderShape, shape_of
 from pruneops.pruning.decoder_cuts import calibrate
 from pruneops.reports.decoder_plots import plot_plans, plot_shape
-from pruneops.runtimes.genai.generation import time_generation
 from pruneops.task.causal_lm.common import (
+    GENAI,
     MODEL_DIR,
     UNITS,
     PlanLoop,
     PlanSpace,
-    export_genai,
     load_blocks,
     read_cost,
     read_stage_json,
 )
+from pruneops.timing.generation import DecodeWorkload
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def reference_folder(config: PruneConfig, layout: Layout) -> Path | None:
     if not config.target.reference:
         return None
     path = (layout.root / config.target.reference).resolve()
-    if not path.is_file() or not (path.parent / "genai_config.json").is_file():
+    if not path.is_file() or not GENAI.recognises(path.parent):
         raise ConfigError(
             f"prune.target.reference: {config.target.reference} is not the model.onnx of an onnxruntime-genai model "
             "folder (a causal LM is timed against one, e.g. the folder served now)"
@@ -107,7 +107,7 @@ def aim_at_decoder_reference(
     1/`gate.min_speedup` (what the gate lets pass); the record says when it was held there.
     """
     metric = config.target.decoder_metric
-    timings = time_generation(folders, prompt, benchmark.new_tokens, benchmark.rounds)
+    timings = GENAI.time(folders, DecodeWorkload(prompt, benchmark.new_tokens, benchmark.rounds))
     ms = {name: timings[name].milliseconds(metric) for name in folders}
     of_dense = ms["reference"] / ms["dense"]
     ratio, note = config.reference_aim(of_dense)
@@ -150,7 +150,8 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
     calibration = calibrate(dense, torch.as_tensor(blocks["train"][: cut.calibration_blocks]))
     prompt = np.random.default_rng(0).integers(0, base.vocab, (1, benchmark.prompt_length))
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
-        dense_folder = export_genai(dense, tokenizer, Path(work) / "dense", ["fp32"], benchmark.threads)["fp32"]
+        exported = GENAI.export(dense, Path(work) / "dense", ["fp32"], tokenizer=tokenizer, threads=benchmark.threads)
+        dense_folder = exported["fp32"]
         aim = None
         if reference is not None:
             aim = aim_at_decoder_reference(config, benchmark, {"dense": dense_folder, "reference": reference}, prompt)

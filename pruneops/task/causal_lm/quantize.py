@@ -15,8 +15,7 @@ from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
-from pruneops.runtimes.genai.generation import exported_block_losses
-from pruneops.task.causal_lm.common import CHOICE_FILE, MODEL_DIR, _timed, export_genai, load_blocks
+from pruneops.task.causal_lm.common import CHOICE_FILE, GENAI, MODEL_DIR, _timed, load_blocks
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +86,15 @@ def quantize_decoder(
         folders, forms = {}, {}
         for vocabulary, form in _candidate_forms(model, config, layout).items():
             precisions = ["fp32", *config.decoder_precisions]
-            exported = export_genai(
-                form, tokenizer, work / f"vocab{vocabulary or 'all'}", precisions, benchmark.threads
-            )
+            folder = work / f"vocab{vocabulary or 'all'}"
+            exported = GENAI.export(form, folder, precisions, tokenizer=tokenizer, threads=benchmark.threads)
             for precision, folder in exported.items():
                 folders[_candidate_name(precision, vocabulary)] = folder
                 forms[_candidate_name(precision, vocabulary)] = (precision, vocabulary)
         timings = _timed(folders, model.config.vocab_size, 1, benchmark)
         candidates = {}
         for name, folder in folders.items():
-            ppl = float(np.exp(exported_block_losses(folder, val, threads=2).mean()))
+            ppl = float(np.exp(GENAI.open(folder, threads=2).losses(val).mean()))
             timing = timings[name]
             precision, vocabulary = forms[name]
             candidates[name] = {

@@ -1,0 +1,62 @@
+"""The runtime protocol: what every runtime a pruned model is exported to, timed in and served by provides.
+
+A runtime is one folder under `pruneops/runtimes/` and one line in `RUNTIMES`
+(`pruneops.runtimes`); only its folder imports its library. It exports a model in each of its
+precisions, opens what it exported (logits and, for a decoder, generation), times a set of its
+models interleaved round by round (machine drift then falls on every model alike), says what
+requests an export serves (its contract, compared at promotion) and which files it is (what its
+digests cover).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class Runtime(ABC):
+    """One runtime. Subclasses name it, the task whose models it runs, and its precisions."""
+
+    name: ClassVar[str]
+    task: ClassVar[str]  # `train.task` of the models it runs
+    precisions: ClassVar[tuple[str, ...]]  # fp32 first: the form every other one is compared with
+
+    @abstractmethod
+    def export(self, model: Any, out: Path, precisions: Sequence[str], **options: Any) -> dict[str, Path]:
+        """`model` written under `out` in each of `precisions`; each one's artefact (a file or a folder)."""
+
+    @abstractmethod
+    def open(self, artefact: Path, threads: int = 1) -> Any:
+        """An exported model loaded for scoring and serving."""
+
+    @abstractmethod
+    def time(self, artefacts: Mapping[str, Path], workload: Any) -> dict[str, Any]:
+        """Each artefact's timing on `workload`, all timed interleaved in this process."""
+
+    @abstractmethod
+    def contract(self, artefact: Path, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """What requests the artefact serves: two exports with equal contracts serve the same requests."""
+
+    @abstractmethod
+    def files(self, artefact: Path) -> list[Path]:
+        """Every file the artefact is made of (what a digest of it covers)."""
+
+    @abstractmethod
+    def recognises(self, artefact: Path) -> bool:
+        """Whether `artefact` is one of this runtime's exports."""
+
+    @abstractmethod
+    def versions(self) -> dict[str, str]:
+        """The runtime's library versions, recorded beside every figure it timed."""
+
+    def check_precisions(self, precisions: Sequence[str]) -> None:
+        """Refuses a precision this runtime has not.
+
+        Raises:
+            ValueError: One that is not in `precisions`.
+        """
+        unknown = [p for p in precisions if p not in self.precisions]
+        if unknown:
+            raise ValueError(f"{self.name}: no precision {unknown[0]!r} (it has {', '.join(self.precisions)})")
