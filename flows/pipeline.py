@@ -11,20 +11,8 @@ from prefect.artifacts import create_markdown_artifact
 
 from pruneops.core.params import read_params
 from pruneops.pipeline.experiments import apply_overrides, project_lock
-from pruneops.task.classification.benchmark import markdown_table
+from pruneops.reports.summary import summary_markdown
 from tasks.stages import STAGES, run_experiment_task, run_stage
-
-
-def summary_markdown(metrics: dict[str, dict], where: str) -> str:
-    """Baseline vs pruned vs deployed: accuracy, params, MACs, latency, size (from `benchmark`)."""
-    bench = metrics["benchmark"]
-    batch_sizes = sorted(int(b) for b in next(iter(bench["models"].values()))["latency"])
-    return (
-        f"# PruneOps pipeline run ({where})\n\n"
-        + markdown_table(bench["models"], batch_sizes)
-        + f"\nMAC reduction {bench['mac_reduction']:.2f}x; batch-1 speed-up of the deployed model "
-        f"{bench['speedup_b1_deployed_vs_dense']:.2f}x on {bench['machine']['cpu']}.\n"
-    )
 
 
 @flow(name="pruning-pipeline", log_prints=True)
@@ -54,7 +42,9 @@ def pruning_pipeline(overrides: dict[str, Any] | None = None, project_dir: str =
             metrics = {stage: run_stage(stage, str(project)) for stage in STAGES}
             where = "workspace"
     create_markdown_artifact(
-        summary_markdown(metrics, where), key="pruning-summary", description="baseline vs pruned vs deployed"
+        summary_markdown(metrics["benchmark"], where),
+        key="pruning-summary",
+        description="dense vs pruned vs what ships",
     )
     if overrides:
         metrics["experiment"] = experiment.name

@@ -23,7 +23,7 @@ TINY_OVERRIDES = {
         "epochs_per_step": 2,
         # Every key of the block written, as in params.yaml: `dvc exp run -S` sets only keys the file holds.
         "target": {"kind": "ratio", "value": 0.5, "batch": None, "reference": None, "form": "fp32"},
-        "gate": {"min_speedup": None},
+        "gate": {"min_speedup": None, "max_accuracy_drop": None},
     },
     "finetune": {"epochs": 4, "patience": 2},
     "quantize": {"latency_repeats": 20, "calibration_samples": 64},

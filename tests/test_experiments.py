@@ -37,7 +37,8 @@ def test_an_override_sets_a_key_inside_a_nested_block_and_keeps_its_siblings():
     params = tiny_params()
     out = apply_overrides(params, {"prune.target.value": 0.3, "prune.gate.min_speedup": 1.2})
     assert out["prune"]["target"] == {**params["prune"]["target"], "value": 0.3}
-    assert out["prune"]["gate"] == {"min_speedup": 1.2} and params["prune"]["target"]["value"] == 0.5  # a copy
+    assert out["prune"]["gate"] == {**params["prune"]["gate"], "min_speedup": 1.2}
+    assert params["prune"]["target"]["value"] == 0.5  # a copy
     # A block the params leave null is created around the key.
     bare = {**params, "prune": {**params["prune"], "target": None}}
     assert apply_overrides(bare, {"prune.target.kind": "ratio", "prune.target.value": 0.4})["prune"]["target"] == {

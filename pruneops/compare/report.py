@@ -13,8 +13,8 @@ import numpy as np
 
 from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json
+from pruneops.reports.summary import Column, latency_columns, latency_summary, render_table
 from pruneops.runtimes.onnxruntime.timing import measure_latencies
-from pruneops.task.classification.benchmark import Column, latency_columns, latency_summary, render_table
 from pruneops.timing.machine import machine_info
 
 if TYPE_CHECKING:

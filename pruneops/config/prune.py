@@ -19,6 +19,7 @@ from pruneops.config.base import (
     registered,
     task_keys,
 )
+from pruneops.core.quality import QualityBudget
 
 LATENCY_TARGETS = ("latency_ms", "latency_ratio")
 
@@ -135,13 +136,29 @@ class TargetConfig(StageConfig):
 
 
 class GateConfig(StageConfig):
-    """`prune.gate`: what a structured result must measure against dense before it leaves the stage.
+    """`prune.gate`: what a pruned model must measure against dense, in speed and in quality, to ship.
 
-    `min_speedup`: at least this much faster than dense at batch 1, and not slower at the
-    benchmark's largest batch (null: measured and reported, not gated).
+    `min_speedup`: the plan must measure at least this much faster than dense at batch 1, and not
+    slower at the benchmark's largest batch (null: measured and reported, not gated). The quality
+    budget, against dense fp32 on validation and judged at the far end of its 95 % paired
+    interval: `max_accuracy_drop` accuracy points (classifiers), `max_perplexity_increase` relative
+    perplexity (causal LMs); null: measured and reported, not gated. Both gates back off the same
+    way: a plan that misses the speed floor, or a model whose every form misses the budget, ships
+    nothing pruned (dense passes on, in the fastest form within the budget), and the report and
+    the stage's warnings give the figures.
     """
 
+    TASK_KEYS = task_keys(classification="max_accuracy_drop", causal_lm="max_perplexity_increase")
+
     min_speedup: Annotated[float, Field(ge=1.0, le=100.0)] | None = 1.05
+    max_accuracy_drop: Annotated[float, Field(ge=0.0, le=100.0)] | None = 1.0
+    max_perplexity_increase: Annotated[float, Field(ge=0.0, le=100.0)] | None = 0.10
+
+    def budget(self, task: str) -> QualityBudget:
+        """The quality budget of `task`'s models."""
+        if task == "causal_lm":
+            return QualityBudget(self.max_perplexity_increase, "perplexity")
+        return QualityBudget(self.max_accuracy_drop, "points")
 
 
 class TrialsConfig(StageConfig):

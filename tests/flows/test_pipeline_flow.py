@@ -1,3 +1,6 @@
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from flows.pipeline import pruning_pipeline
@@ -59,3 +62,44 @@ def test_bad_override_is_refused_before_anything_runs(tmp_path):
         pruning_pipeline(overrides={"prune.target.value": 3}, project_dir=str(project))
     assert (project / "params.yaml").read_text() == before
     assert not (project / "artifacts").exists() and not (project / "state/experiments").exists()
+
+
+def _decoder_project(root: Path) -> Path:
+    """A committed git + DVC project of a tiny random Llama on made-up speeches (seconds per stage)."""
+    from pruneops.pipeline.dvcfile import write_dvc_yaml
+    from pruneops.pipeline.experiments import tool_env
+    from tests.conftest import write_params
+    from tests.llm.decoder_helpers import decoder_params, save_tiny, speeches
+
+    root.mkdir(parents=True, exist_ok=True)
+    save_tiny("llama", root / "model")
+    (root / "corpus.txt").write_text("\n\n".join(speeches(60)))
+    write_params(root, decoder_params(Path("model"), Path("corpus.txt")))
+    write_dvc_yaml(root)
+    (root / ".gitignore").write_text("/state/\n/models/\n")
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "p"]):
+        subprocess.run(cmd, cwd=root, env=tool_env(), check=True, capture_output=True)
+    return root
+
+
+@pytest.mark.e2e
+@pytest.mark.slow(reason="every stage of a tiny decoder through DVC under the flow: about two minutes")
+def test_the_pipeline_flow_runs_a_decoder_project_and_publishes_its_summary(tmp_path):
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    from prefect.client.orchestration import get_client
+
+    project = _decoder_project(tmp_path / "decoder")
+    metrics = pruning_pipeline(project_dir=str(project))
+    assert list(metrics) == list(STAGES)
+    bench = metrics["benchmark"]
+    assert bench["task"] == "causal_lm" and bench["latency_metric"] == "time per output token"
+    assert set(bench["models"]) >= {"dense_fp32", "pruned_fp32", "pruned_deployed"}
+
+    async def summaries():
+        async with get_client() as client:
+            return [a.data for a in await client.read_artifacts() if a.key == "pruning-summary"]
+
+    import asyncio
+
+    published = asyncio.run(summaries())
+    assert any("time per output token" in text and "test perplexity" in text for text in published), published

@@ -196,7 +196,11 @@ def _injected_timings(ttft: dict[str, float], tpot: dict[str, float]):
     from pruneops.runtimes.genai.generation import GenerationTiming
 
     def timed(folders, vocab, batch, benchmark, seed=0):
-        return {p: GenerationTiming(ttft[p], tpot[p], (tpot[p],), benchmark.prompt_length, 8, batch) for p in folders}
+        form = {p: p.removeprefix("dense ") for p in folders}  # dense in each precision times as its candidate
+        return {
+            p: GenerationTiming(ttft[form[p]], tpot[form[p]], (tpot[form[p]],), benchmark.prompt_length, 8, batch)
+            for p in folders
+        }
 
     return timed
 

@@ -7,21 +7,18 @@ from pathlib import Path
 
 from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.core.quality import perplexity_change
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
-from pruneops.modelstore.decoder import SERVED_FILE
-from pruneops.pipeline.stages import StageReport
 from pruneops.reports.decoder_plots import plot_decoder_frontier
-from pruneops.task.causal_lm.common import GENAI, MODEL_DIR, _timed, load_blocks
+from pruneops.reports.summary import BenchmarkSummary, ordered
+from pruneops.task.causal_lm.common import GENAI, _timed, load_blocks
 from pruneops.timing.machine import machine_info
 
 
 @dataclass(frozen=True)
-class DecoderBenchmarkReport(StageReport):
-    """Decode time and test perplexity of the served model against dense."""
+class DecoderBenchmarkReport(BenchmarkSummary):
+    """The headline every benchmark gives (`BenchmarkSummary`), and a causal LM's own times and perplexities."""
 
-    precision: str
-    speedup_b1: float
-    speedup_b1_same_precision: float
     tpot_b1_ms: float
     dense_tpot_b1_ms: float
     ttft_speedup_b1: float
@@ -36,68 +33,77 @@ class DecoderBenchmarkReport(StageReport):
     def summary(self) -> str:
         low, high = self.test_perplexity_ratio_ci
         return (
-            f"served ({self.precision}): {self.tpot_b1_ms:.2f} ms/token, {self.speedup_b1:.2f}x dense fp32 "
+            f"{self.shipped}: {self.tpot_b1_ms:.2f} ms/token, {self.speedup_b1:.2f}x dense fp32 "
             f"({self.speedup_b1_same_precision:.2f}x dense {self.precision}), first token {self.ttft_b1_ms:.1f} ms "
             f"({self.ttft_speedup_b1:.2f}x dense fp32); test perplexity "
             f"{100 * (self.test_perplexity_ratio - 1):+.1f} % [{100 * (low - 1):+.1f}, {100 * (high - 1):+.1f}]"
         )
 
 
-def _rows(layout: Layout, precision: str) -> dict[str, Path]:
-    export = layout.stage_dir("export")
-    rows = {"dense fp32": export / "dense" / "fp32"}
-    if precision != "fp32":
-        rows[f"dense {precision}"] = export / "dense" / precision
-    rows[f"served {precision}"] = export / MODEL_DIR
-    return rows
-
-
 def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchmarkReport:
-    """Times dense and the served decoder interleaved (TTFT, time per output token, each batch) and scores them.
+    """Times every exported model interleaved (TTFT, time per output token, each batch) and scores them.
 
-    Test perplexity by each model's own exported logits, the served one's as a ratio to dense
-    fp32 with a paired bootstrap interval over blocks. Writes `artifacts/benchmark/results.json`
-    and the frontier plot.
+    The rows are the export's manifest (dense fp32, dense in the shipped precision, pruned fp32,
+    what ships). Test perplexity by each model's own exported logits, as a ratio to dense fp32 with
+    a paired bootstrap interval over blocks. Writes `artifacts/benchmark/results.json` and the
+    frontier plot.
     """
-    precision = read_json(layout.stage_dir("export") / SERVED_FILE)["precision"]
-    folders = _rows(layout, precision)
+    export = layout.stage_dir("export")
+    manifest = read_json(export / "manifest.json")
+    folders = {name: export / m["file"] for name, m in ordered(manifest["models"])}
+    shipped = manifest["models"]["pruned_deployed"]
     test = load_blocks(layout)["test"]
-    vocab = GENAI.open(folders["dense fp32"]).vocab_size
-    figures: dict[str, dict] = {name: {} for name in folders}
+    vocab = GENAI.open(folders["dense_fp32"]).vocab_size
+    figures: dict[str, dict] = {name: {"precision": manifest["models"][name]["precision"]} for name in folders}
     for batch in sorted({1, *config.batch_sizes}):
         for name, timing in _timed(folders, vocab, batch, config).items():
             figures[name][f"ttft_b{batch}_ms"] = timing.ttft_ms
             figures[name][f"tpot_b{batch}_ms"] = timing.tpot_ms
     losses = {name: GENAI.open(folder, threads=2).losses(test) for name, folder in folders.items()}
-    dense = perplexity_from_losses(losses["dense fp32"], 0)
-    for name in folders:
+    dense = perplexity_from_losses(losses["dense_fp32"], 0)
+    for name, folder in folders.items():
         ppl = perplexity_from_losses(losses[name], 0)
         ratio, low, high = paired_ratio_interval(ppl, dense)
-        figures[name].update(test_perplexity=ppl.value, test_ratio=ratio, test_ratio_ci=[low, high])
-    served, same = figures[f"served {precision}"], figures[f"dense {precision}"]
+        f = figures[name]
+        f.update(test_perplexity=ppl.value, test_ratio=ratio, test_ratio_ci=[low, high], quality=ppl.value)
+        f.update(latency_b1_ms=f["tpot_b1_ms"], speedup_b1=figures["dense_fp32"]["tpot_b1_ms"] / f["tpot_b1_ms"])
+        f["size_bytes"] = sum(p.stat().st_size for p in GENAI.files(folder))
+    served = figures["pruned_deployed"]
+    same = figures.get("dense_deployed", figures["dense_fp32"])
     out, plots = layout.stage_dir("benchmark"), layout.plots("benchmark")
     frontier = [
         {"name": n, "latency_b1_ms": f["tpot_b1_ms"], "test_perplexity": f["test_perplexity"]}
         for n, f in figures.items()
     ]
+    machine = machine_info(config.threads, GENAI.name)
     with staged_output_paths(out, layout.metrics("benchmark"), plots) as staged:
-        results = {
-            "rows": figures,
-            "machine": machine_info(config.threads, GENAI.name),
-            "batch_sizes": config.batch_sizes,
-        }
+        results = {"rows": figures, "machine": machine, "batch_sizes": config.batch_sizes}
         dump_json(results, staged.dir(out) / "results.json")
         dump_json(frontier, staged.dir(plots) / "frontier.json")
         plot_decoder_frontier(frontier, staged.path(plots) / "frontier.png")
+        vocabulary = f", vocabulary {shipped['vocabulary']}" if shipped.get("vocabulary") else ""
         report = DecoderBenchmarkReport(
-            precision=precision,
-            speedup_b1=figures["dense fp32"]["tpot_b1_ms"] / served["tpot_b1_ms"],
+            task="causal_lm",
+            shipped=f"{shipped.get('source', 'pruned')} {shipped['precision']}{vocabulary}",
+            source=shipped.get("source", "pruned"),
+            precision=shipped["precision"],
+            latency_metric="time per output token",
+            latency_b1_ms=served["tpot_b1_ms"],
+            dense_latency_b1_ms=figures["dense_fp32"]["tpot_b1_ms"],
+            speedup_b1=served["speedup_b1"],
             speedup_b1_same_precision=same["tpot_b1_ms"] / served["tpot_b1_ms"],
+            quality_metric="test perplexity",
+            quality=served["test_perplexity"],
+            dense_quality=dense.value,
+            quality_change=perplexity_change(losses["pruned_deployed"], losses["dense_fp32"]).record(),
+            size_reduction=figures["dense_fp32"]["size_bytes"] / served["size_bytes"],
+            models=figures,
+            machine=machine,
             tpot_b1_ms=served["tpot_b1_ms"],
-            dense_tpot_b1_ms=figures["dense fp32"]["tpot_b1_ms"],
-            ttft_speedup_b1=figures["dense fp32"]["ttft_b1_ms"] / served["ttft_b1_ms"],
+            dense_tpot_b1_ms=figures["dense_fp32"]["tpot_b1_ms"],
+            ttft_speedup_b1=figures["dense_fp32"]["ttft_b1_ms"] / served["ttft_b1_ms"],
             ttft_b1_ms=served["ttft_b1_ms"],
-            dense_ttft_b1_ms=figures["dense fp32"]["ttft_b1_ms"],
+            dense_ttft_b1_ms=figures["dense_fp32"]["ttft_b1_ms"],
             test_perplexity=served["test_perplexity"],
             dense_test_perplexity=dense.value,
             test_perplexity_ratio=served["test_ratio"],

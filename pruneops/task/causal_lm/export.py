@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,33 +49,43 @@ def _greedy_parity(model, folder: Path, prompt: np.ndarray, tokens: int) -> int:
 
 
 def export_decoder(config: ExportConfig, layout: Layout) -> DecoderExportReport:
-    """Writes the served decoder folder, the dense references the benchmark times, and checks parity.
+    """Writes what ships, the references the benchmark times beside it, and checks the fp32 export's parity.
 
-    `artifacts/export/model` is the precision `quantize` chose; `artifacts/export/dense/<precision>`
-    the adopted model in fp32 and in that precision. The recovered model exported in fp32 must
-    generate `greedy_tokens` greedy tokens exactly as torch does.
+    `artifacts/export/model` is what `quantize` chose (the pruned model in its precision, or dense
+    where the quality budget backed off); `dense/<precision>` the adopted model in fp32 and in that
+    precision; `pruned_fp32` the recovered model in fp32, which must generate `greedy_tokens`
+    greedy tokens exactly as torch does. `manifest.json` lists them as every task's export does
+    (`dense_fp32`, `dense_deployed`, `pruned_fp32`, `pruned_deployed`), with the runtime.
 
     Raises:
         ParityError: The exported fp32 model's greedy output leaves torch's.
     """
     model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
-    dense, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     choice = read_json(layout.stage_dir("quantize") / CHOICE_FILE)
-    precision = choice["precision"]
+    precision, source = choice["precision"], choice.get("source", "pruned")
     prompt = load_blocks(layout)["test"][:1, :PARITY_PROMPT_TOKENS].astype(np.int32)
-    with tempfile.TemporaryDirectory(prefix="pruneops-decode-parity-") as work:
-        fp32 = GENAI.export(model, Path(work), ["fp32"], tokenizer=tokenizer)["fp32"]
-        equal = _greedy_parity(model, fp32, prompt, config.greedy_tokens)
-    if equal < config.greedy_tokens:
-        raise ParityError(
-            f"export: the fp32 export's greedy output leaves torch's after {equal} of {config.greedy_tokens} tokens"
-        )
     out = layout.stage_dir("export")
     with staged_output_paths(out, layout.metrics("export")) as staged:
-        shutil.copytree(layout.stage_dir("quantize") / MODEL_DIR, staged.dir(out) / MODEL_DIR)
-        GENAI.export(dense, staged.path(out) / "dense", sorted({"fp32", precision}), tokenizer=tokenizer)
+        fp32 = GENAI.export(model, staged.dir(out) / "pruned", ["fp32"], tokenizer=tokenizer)["fp32"]
+        equal = _greedy_parity(model, fp32, prompt, config.greedy_tokens)
+        if equal < config.greedy_tokens:
+            raise ParityError(
+                f"export: the fp32 export's greedy output leaves torch's after {equal} of {config.greedy_tokens} tokens"
+            )
+        quantized = layout.stage_dir("quantize")
+        shutil.copytree(quantized / MODEL_DIR, staged.path(out) / MODEL_DIR)
+        shutil.copytree(quantized / "dense", staged.path(out) / "dense")
         shutil.copy(layout.stage_dir("validate") / "prompt_reference.json", staged.path(out) / "prompt_reference.json")
-        dump_json({"precision": precision, "vocabulary": choice["vocabulary"]}, staged.path(out) / SERVED_FILE)
+        served = {"precision": precision, "vocabulary": choice["vocabulary"], "source": source}
+        dump_json(served, staged.path(out) / SERVED_FILE)
+        models = {
+            "dense_fp32": {"file": "dense/fp32", "precision": "fp32"},
+            "pruned_fp32": {"file": "pruned/fp32", "precision": "fp32"},
+            "pruned_deployed": {"file": MODEL_DIR, **served},
+        }
+        if precision != "fp32":
+            models["dense_deployed"] = {"file": f"dense/{precision}", "precision": precision}
+        dump_json({"runtime": GENAI.name, "task": GENAI.task, "models": models}, staged.path(out) / "manifest.json")
         report = DecoderExportReport(
             precision=precision,
             greedy_tokens_checked=config.greedy_tokens,

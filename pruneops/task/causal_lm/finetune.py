@@ -14,7 +14,7 @@ from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.pipeline.stages import StageReport
 from pruneops.reports.plots import plot_history
-from pruneops.task.causal_lm.common import MODEL_DIR, load_blocks
+from pruneops.task.causal_lm.common import MODEL_DIR, load_blocks, read_stage_json
 from pruneops.training.recovery import (
     RecoverySettings,
     compute_dtype_warning,
@@ -69,7 +69,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     history: list[dict] = []
     tokens = steps = trained = 0
     wall = 0.0
-    if config.max_tokens:
+    refused = read_stage_json(layout, "prune", "plan.json").get("gate", "").startswith("refused")
+    if config.max_tokens and not refused:
         settings = RecoverySettings(
             max_tokens=config.max_tokens,
             batch_blocks=config.batch_size,
@@ -87,6 +88,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
         result = recover_(model, dense, blocks["train"], settings, progress)
         tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
     warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
+    if refused and config.max_tokens:
+        warning = "the prune gate refused the plan: the dense model passed on, with nothing to recover"
     after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
     out, plots = layout.stage_dir("finetune"), layout.plots("finetune")

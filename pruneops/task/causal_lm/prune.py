@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from pruneops.config import BenchmarkConfig, PruneConfig
-from pruneops.core.errors import ConfigError, LatencyGateError
+from pruneops.core.errors import ConfigError
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
@@ -54,6 +54,7 @@ class DecoderPruneReport(StageReport):
     checkpoint: Path
     warnings: tuple[str, ...] = ()
     reference_of_dense: float | None = None  # prune.target.reference's time over dense's, timed here
+    gate: str = "passed"  # what the measured gate did: passed, refused (dense passes on), or not gated
 
     def summary(self) -> str:
         return (
@@ -177,11 +178,12 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     interleaved with dense in that metric; while it measures slower than the target, a narrower
     plan is chosen and timed (`close_the_loop`, at most `LOOP_ROUNDS` plans). A target still
     missed after that is reported in the warnings; the gate then keeps the plan only if it
-    measured at least `gate.min_speedup` faster (null: not gated).
+    measured at least `gate.min_speedup` faster (null: not gated). As for a classifier, a plan the
+    gate refuses ships nothing pruned: the dense model passes on (`gate` and the warnings give the
+    figures) and finetune then has nothing to recover.
 
     Raises:
         ConfigError: No shape is predicted to meet the target.
-        LatencyGateError: The kept plan measured less than `gate.min_speedup` faster (nothing is written).
     """
     torch.set_num_threads(config.threads)
     dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
@@ -190,11 +192,6 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     rounds, tried, model, order, ratio, aim = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
     last = rounds[-1]
     speedup = last.dense_ms / last.measured_ms
-    if config.gate.min_speedup is not None and speedup < config.gate.min_speedup:
-        raise LatencyGateError(
-            f"prune.gate: {last.shape.describe()} measured {speedup:.2f}x faster than dense at batch 1 in {metric} "
-            f"time, below {config.gate.min_speedup:.2f}x ({len(rounds)} plans timed); nothing slower ships"
-        )
     warnings = []
     if last.measured_ratio > ratio:
         warnings.append(
@@ -202,6 +199,15 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
             f"above the target {ratio:.3g} after {len(rounds)} plans timed (no narrower plan met it)"
         )
     kept: DecoderShape = last.shape
+    gate = "passed" if config.gate.min_speedup is not None else "not gated: prune.gate.min_speedup is null"
+    if config.gate.min_speedup is not None and speedup < config.gate.min_speedup:
+        gate = (
+            f"refused: {last.shape.describe()} measured {speedup:.2f}x faster than dense at batch 1 in {metric} time, "
+            f"below {config.gate.min_speedup:.2f}x ({len(rounds)} plans timed): nothing is pruned and the dense "
+            "model passes on"
+        )
+        warnings.append(f"prune gate {gate}")
+        model, kept = dense, shape_of(dense.config)
     val = block_losses(model, blocks["val"])
     dense_val = block_losses(dense, blocks["val"])
     dropped = sorted(order[: shape_of(dense.config).layers - kept.layers])
@@ -210,7 +216,7 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     out, plots = layout.stage_dir("prune"), layout.plots("prune")
     with staged_output_paths(out, layout.metrics("prune"), plots) as staged:
         save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
-        plan_record = {"shape": asdict(kept), "layers_removed": dropped, "plans": rows, "loop": loop}
+        plan_record = {"shape": asdict(kept), "layers_removed": dropped, "plans": rows, "loop": loop, "gate": gate}
         if aim is not None:
             plan_record["reference"] = aim
         dump_json(plan_record, staged.dir(out) / "plan.json")
@@ -234,6 +240,7 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
             checkpoint=out / MODEL_DIR,
             warnings=tuple(warnings),
             reference_of_dense=aim["reference_of_dense"] if aim else None,
+            gate=gate,
         )
         dump_json(report.metrics(), staged.path(layout.metrics("prune")))
     return report

@@ -12,6 +12,7 @@ import torch
 from pruneops.config import BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.config.prune import DecoderMetric
 from pruneops.core.io import Layout, dump_json, staged_output_paths
+from pruneops.core.quality import QualityBudget, QualityChange, perplexity_change
 from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
@@ -38,10 +39,16 @@ class PrecisionReport(StageReport):
     ttft_b1_ms: float
     fp32_ttft_b1_ms: float
     candidates: dict
+    # What ships: the pruned model, or dense where no form of the pruned one is within the budget.
+    source: str = "pruned"
+    budget: str = "none"  # prune.gate's quality budget, as text
+    val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
+    warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
         speedup = self.fp32_tpot_b1_ms / self.tpot_b1_ms, self.fp32_ttft_b1_ms / self.ttft_b1_ms
         form = self.precision if self.vocabulary is None else f"{self.precision}, vocabulary {self.vocabulary}"
+        form = form if self.source == "pruned" else f"dense {form} (backed off: see the warning)"
         return (
             f"{form} (fastest in {self.metric} time within tolerance): {self.tpot_b1_ms:.2f} ms/token "
             f"({speedup[0]:.2f}x fp32), first token {self.ttft_b1_ms:.1f} ms ({speedup[1]:.2f}x fp32), "
@@ -65,7 +72,11 @@ def _candidate_name(precision: str, vocabulary: int | None) -> str:
 
 
 def quantize_decoder(
-    config: QuantizeConfig, benchmark: BenchmarkConfig, metric: DecoderMetric, layout: Layout
+    config: QuantizeConfig,
+    benchmark: BenchmarkConfig,
+    metric: DecoderMetric,
+    layout: Layout,
+    budget: QualityBudget | None = None,
 ) -> PrecisionReport:
     """Exports the recovered decoder in fp32 and each of `decoder_precisions`; the fastest within tolerance ships.
 
@@ -74,62 +85,114 @@ def quantize_decoder(
     candidate is scored by its own exported logits on the validation blocks and timed interleaved
     at batch 1; a candidate whose validation perplexity exceeds fp32's by more than
     `perplexity_tolerance` (relative) is out, fp32 always in. Fastest is in `metric` (the prune
-    target's: weight-only INT4 speeds decoding and can slow a long prefill). Writes
+    target's: weight-only INT4 speeds decoding and can slow a long prefill).
+
+    The quality budget (`prune.gate.max_perplexity_increase`, None: not gated): a candidate ships
+    only if its validation perplexity against dense fp32 is within it at the far end of its 95 %
+    paired interval; where no form of the pruned model is, dense in the fastest precision within
+    the budget ships instead, and a warning gives every form's figures. Dense is exported and
+    timed in every precision beside the candidates (`artifacts/quantize/dense/<precision>`: the
+    benchmark's rows of dense fp32 and of dense in the precision that ships). Writes
     `artifacts/quantize/model` (an onnxruntime-genai folder) and every candidate's figures.
     """
+    budget = budget or QualityBudget(None, "perplexity")
     torch.set_num_threads(config.threads)
     model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
+    dense, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     val = load_blocks(layout)["val"]
     out = layout.stage_dir("quantize")
+    precisions = ["fp32", *config.decoder_precisions]
     with staged_output_paths(out, layout.metrics("quantize")) as staged:
         work = staged.dir(out) / "candidates"
         folders, forms = {}, {}
         for vocabulary, form in _candidate_forms(model, config, layout).items():
-            precisions = ["fp32", *config.decoder_precisions]
-            folder = work / f"vocab{vocabulary or 'all'}"
-            exported = GENAI.export(form, folder, precisions, tokenizer=tokenizer, threads=benchmark.threads)
+            exported = GENAI.export(form, work / f"vocab{vocabulary or 'all'}", precisions, tokenizer=tokenizer,
+                                    threads=benchmark.threads)  # fmt: skip
             for precision, folder in exported.items():
                 folders[_candidate_name(precision, vocabulary)] = folder
                 forms[_candidate_name(precision, vocabulary)] = (precision, vocabulary)
-        timings = _timed(folders, model.config.vocab_size, 1, benchmark)
-        candidates = {}
-        for name, folder in folders.items():
-            ppl = float(np.exp(GENAI.open(folder, threads=2).losses(val).mean()))
-            timing = timings[name]
-            precision, vocabulary = forms[name]
-            candidates[name] = {
-                "precision": precision,
-                "vocabulary": vocabulary,
-                "val_perplexity": ppl,
-                "tpot_b1_ms": timing.tpot_ms,
-                "ttft_b1_ms": timing.ttft_ms,
-            }
-        ceiling = candidates["fp32"]["val_perplexity"] * (1 + config.perplexity_tolerance)
-        within = [p for p, c in candidates.items() if c["val_perplexity"] <= ceiling]
-        chosen = min(within, key=lambda p: timings[p].milliseconds(metric))
+        dense_folders = GENAI.export(dense, work / "dense", precisions, tokenizer=tokenizer, threads=benchmark.threads)
+        timings = _timed({**folders, **{f"dense {p}": f for p, f in dense_folders.items()}}, model.config.vocab_size,
+                         1, benchmark)  # fmt: skip
+        dense_losses = GENAI.open(dense_folders["fp32"], threads=2).losses(val)
+        candidates = _judged(folders, forms, timings, val, dense_losses, budget)
+        source, warnings = "pruned", []
+        chosen = _choose(candidates, config, metric)
+        if chosen is None:  # within tolerance, none within the budget: dense ships
+            warnings.append(_backed_off(candidates, budget))
+            dense_forms = {p: (p, None) for p in dense_folders}
+            dense_timings = {p: timings[f"dense {p}"] for p in dense_folders}
+            dense_candidates = _judged(dense_folders, dense_forms, dense_timings, val, dense_losses, budget)
+            chosen, source = _choose(dense_candidates, config, metric), "dense"
+            folders, forms = dense_folders, dense_forms
+            candidates = {**{f"pruned {n}": c for n, c in candidates.items()}, **dense_candidates}
         folders[chosen].rename(staged.path(out) / MODEL_DIR)
-        shutil.rmtree(work)
         precision, vocabulary = forms[chosen]
-        choice = {"precision": precision, "vocabulary": vocabulary, "metric": metric, "candidates": candidates}
+        for kept in {"fp32", precision}:
+            shutil.copytree(dense_folders[kept], staged.path(out) / "dense" / kept)
+        shutil.rmtree(work)
+        choice = {"precision": precision, "vocabulary": vocabulary, "metric": metric, "source": source,
+                  "candidates": candidates}  # fmt: skip
         dump_json(choice, staged.path(out) / CHOICE_FILE)
         report = PrecisionReport(
             precision=precision,
             vocabulary=vocabulary,
             metric=metric,
             val_perplexity=candidates[chosen]["val_perplexity"],
-            fp32_val_perplexity=candidates["fp32"]["val_perplexity"],
+            fp32_val_perplexity=candidates["fp32"]["val_perplexity"],  # the fp32 of what ships (pruned or dense)
             tpot_b1_ms=candidates[chosen]["tpot_b1_ms"],
             fp32_tpot_b1_ms=candidates["fp32"]["tpot_b1_ms"],
             ttft_b1_ms=candidates[chosen]["ttft_b1_ms"],
             fp32_ttft_b1_ms=candidates["fp32"]["ttft_b1_ms"],
             candidates=candidates,
+            source=source,
+            budget=budget.text(),
+            val_change=candidates[chosen]["val_change"],
+            warnings=tuple(warnings),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("quantize")))
     return report
+
+
+def _judged(folders: dict, forms: dict, timings: dict, val, dense_losses, budget: QualityBudget) -> dict[str, dict]:
+    """Each candidate's validation perplexity (its own exported logits), change against dense fp32, times."""
+    candidates = {}
+    for name, folder in folders.items():
+        losses = GENAI.open(folder, threads=2).losses(val)
+        change = perplexity_change(losses, dense_losses)
+        precision, vocabulary = forms[name]
+        candidates[name] = {
+            "precision": precision,
+            "vocabulary": vocabulary,
+            "val_perplexity": float(np.exp(losses.mean())),
+            "val_change": change.record(),
+            "within_budget": budget.holds(change),
+            "tpot_b1_ms": timings[name].tpot_ms,
+            "ttft_b1_ms": timings[name].ttft_ms,
+        }
+    return candidates
+
+
+def _choose(candidates: dict[str, dict], config: QuantizeConfig, metric: DecoderMetric) -> str | None:
+    """The fastest in `metric` within the tolerance of fp32 and the budget; None where the budget leaves none."""
+    ceiling = candidates["fp32"]["val_perplexity"] * (1 + config.perplexity_tolerance)
+    within = [n for n, c in candidates.items() if c["val_perplexity"] <= ceiling and c["within_budget"]]
+    key = "tpot_b1_ms" if metric == "decode" else "ttft_b1_ms"
+    return min(within, key=lambda n: candidates[n][key]) if within else None
+
+
+def _backed_off(candidates: dict[str, dict], budget: QualityBudget) -> str:
+    """The warning of a back-off to dense: what each form of the pruned model measured against the budget."""
+    figures = ", ".join(f"{n} {QualityChange(**c['val_change']).text()}" for n, c in candidates.items())
+    return (
+        f"prune.gate.max_perplexity_increase: no form of the pruned model is within the {budget.text()} budget "
+        f"against dense on validation, judged at the far end of its 95 % interval ({figures}); the dense model "
+        "ships instead (a milder prune.target, more finetune.max_tokens, or a larger budget would let one through)"
+    )
 
 
 def quantize_stage(
     config: QuantizeConfig, benchmark: BenchmarkConfig, prune: PruneConfig, layout: Layout
 ) -> PrecisionReport:
     """The stage: `quantize_decoder` in the prune target's metric (time per output token, or to the first token)."""
-    return quantize_decoder(config, benchmark, prune.target.decoder_metric, layout)
+    return quantize_decoder(config, benchmark, prune.target.decoder_metric, layout, prune.gate.budget("causal_lm"))

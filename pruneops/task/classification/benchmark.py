@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from pruneops.config import BenchmarkConfig
 from pruneops.core.errors import DataError
 from pruneops.core.integrity import verify_file
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.core.quality import accuracy_change
 from pruneops.data import load_prepared
-from pruneops.pipeline.stages import StageReport
 from pruneops.reports.plots import plot_frontier
-from pruneops.runtimes.onnxruntime.files import file_size, make_session, ort_accuracy
+from pruneops.reports.summary import BenchmarkSummary, Column, latency_columns, latency_summary, render_table
+from pruneops.runtimes.onnxruntime.files import file_size, make_session, ort_logits
 from pruneops.runtimes.onnxruntime.timing import measure_latencies
 from pruneops.timing.machine import cuda_device, gpu_not_timed, machine_info
 
 
 @dataclass(frozen=True)
-class BenchmarkReport(StageReport):
-    """Per-model figures and the headline speed-ups."""
+class BenchmarkReport(BenchmarkSummary):
+    """The headline every benchmark gives (`BenchmarkSummary`), and a classifier's own figures."""
 
-    models: dict
     speedup_b1_deployed_vs_dense: float
     speedup_b1_pruned_fp32_vs_dense: float
     mac_reduction: float
@@ -40,42 +37,6 @@ class BenchmarkReport(StageReport):
             f"pruned fp32 {self.speedup_b1_pruned_fp32_vs_dense:.2f}x; {self.mac_reduction:.2f}x fewer MACs "
             f"-> {self.table}"
         )
-
-
-def latency_summary(samples_ms: np.ndarray, batch: int) -> dict[str, float]:
-    """Percentiles, mean and throughput of one model's latency samples at one batch size."""
-    t = np.asarray(samples_ms)
-    return {
-        "p50_ms": float(np.percentile(t, 50)),
-        "p95_ms": float(np.percentile(t, 95)),
-        "p99_ms": float(np.percentile(t, 99)),
-        "mean_ms": float(t.mean()),
-        "throughput": float(batch / (t.mean() / 1e3)),
-    }
-
-
-Column = tuple[str, Callable[[dict], str]]
-
-
-def render_table(rows: list[dict], columns: list[Column]) -> str:
-    """A markdown table: one row per item, each column a (header, formatter) pair."""
-    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r) for _, fmt in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def latency_columns(batch_sizes: list[int], digits: int = 4) -> list[Column]:
-    """p50/p99 per batch size, then the largest batch's throughput."""
-    cols: list[Column] = []
-    for b in batch_sizes:
-        cols.append((f"b{b} p50 / p99 (ms)", lambda r, b=b: _p50_p99(r["latency"][str(b)], digits)))
-    big = str(max(batch_sizes))
-    cols.append((f"b{big} throughput (/s)", lambda r: f"{r['latency'][big]['throughput']:,.0f}"))
-    return cols
-
-
-def _p50_p99(lat: dict, digits: int) -> str:
-    return f"{lat['p50_ms']:.{digits}f} / {lat['p99_ms']:.{digits}f}"
 
 
 def markdown_table(models: dict, batch_sizes: list[int]) -> str:
@@ -115,22 +76,28 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
     sessions = {name: make_session(export_dir / m["file"], config.threads) for name, m in manifest["models"].items()}
     samples = measure_latencies(sessions, test.x, config)
     models: dict[str, dict] = {}
+    correct = {}
     for name, m in manifest["models"].items():
         latency = {str(b): latency_summary(t, b) for b, t in samples[name].items()}
+        correct[name] = ort_logits(sessions[name], test.x).argmax(1) == test.y
         models[name] = {
             "precision": m["precision"],
             "params": m["params"],
             "macs": m["macs"],
             "size_bytes": file_size(export_dir / m["file"]),
-            "test_accuracy": ort_accuracy(sessions[name], test.x, test.y),
+            "test_accuracy": float(correct[name].mean()),
+            "quality": float(correct[name].mean()),
             "test_samples": len(test),
             "latency": latency,
+            "latency_b1_ms": latency["1"]["p50_ms"],
         }
     dense = models["dense_fp32"]["latency"]
     for m in models.values():
         m["speedup_b1"] = dense["1"]["p50_ms"] / m["latency"]["1"]["p50_ms"]
         # Slower than dense fp32 at any batch size is a regression the report must show.
         m["slower_than_dense"] = any(m["latency"][b]["p50_ms"] > dense[b]["p50_ms"] for b in dense)
+    deployed, shipped = models["pruned_deployed"], manifest["models"]["pruned_deployed"]
+    same = models.get("dense_deployed", models["dense_fp32"])
     trt = manifest.get("tensorrt", {})
     gpu = cuda_device()
     machine = {
@@ -144,14 +111,28 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         layout.plots("benchmark"),
     )
     report = BenchmarkReport(
+        task="classification",
+        shipped=f"{shipped.get('source', 'pruned')} {shipped.get('quantizer', shipped['precision'])}",
+        source=shipped.get("source", "pruned"),
+        precision=deployed["precision"],
+        latency_metric="batch-1 latency",
+        latency_b1_ms=deployed["latency_b1_ms"],
+        dense_latency_b1_ms=models["dense_fp32"]["latency_b1_ms"],
+        speedup_b1=deployed["speedup_b1"],
+        speedup_b1_same_precision=same["latency_b1_ms"] / deployed["latency_b1_ms"],
+        quality_metric="test accuracy",
+        quality=deployed["quality"],
+        dense_quality=models["dense_fp32"]["quality"],
+        quality_change=accuracy_change(correct["pruned_deployed"], correct["dense_fp32"]).record(),
+        size_reduction=models["dense_fp32"]["size_bytes"] / deployed["size_bytes"],
         models=models,
         speedup_b1_deployed_vs_dense=models["pruned_deployed"]["speedup_b1"],
         speedup_b1_pruned_fp32_vs_dense=models["pruned_fp32"]["speedup_b1"],
+        machine=machine,
         mac_reduction=models["dense_fp32"]["macs"] / models["pruned_fp32"]["macs"],
         accuracy_delta_points_deployed=100
         * (models["pruned_deployed"]["test_accuracy"] - models["dense_fp32"]["test_accuracy"]),
         slower_than_dense=[n for n, m in models.items() if m["slower_than_dense"]],
-        machine=machine,
         warnings=[gpu_not_timed(gpu)] if gpu else [],
         table=out_dir / "benchmark.md",
     )

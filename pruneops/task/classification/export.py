@@ -104,8 +104,10 @@ def check_parity(
 def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportReport:
     """Exports the dense and pruned models to ONNX and checks them against PyTorch.
 
-    Both get a dynamic batch axis; the INT8 model from `quantize` ships beside them, and
-    TensorRT engines are built where tensorrt and a CUDA device are present.
+    Both get a dynamic batch axis; the model `quantize` chose ships beside them (`pruned_deployed`:
+    the pruned model in its form, or dense where the quality budget backed off), with dense in the
+    same form where that is not fp32 (`dense_deployed`), and TensorRT engines are built where
+    tensorrt and a CUDA device are present.
 
     Returns:
         The report; `artifacts/export/` holds the models and `manifest.json` describing them.
@@ -139,18 +141,26 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
                 "macs": count_macs(ckpt.model, meta.input_shape),
                 "max_abs_diff": diffs[name],
             }
+        # What ships: the pruned model in the form quantize chose, or dense where no pruned form was
+        # within the quality budget (`source`); and dense in that form, the row of the same precision.
+        source = quantized.get("source", "pruned")
         shutil.copyfile(deployed_src, tmp / "pruned_deployed.onnx")
-        fp32_pred = ort_logits(make_session(tmp / "pruned_fp32.onnx"), x).argmax(1)
+        fp32_pred = ort_logits(make_session(tmp / f"{source}_fp32.onnx"), x).argmax(1)
         deployed_pred = ort_logits(make_session(tmp / "pruned_deployed.onnx"), x).argmax(1)
         agreement = float((fp32_pred == deployed_pred).mean())
+        deployed = {"precision": quantized["precision"], "quantizer": quantized["method"]}
         manifest["pruned_deployed"] = {
-            **manifest["pruned_fp32"],
+            **manifest[f"{source}_fp32"],
             "file": "pruned_deployed.onnx",
-            "precision": quantized["precision"],
-            "quantizer": quantized["method"],
+            **deployed,
+            "source": source,
             "top1_agreement_with_fp32": agreement,
         }
         manifest["pruned_deployed"].pop("max_abs_diff")
+        if quantized["precision"] != "fp32":
+            shutil.copyfile(layout.stage_dir("quantize") / "dense.onnx", tmp / "dense_deployed.onnx")
+            manifest["dense_deployed"] = {**manifest["dense_fp32"], "file": "dense_deployed.onnx", **deployed}
+            manifest["dense_deployed"].pop("max_abs_diff")
         trt = {}
         if config.tensorrt:
             for name in ("dense_fp32", "pruned_fp32"):

@@ -15,10 +15,11 @@ from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig, QuantizeCon
 from pruneops.core.errors import QualityGateError
 from pruneops.core.inputs import rows
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.core.quality import QualityChange, accuracy_change
 from pruneops.data import load_prepared
 from pruneops.models.checkpoint import load_checkpoint
 from pruneops.pipeline.stages import StageReport
-from pruneops.runtimes.onnxruntime.files import export_onnx_file, file_size, make_session, ort_accuracy
+from pruneops.runtimes.onnxruntime.files import export_onnx_file, file_size, make_session, ort_accuracy, ort_logits
 from pruneops.runtimes.onnxruntime.quantizers import QUANTIZERS, preprocess_for_quantization, weight_range
 
 logger = logging.getLogger(__name__)
@@ -46,10 +47,15 @@ class QuantizeReport(StageReport):
     warnings: tuple[str, ...]
     static_weight_bits: str
     model_path: Path
+    # What ships: the pruned model, or dense where no form of the pruned one is within the budget.
+    source: str = "pruned"
+    budget: str = "none"  # prune.gate's quality budget, as text
+    val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
 
     def summary(self) -> str:
+        shipped = self.method if self.source == "pruned" else f"dense {self.method} (backed off: see the warning)"
         return (
-            f"{self.method}: test accuracy {100 * self.test_accuracy:.2f}% "
+            f"{shipped}: test accuracy {100 * self.test_accuracy:.2f}% "
             f"(fp32 {100 * self.fp32_test_accuracy:.2f}%), batch-1 {self.latency_ms_b1:.4f} ms "
             f"(fp32 {self.fp32_latency_ms_b1:.4f} ms) -> {self.model_path}"
         )
@@ -100,9 +106,11 @@ def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, bat
         slower = (
             _slower_than_fp32({"latency_ms": latency[n]}, {"latency_ms": latency["fp32"]}) if "fp32" in paths else []
         )
+        correct = None if slower else ort_logits(sessions[n], val.x).argmax(1) == val.y
         measured[n] = {
             "precision": "fp32" if n in ("fp32", "reference") else "int8",
-            "val_accuracy": None if slower else ort_accuracy(sessions[n], val.x, val.y),
+            "val_accuracy": None if slower else float(correct.mean()),
+            "correct": correct,
             "latency_ms_b1": latency[n]["1"],
             "latency_ms": latency[n],
             "size_bytes": file_size(paths[n]),
@@ -138,14 +146,26 @@ def _fastest(names: list[str], candidates: dict[str, dict]) -> str:
     return min(tied, key=lambda n: (candidates[n]["latency_ms"][largest], candidates[n]["latency_ms_b1"]))
 
 
+class OutsideBudget(Exception):
+    """No candidate within tolerance is within the quality budget against dense."""
+
+
 def _choose(names: list[str], candidates: dict[str, dict], reference: dict) -> tuple[str, list[str]]:
     """The fastest candidate (`_fastest`) among those within tolerance and no slower than fp32 at any batch.
 
     "Slower" and "faster" are beyond `SAME_SPEED`, a tie. With `auto`, fp32 is a candidate and wins
     wherever every INT8 form loses somewhere. A method named in params ships as configured; if it
-    measured slower than fp32, a warning says where.
+    measured slower than fp32, a warning says where. Only candidates within the quality budget
+    against dense (`within_budget`) ship.
+
+    Raises:
+        QualityGateError: No candidate within the tolerance of fp32.
+        OutsideBudget: Some within the tolerance, none within the budget.
     """
-    eligible = [n for n in names if candidates[n]["within_tolerance"]]
+    tolerated = [n for n in names if candidates[n]["within_tolerance"]]
+    eligible = [n for n in tolerated if candidates[n].get("within_budget", True)]
+    if tolerated and not eligible:
+        raise OutsideBudget
     if not eligible:
         figures = ", ".join(
             f"{n} {100 * (c['val_accuracy'] - reference['val_accuracy']):+.2f} pts"
@@ -200,10 +220,16 @@ def quantize_model(
     accuracy is measured on the chosen model. Where the prune stage planned a
     latency target in another form than the one chosen here, a warning says so.
 
+    The quality budget (`prune.gate.max_accuracy_drop`): a candidate ships only if its validation
+    accuracy against dense fp32 is within the budget at the far end of its 95 % paired interval.
+    Where no form of the pruned model is, the stage backs off to the dense model (the same
+    candidates, the same rules) and warns with every form's figures. `dense.onnx` is dense in the
+    form that ships (the benchmark's row of the same precision).
+
     Args:
         config: The `quantize` section.
         benchmark: The `benchmark` section: the batch sizes the chosen model must not lose at.
-        prune: The `prune` section: the form its latency target was timed in.
+        prune: The `prune` section: the form its latency target was timed in, the quality budget.
         layout: Where the stage reads and writes.
 
     Raises:
@@ -214,38 +240,39 @@ def quantize_model(
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     model = load_checkpoint(layout.stage_dir("finetune") / "model.safetensors").model
+    dense = load_checkpoint(layout.stage_dir("train") / "model.safetensors").model
     names = QUANTIZERS.names() if config.method == "auto" else [config.method]
+    budget = prune.gate.budget("classification")
     rng = np.random.default_rng(0)
     calib = rows(train.x, rng.choice(len(train), min(config.calibration_samples, len(train)), replace=False))
     work = Path(tempfile.mkdtemp(prefix="pruneops-quant-"))
     try:
-        fp32, prepared = work / "reference.onnx", work / "prepared.onnx"
-        export_onnx_file(model, meta.input_shape, fp32, config.opset, config.exporter)
-        preprocess_for_quantization(fp32, prepared)
-        # The fp32 candidate is the export itself: it is the reference when it competes.
-        paths = {} if "fp32" in names else {"reference": fp32}
-        for name in names:
-            paths[name] = work / f"candidate-{name}.onnx"
-            # INT8 is made from the pre-processed graph; fp32 ships (and is compared) as exported,
-            # like dense (docs/explanation/int8.md#fp32-as-exported).
-            QUANTIZERS.get(name)(fp32 if name == "fp32" else prepared, paths[name], calib, config)
+        dense_fp32 = _forms(dense, meta.input_shape, ["fp32"], calib, config, work / "dense-reference")["fp32"]
+        dense_correct = ort_logits(make_session(dense_fp32, config.threads), val.x).argmax(1) == val.y
         batch_sizes = sorted({1, *benchmark.batch_sizes})
-        measured = _measure_candidates(paths, val, config, batch_sizes)
-        reference = measured.pop("reference") if "reference" in measured else measured["fp32"]
-        candidates = {
-            n: {
-                **c,
-                "within_tolerance": c["val_accuracy"] is not None
-                and reference["val_accuracy"] - c["val_accuracy"] <= config.accuracy_tolerance,
-            }
-            for n, c in measured.items()
-        }
+        source, warnings = "pruned", []
+        paths = _forms(model, meta.input_shape, names, calib, config, work / "pruned", reference=True)
+        candidates, reference = _judged(paths, val, config, batch_sizes, dense_correct, budget)
         try:
             chosen, warnings = _choose(names, candidates, reference)
         except QualityGateError as e:
             raise QualityGateError(f"quantize.accuracy_tolerance={config.accuracy_tolerance}: {e}") from None
-        warnings += _planned_in_another_form(prune, planned_form(prune, layout), chosen)
+        except OutsideBudget:
+            warnings = [_backed_off(candidates, budget)]
+            source, pruned_candidates = "dense", candidates
+            paths = _forms(dense, meta.input_shape, names, calib, config, work / "dense", reference=True)
+            candidates, reference = _judged(paths, val, config, batch_sizes, dense_correct, budget)
+            try:
+                chosen, more = _choose(names, candidates, reference)
+            except OutsideBudget:  # a quantizer named in params: dense in it is outside the budget too
+                raise QualityGateError(f"{warnings[0]}; dense in {config.method} is outside it too") from None
+            warnings += more
+            candidates = {**{f"pruned {n}": c for n, c in pruned_candidates.items()}, **candidates}
+        if source == "pruned":
+            warnings += _planned_in_another_form(prune, planned_form(prune, layout), chosen)
+        fp32 = paths.get("reference", paths.get("fp32"))
         test_accuracy = ort_accuracy(make_session(paths[chosen], config.threads), test.x, test.y)
+        dense_same = paths[chosen] if source == "dense" else _same_form(dense, meta, chosen, calib, config, work)
         report = QuantizeReport(
             method=chosen,
             precision=candidates[chosen]["precision"],
@@ -262,11 +289,79 @@ def quantize_model(
             warnings=tuple(warnings),
             static_weight_bits="{} ({})".format(*_bits(config)),
             model_path=layout.stage_dir("quantize") / "model.onnx",
+            source=source,
+            budget=budget.text(),
+            val_change=candidates[chosen]["val_change"],
         )
-        _write(layout, paths[chosen], report)
+        _write(layout, paths[chosen], dense_same, report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def _forms(
+    model, input_shape, names: list[str], calib, config: QuantizeConfig, work: Path, reference: bool = False
+) -> dict[str, Path]:
+    """ONNX files of `model` in each form named, from one fp32 export (INT8 from its pre-processed graph).
+
+    With `reference`, the fp32 export is also there as "reference" where fp32 does not compete.
+    """
+    work.mkdir(parents=True)
+    fp32, prepared = work / "reference.onnx", work / "prepared.onnx"
+    export_onnx_file(model, input_shape, fp32, config.opset, config.exporter)
+    # The fp32 candidate is the export itself: it is the reference when it competes.
+    paths = {"reference": fp32} if reference and "fp32" not in names else {}
+    for name in names:
+        if name == "fp32":
+            paths[name] = fp32
+            continue
+        if not prepared.exists():
+            preprocess_for_quantization(fp32, prepared)
+        paths[name] = work / f"candidate-{name}.onnx"
+        # INT8 is made from the pre-processed graph; fp32 ships (and is compared) as exported,
+        # like dense (docs/explanation/int8.md#fp32-as-exported).
+        QUANTIZERS.get(name)(prepared, paths[name], calib, config)
+    return paths
+
+
+def _judged(paths: dict[str, Path], val, config: QuantizeConfig, batch_sizes, dense_correct, budget):
+    """Every candidate measured, within the tolerance of its fp32 or not, its change against dense in the budget or not.
+
+    Returns:
+        The candidates (by name) and the fp32 reference's figures.
+    """
+    measured = _measure_candidates(paths, val, config, batch_sizes)
+    reference = measured.pop("reference") if "reference" in measured else measured["fp32"]
+    candidates = {}
+    for n, c in measured.items():
+        correct = c.pop("correct")
+        change = accuracy_change(correct, dense_correct) if correct is not None else None
+        candidates[n] = {
+            **c,
+            "within_tolerance": c["val_accuracy"] is not None
+            and reference["val_accuracy"] - c["val_accuracy"] <= config.accuracy_tolerance,
+            "val_change": change.record() if change else None,
+            "within_budget": change is not None and budget.holds(change),
+        }
+    reference.pop("correct", None)
+    return candidates, reference
+
+
+def _backed_off(candidates: dict[str, dict], budget) -> str:
+    """The warning of a back-off to dense: what each form of the pruned model measured against the budget."""
+    figures = ", ".join(
+        f"{n} {QualityChange(**c['val_change']).text()}" for n, c in candidates.items() if c["val_change"] is not None
+    )
+    return (
+        f"prune.gate.max_accuracy_drop: no form of the pruned model is within the {budget.text()} budget against "
+        f"dense on validation, judged at the far end of its 95 % interval ({figures}); the dense model ships "
+        "instead (a milder prune.target, or a larger budget, would let a pruned one through)"
+    )
+
+
+def _same_form(dense, meta, method: str, calib, config: QuantizeConfig, work: Path) -> Path:
+    """Dense in the form that ships (what the benchmark compares the shipped model with at the same precision)."""
+    return _forms(dense, meta.input_shape, [method], calib, config, work / "dense-same")[method]
 
 
 def _bits(config: QuantizeConfig) -> tuple[int, str]:
@@ -275,10 +370,11 @@ def _bits(config: QuantizeConfig) -> tuple[int, str]:
     return (7 if reduced else 8), why
 
 
-def _write(layout: Layout, chosen: Path, report: QuantizeReport) -> None:
+def _write(layout: Layout, chosen: Path, dense: Path, report: QuantizeReport) -> None:
     out_dir, metrics_path = layout.stage_dir("quantize"), layout.metrics("quantize")
     with staged_output_paths(out_dir, metrics_path) as staged:
         tmp = staged.dir(out_dir)
         shutil.copyfile(chosen, tmp / "model.onnx")
+        shutil.copyfile(dense, tmp / "dense.onnx")
         dump_json({"selection": "fastest within tolerance on validation", **report.metrics()}, tmp / "quantize.json")
         dump_json(report.metrics(), staged.path(metrics_path))

@@ -1,0 +1,90 @@
+"""The quality budget: a model's change against dense, with its paired interval, held at the interval's far end.
+
+One rule for both tasks. A classifier's change is in accuracy points (paired bootstrap over the
+same samples); a causal LM's in relative perplexity (the ratio minus one, paired bootstrap over the
+same blocks). A budget holds when the far end of the 95 % interval, the worst the model may
+really be, is within it: a lucky draw of a small validation split never passes a model that loses
+on test. The stages that decide what ships (`quantize`) and the promotion of a re-prune read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+
+Unit = Literal["points", "perplexity"]
+RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class QualityChange:
+    """A model's quality against dense fp32 on one split: the change and its 95 % paired interval.
+
+    `points`: accuracy points (negative is worse). `perplexity`: relative perplexity change, the
+    ratio minus one (positive is worse).
+    """
+
+    value: float
+    low: float
+    high: float
+    unit: Unit
+    samples: int
+
+    @property
+    def worst(self) -> float:
+        """The far end of the interval on the side of a loss, as a loss (positive: worse than dense)."""
+        return -self.low if self.unit == "points" else self.high
+
+    def text(self) -> str:
+        """`-0.46 pts [-1.39, +0.00]` or `+6.6 % [+0.9, +12.9]` (perplexity)."""
+        if self.unit == "points":
+            return f"{self.value:+.2f} pts [{self.low:+.2f}, {self.high:+.2f}]"
+        return f"{100 * self.value:+.1f} % [{100 * self.low:+.1f}, {100 * self.high:+.1f}]"
+
+    def record(self) -> dict:
+        """JSON-ready."""
+        return asdict(self)
+
+
+def accuracy_change(correct: np.ndarray, dense_correct: np.ndarray, seed: int = 0) -> QualityChange:
+    """Accuracy points against dense and their 95 % interval, resampling the same samples for both."""
+    a, b = np.asarray(correct, dtype=np.float64), np.asarray(dense_correct, dtype=np.float64)
+    index = np.random.default_rng(seed).integers(0, len(a), size=(RESAMPLES, len(a)))
+    draws = 100 * (a[index].mean(1) - b[index].mean(1))
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return QualityChange(float(100 * (a.mean() - b.mean())), float(low), float(high), "points", len(a))
+
+
+def perplexity_change(losses: np.ndarray, dense_losses: np.ndarray, seed: int = 0) -> QualityChange:
+    """Relative perplexity against dense (ratio - 1) and its 95 % interval, resampling the same blocks for both."""
+    a, b = np.asarray(losses, dtype=np.float64), np.asarray(dense_losses, dtype=np.float64)
+    index = np.random.default_rng(seed).integers(0, len(a), size=(RESAMPLES, len(a)))
+    draws = np.exp(a[index].mean(1) - b[index].mean(1)) - 1
+    low, high = np.quantile(draws, [0.025, 0.975])
+    return QualityChange(math.exp(a.mean() - b.mean()) - 1, float(low), float(high), "perplexity", len(a))
+
+
+@dataclass(frozen=True)
+class QualityBudget:
+    """How much quality a model may lose against dense: a loss in the change's unit, or None (not gated)."""
+
+    limit: float | None
+    unit: Unit
+
+    def holds(self, change: QualityChange) -> bool:
+        """Whether the interval's far end is within the budget (always, without one)."""
+        return self.limit is None or change.worst <= self.limit + 1e-12
+
+    def text(self) -> str:
+        """`1.0 pts` or `+10 % perplexity`, or `none`."""
+        if self.limit is None:
+            return "none"
+        return f"{self.limit:g} pts" if self.unit == "points" else f"+{100 * self.limit:g} % perplexity"
+
+    def verdict(self, change: QualityChange) -> str:
+        """One line: the change, its interval, and whether it holds."""
+        state = "within" if self.holds(change) else "outside"
+        return f"{change.text()} on {change.samples} validation samples: {state} the {self.text()} budget"
