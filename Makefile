@@ -87,7 +87,7 @@ test-slow: install-dev
 # Every entry point fed bad input, faults and races (about 10 min on 2 cores); exit 1 on any case
 # not handled.
 sweep: install-dev
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/adversarial_sweep.py
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python tests/sweep/adversarial_sweep.py
 
 test-all: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -204,34 +204,14 @@ def _bench(args: argparse.Namespace) -> int:
         Path(args.config), Path(args.root), args.params, command, args.only, args.variants, args.out_dir
     )
     for name, pick in report.selected.items():
-        print(
-            f"pruneops bench: {name}: selected {pick['name']}: test {100 * pick['test_accuracy']:.2f}% "
-            f"({-pick['test_drop_points']:+.2f} pts), batch-1 {pick['speedup_b1']:.2f}x faster"
-        )
+        if "test_accuracy" in pick:
+            quality = f"test {100 * pick['test_accuracy']:.2f}% ({-pick['test_drop_points']:+.2f} pts)"
+        else:
+            quality = f"test perplexity {100 * pick['test_change']['value']:+.1f} %"
+        print(f"pruneops bench: {name}: selected {pick['name']}: {quality}, batch-1 {pick['speedup_b1']:.2f}x faster")
     for name, where in report.reports.items():
         print(f"pruneops bench: {name}: wrote {where / 'report.md'} (results.json and plots beside it)")
     print("pruneops bench: `pruneops reference` rebuilds docs/results.md and the README's table from the reports")
-    return 0
-
-
-def _bench_decoder(args: argparse.Namespace) -> int:
-    import logging
-    import shlex
-    import tempfile
-
-    from pruneops.compare.decoder import load_bench_config, run_decoder_bench
-
-    logging.basicConfig(level=logging.INFO, format="pruneops bench-decoder: %(message)s")
-    config = load_bench_config(Path(args.config))
-    if args.work_dir:
-        Path(args.work_dir).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="bench-decoder-", dir=args.work_dir))
-    command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
-    results = run_decoder_bench(config, Path(args.out_dir), work, command)
-    where = Path(args.out_dir) / config.bench / config.workload
-    pick = results["decoder_selected"]
-    print(f"pruneops bench-decoder: selected {pick['name'] if pick else 'none within the perplexity budget'}")
-    print(f"pruneops bench-decoder: wrote {where / 'report.md'} (results.json and frontier.png beside it)")
     return 0
 
 
@@ -266,6 +246,18 @@ def _reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from pruneops.core.io import Layout
+    from pruneops.timing.doctor import diagnose
+
+    findings = diagnose(
+        Layout(Path(args.root)), passes=args.passes, emit=lambda line: print(f"pruneops doctor: {line}")
+    )
+    warned = sum(not f.ok for f in findings)
+    print(f"pruneops doctor: {warned} warning(s)" if warned else "pruneops doctor: timings here can carry the gates")
+    return 0
+
+
 def _methods(_: argparse.Namespace) -> int:
     print(_list_registries())
     return 0
@@ -275,7 +267,6 @@ def _methods(_: argparse.Namespace) -> int:
 TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
     "methods": _methods,
     "bench": _bench,
-    "bench-decoder": _bench_decoder,
     "serve-decoder": _serve_decoder,
     "serve": _serve,
     "loadtest": _loadtest,
@@ -284,6 +275,7 @@ TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {
     "recover": _recover,
     "dvc-yaml": _dvc_yaml,
     "reference": _reference,
+    "doctor": _doctor,
 }
 
 
@@ -353,15 +345,13 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
         help="run only these variants (with the dense ones and those they match)",
     )
     bench.add_argument("--out-dir", default=None, help="write the report here instead of the config's out_dir")
-    decoder = sub.add_parser(
-        "bench-decoder",
-        help="a decoder LLM's perplexity-decode-time frontier: ours, uniform width, depth, INT8/INT4 (llm extra)",
-        description="Cuts a causal LM to each decode-time target (ours, uniform MLP width, depth), exports "
-        "every model with onnxruntime-genai, times them interleaved and scores their perplexity.",
+    doctor = sub.add_parser(
+        "doctor",
+        help="whether this machine's timings can carry the gates: its load, timing noise and drift, the table's fit",
+        description="Times fresh sessions of one model (the project's dense export, or a small stand-in) side by "
+        "side, pass after pass, and reads how well the latency table predicted held-out exports and the kept plan.",
     )
-    decoder.add_argument("--config", default="benchmarks/decoders/llm.yaml", help="decoder bench definition (YAML)")
-    decoder.add_argument("--out-dir", default="docs/results", help="reports go to <out-dir>/<bench>/<workload>/")
-    decoder.add_argument("--work-dir", default=None, help="scratch space for exported models (default: system temp)")
+    doctor.add_argument("--passes", type=int, default=4, help="timing passes (default 4)")
     dvc = sub.add_parser("dvc-yaml", help="write dvc.yaml from the stage table (deps = what each stage imports)")
     dvc.add_argument("--check", action="store_true", help="only check dvc.yaml; exit 1 naming what is stale")
     ref = sub.add_parser(

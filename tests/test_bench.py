@@ -242,7 +242,7 @@ def test_every_committed_benchmark_file_and_variant_is_valid_params(path):
             # A latency match as the bench makes it: against the other row's export (whether the
             # other row deployed the matching form is known only once it ran).
             reference = ROOT / "results" / "other" / "pruned_fp32.onnx" if variant.match_latency_of else None
-            apply_overrides(params, variant_overrides(variant, done, reference))
+            apply_overrides(params, variant_overrides(variant, done, reference, workload.task))
 
 
 def test_workload_paths_are_resolved_against_the_project(tmp_path):

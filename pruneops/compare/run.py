@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from pruneops.compare.workloads import DENSE, QUICK_BENCHMARK, BenchConfig, VariantConfig, WorkloadConfig
+from pruneops.compare.workloads import BenchConfig, VariantConfig, WorkloadConfig, dense_overrides, quick_overrides
 from pruneops.config import AUTO_FORM, BenchmarkConfig
 from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.core.io import Layout, dump_json, read_json
@@ -49,12 +49,15 @@ def workload_params(base: dict[str, Any], workload: WorkloadConfig, root: Path) 
     (`train.init_weights`, `train.pretrained`) are named relative to the project; each workload
     runs in its own directory.
     """
-    params = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    base_task = (base.get("train") or {}).get("task", "classification")
+    # A workload of the other task starts from that task's defaults: the project's keys would be refused.
+    params = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()} if base_task == workload.task else {}
     for section, values in workload.params.items():
         params.setdefault(section, {}).update(values)
     for section, key in (
         ("validate", "path"),
         ("validate", "tokenizer"),
+        ("validate", "general_text"),
         ("train", "init_weights"),
         ("train", "pretrained"),
     ):
@@ -98,7 +101,9 @@ def match_form(variant: VariantConfig, other: dict) -> str:
     return variant.set.get("prune.target.form", other["prune"].get("latency_form", "fp32"))
 
 
-def variant_overrides(variant: VariantConfig, done: dict[str, dict], reference: Path | None = None) -> dict[str, Any]:
+def variant_overrides(
+    variant: VariantConfig, done: dict[str, dict], reference: Path | None = None, task: str = "classification"
+) -> dict[str, Any]:
     """The variant's overrides, with what its kind and MAC or latency matching add.
 
     Args:
@@ -107,12 +112,13 @@ def variant_overrides(variant: VariantConfig, done: dict[str, dict], reference: 
         reference: For `match_latency_of`, the matched variant's export in `match_form`
             (`reference_to_match`), the prune stage's `target_reference`; None: the ratio to
             dense that variant's prune stage measured for its planned widths.
+        task: The workload's task (what a dense variant and every variant override).
 
     Raises:
         ConfigError: It matches a variant that failed or is not earlier, or a prune-stage reading
             taken in another form than the one it asks for.
     """
-    overrides = {**QUICK_BENCHMARK, **(DENSE if variant.kind == "dense" else {}), **variant.set}
+    overrides = {**quick_overrides(task), **(dense_overrides(task) if variant.kind == "dense" else {}), **variant.set}
     for other in (variant.match_macs_of, variant.match_latency_of):
         if other is not None and other not in done:
             raise ConfigError(f"{variant.name}: matches {other!r}, which is not a finished earlier variant")
@@ -218,8 +224,12 @@ def run_variant(
         # The splits it was measured on (hard links: large data is not copied per variant).
         data = Layout(keep).stage_dir("validate")
         data.mkdir(parents=True)
-        for split in ("val.npz", "test.npz"):
-            _link_or_copy(experiment.layout.stage_dir("validate") / split, data / split)
+        for split in ("val.npz", "test.npz", "corpus.npz"):
+            if (experiment.layout.stage_dir("validate") / split).is_file():
+                _link_or_copy(experiment.layout.stage_dir("validate") / split, data / split)
+        for stage, record in (("latency", "decode_cost.json"), ("prune", "plan.json")):  # a causal LM's plan
+            if (experiment.layout.stage_dir(stage) / record).is_file():
+                shutil.copyfile(experiment.layout.stage_dir(stage) / record, keep / record)
         dump_json(experiment.metrics(), keep / "metrics.json")
         log(f"{variant.name}: done ({experiment.name}, recorded by dvc exp)")
     finally:
@@ -252,7 +262,7 @@ def prepare_workload(
     for variant in workload.variants:
         try:
             reference = reference_to_match(variant, dirs, done, tagged)
-            overrides = variant_overrides(variant, done, reference)
+            overrides = variant_overrides(variant, done, reference, workload.task)
             dirs[variant.name] = run_variant(work, variant, overrides, tagged, (root,))
         except PruneOpsError as exc:
             failed[variant.name] = str(exc)
@@ -281,6 +291,7 @@ def run_benchmarks(
     Returns:
         The report; each workload's in `<out_dir>/<workload>/` (`report.md`, `results.json`, plots).
     """
+    from pruneops.compare.decoders import measure_decoder_workload, select_decoder
     from pruneops.compare.report import measure_workload, select_point, write_report
 
     timing = parse_section("bench.timing", config.timing, BenchmarkConfig)
@@ -289,6 +300,7 @@ def run_benchmarks(
     failed: dict[str, dict[str, str]] = {}
     predictions: dict[str, list[dict]] = {}
     wall: dict[str, dict] = {}
+    all_dirs: dict[str, dict[str, Path]] = {}
     for workload in config.workloads:
         started, reused = time.monotonic(), []
         work = (root / config.work_dir / workload.name).resolve()
@@ -298,14 +310,19 @@ def run_benchmarks(
         noting = _noting_reuse(log, reused)
         dirs, failed[workload.name] = prepare_workload(work, workload, params, noting, root.resolve())
         log(f"[{workload.name}] timing {2 * len(dirs)} models, interleaved")
-        rows[workload.name], predictions[workload.name] = measure_workload(work, workload, dirs, timing)
-        pick = select_point(rows[workload.name], workload.max_accuracy_drop_points)
+        if workload.task == "causal_lm":
+            rows[workload.name], predictions[workload.name] = measure_decoder_workload(work, workload, dirs, timing)
+            pick = select_decoder(rows[workload.name], workload.max_perplexity_increase)
+        else:
+            rows[workload.name], predictions[workload.name] = measure_workload(work, workload, dirs, timing)
+            pick = select_point(rows[workload.name], workload.max_accuracy_drop_points)
+        all_dirs[workload.name] = dirs
         if pick is not None:
             selected[workload.name] = pick
         seconds = round(time.monotonic() - started, 1)
         wall[workload.name] = {"seconds": seconds, "cached_runs_at_start": cached_before, "reused_stages": reused}
     out = root / config.out_dir
-    reports = write_report(config, rows, selected, failed, timing, command, out, predictions, wall=wall)
+    reports = write_report(config, rows, selected, failed, timing, command, out, predictions, wall=wall, dirs=all_dirs)
     return BenchReport(rows, selected, failed, reports)
 
 
@@ -375,4 +392,6 @@ def run_bench_file(
         minutes, seconds = divmod(int(time.monotonic() - started), 60)
         print(f"pruneops bench [{minutes:3d}:{seconds:02d}]: {line}", flush=True)
 
-    return run_benchmarks(config, read_params(root / params_file), command, root, log=log)
+    # A bench file whose workloads carry every section they need runs without a project around it.
+    base = read_params(root / params_file) if (root / params_file).is_file() else {}
+    return run_benchmarks(config, base, command, root, log=log)

@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# What every variant adds: its own `benchmark` stage only has to work (bench times all together).
+# What every classifier variant adds: its own `benchmark` stage only has to work (bench times all
+# together). A causal LM's `benchmark.rounds` also times its plans and precisions: left as set.
 QUICK_BENCHMARK = {"benchmark.warmup": 2, "benchmark.repeats": 10, "benchmark.rounds": 1}
 
 # A dense variant runs the same stages with nothing pruned, nothing swept and nothing trained.
@@ -23,6 +24,18 @@ DENSE = {
     "prune.epochs_per_step": 0,
     "finetune.epochs": 0,
 }
+# A causal LM's dense variant: nothing cut, nothing recovered; quantize still chooses its precision.
+DENSE_CAUSAL_LM = {"prune.decoder.strategy": "none", "finetune.max_tokens": 0}
+
+
+def quick_overrides(task: str) -> dict[str, Any]:
+    """What every variant of a `task` workload adds."""
+    return QUICK_BENCHMARK if task == "classification" else {}
+
+
+def dense_overrides(task: str) -> dict[str, Any]:
+    """What makes a variant of a `task` workload the dense model."""
+    return DENSE if task == "classification" else DENSE_CAUSAL_LM
 
 
 class VariantConfig(BaseModel):
@@ -43,7 +56,7 @@ class VariantConfig(BaseModel):
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
     kind: Literal["dense", "pruned"] = "pruned"
-    family: Literal["dense", "naive", "torch_pruning", "ours"] = "ours"
+    family: Literal["dense", "naive", "torch_pruning", "shortgpt", "ours"] = "ours"
     label: str = ""
     set: dict[str, Any] = Field(default_factory=dict)
     match_macs_of: str | None = None
@@ -57,13 +70,21 @@ class WorkloadConfig(BaseModel):
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # The budget a selected point holds on validation, at the far end of its 95 % paired interval:
+    # accuracy points (classifiers) or relative perplexity (causal LMs).
     max_accuracy_drop_points: Annotated[float, Field(ge=0)] = 0.3
+    max_perplexity_increase: Annotated[float, Field(ge=0)] = 0.10
     # What the selected point must reach: speedup_b1, throughput_gain (largest batch), size_reduction,
     # speedup_b1_vs_dense_deployed (against the dense model quantised as the pipeline deploys it).
     targets: dict[Literal["speedup_b1", "throughput_gain", "size_reduction", "speedup_b1_vs_dense_deployed"], float] = (
         Field(default_factory=dict)
     )
     variants: list[VariantConfig]
+
+    @property
+    def task(self) -> str:
+        """`train.task` of its params (a classifier unless they say otherwise)."""
+        return self.params.get("train", {}).get("task", "classification")
 
 
 class BenchConfig(BaseModel):

@@ -147,7 +147,7 @@ class ValidateConfig(StageConfig):
             "label_column feature_columns classes value_range max_train_samples min_samples_per_class "
             "max_class_imbalance hist_bins exclude_labels max_length"
         ),
-        causal_lm="block_length max_unknown_token_rate",
+        causal_lm="block_length max_unknown_token_rate general_text general_blocks",
     )
 
     dataset: Text = "digits"
@@ -179,6 +179,10 @@ class ValidateConfig(StageConfig):
     # tokenizer may map to its unknown token.
     block_length: Annotated[int, Field(ge=16, le=8192)] = 256
     max_unknown_token_rate: Ratio = 0.01
+    # dataset `corpus`: general text beyond the user's domain (read as `path` is), whose perplexity the
+    # benchmark reports beside the corpus's, on at most `general_blocks` blocks.
+    general_text: Text | None = None
+    general_blocks: Annotated[int, Field(ge=1, le=100_000)] = 32
 
     @model_validator(mode="after")
     def _text_needs_a_tokenizer(self) -> ValidateConfig:

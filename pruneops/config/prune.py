@@ -218,8 +218,15 @@ class DecoderCutConfig(StageConfig):
     from one calibration pass over `calibration_blocks` training blocks, scored on
     `search_blocks` validation blocks, and the lowest perplexity is kept; whole layers go in the
     order the sensitivity stage measured (least perplexity added first).
+
+    `strategy` chooses the plans: `plan` (the above), or a baseline measured the same way:
+    `uniform_width` (every layer kept, the MLPs cut to the widest width predicted to meet the
+    target, by weight magnitude with no data and no reconstruction: Torch-Pruning's uniform-width
+    recipe), `depth` (whole layers removed, lowest block influence first, widths kept: ShortGPT),
+    or `none` (nothing cut: dense passes on, what a benchmark's dense row runs).
     """
 
+    strategy: Literal["plan", "uniform_width", "depth", "none"] = "plan"
     importance: str = "activation"
     reconstruct: bool = True
     depth_step: Annotated[int, Field(ge=1, le=1000)] = 2

@@ -189,7 +189,8 @@ STAGES: tuple[Stage, ...] = (
                 f"{_CLS}.validate:validate_dataset", files=(UserFile("validate.path"), UserFile("validate.tokenizer"))
             ),
             "causal_lm": Impl(
-                f"{_LM}.validate:validate_corpus", files=(UserFile("validate.path"), UserFile("validate.tokenizer"))
+                f"{_LM}.validate:validate_corpus",
+                files=(UserFile("validate.path"), UserFile("validate.tokenizer"), UserFile("validate.general_text")),
             ),
         },
     ),

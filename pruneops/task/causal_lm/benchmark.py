@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.core.quality import perplexity_change
@@ -29,6 +31,7 @@ class DecoderBenchmarkReport(BenchmarkSummary):
     test_perplexity_ratio: float
     test_perplexity_ratio_ci: list
     results: Path
+    general_change: dict | None = None  # `QualityChange` of the general text's perplexity (validate.general_text)
 
     def summary(self) -> str:
         low, high = self.test_perplexity_ratio_ci
@@ -59,7 +62,13 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         for name, timing in _timed(folders, vocab, batch, config).items():
             figures[name][f"ttft_b{batch}_ms"] = timing.ttft_ms
             figures[name][f"tpot_b{batch}_ms"] = timing.tpot_ms
+    blocks = load_blocks(layout)
     losses = {name: GENAI.open(folder, threads=2).losses(test) for name, folder in folders.items()}
+    if "general" in blocks:  # text beyond the corpus's domain: what the model keeps of general text
+        general = {name: GENAI.open(folder, threads=2).losses(blocks["general"]) for name, folder in folders.items()}
+        for name, nll in general.items():
+            change = perplexity_change(nll, general["dense_fp32"]).record()
+            figures[name].update(general_perplexity=float(np.exp(nll.mean())), general_change=change)
     dense = perplexity_from_losses(losses["dense_fp32"], 0)
     for name, folder in folders.items():
         ppl = perplexity_from_losses(losses[name], 0)
@@ -109,6 +118,7 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
             test_perplexity_ratio=served["test_ratio"],
             test_perplexity_ratio_ci=served["test_ratio_ci"],
             results=out / "results.json",
+            general_change=served.get("general_change"),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("benchmark")))
     return report

@@ -59,9 +59,9 @@ CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figure
 
 
 def load_blocks(layout: Layout) -> dict[str, np.ndarray]:
-    """The corpus blocks `validate` wrote: train, val, test (int64, (n, block_length))."""
+    """The corpus blocks `validate` wrote: train, val, test and, with `general_text`, general (int64, (n, length))."""
     with np.load(layout.stage_dir("validate") / CORPUS_FILE) as npz:
-        return {name: npz[name].astype(np.int64) for name in ("train", "val", "test")}
+        return {name: npz[name].astype(np.int64) for name in ("train", "val", "test", "general") if name in npz}
 
 
 def read_stage_json(layout: Layout, stage: str, name: str) -> dict:
@@ -176,6 +176,8 @@ class PlanSpace:
     importance: str = "activation"
     reconstruct: bool = True
     layer_order: list[int] | None = None  # the order depth cuts remove layers (None: by block influence)
+    width_cut: bool = True  # False: every plan keeps the MLP width (depth and KV groups alone)
+    min_width_fraction: float = 0.125  # the narrowest MLP a plan may keep, as a fraction of dense's
 
 
 @dataclass
@@ -217,7 +219,13 @@ class PlanLoop:
         base = shape_of(self.dense.config)
         groups = [g for g in (self.space.kv_groups or range(base.kv_groups, 0, -1)) if g <= base.kv_groups]
         plans = feasible_plans(
-            base, self.cost, target_ms, self.space.max_layers_dropped, groups, depth_step=self.space.depth_step
+            base,
+            self.cost,
+            target_ms,
+            self.space.max_layers_dropped,
+            groups,
+            depth_step=self.space.depth_step,
+            min_width_fraction=self.space.min_width_fraction if self.space.width_cut else 1.0,
         )
         if not plans:
             raise ConfigError(

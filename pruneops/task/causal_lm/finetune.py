@@ -69,7 +69,7 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     history: list[dict] = []
     tokens = steps = trained = 0
     wall = 0.0
-    refused = read_stage_json(layout, "prune", "plan.json").get("gate", "").startswith("refused")
+    refused = not read_stage_json(layout, "prune", "plan.json").get("pruned", True)  # dense passed on
     if config.max_tokens and not refused:
         settings = RecoverySettings(
             max_tokens=config.max_tokens,
@@ -89,7 +89,7 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
         tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
     warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
     if refused and config.max_tokens:
-        warning = "the prune gate refused the plan: the dense model passed on, with nothing to recover"
+        warning = "the prune stage passed the dense model on (its gate, or strategy none): nothing to recover"
     after = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     dense_ppl = perplexity_from_losses(block_losses(dense, blocks["val"]), 0).value
     out, plots = layout.stage_dir("finetune"), layout.plots("finetune")

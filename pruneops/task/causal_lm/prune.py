@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pruneops.config import BenchmarkConfig, PruneConfig
+from pruneops.config import BenchmarkConfig, DecoderCutConfig, PruneConfig
 from pruneops.core.errors import ConfigError
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.pipeline.stages import StageReport
-from pruneops.planning.decode_cost import DecoderShape, shape_of
+from pruneops.planning.decode_cost import DecoderShape, LoopRound, shape_of
 from pruneops.pruning.decoder_cuts import calibrate
 from pruneops.reports.decoder_plots import plot_plans, plot_shape
 from pruneops.task.causal_lm.common import (
@@ -127,6 +127,27 @@ def aim_at_decoder_reference(
     return record
 
 
+def plan_space(cut: DecoderCutConfig, base: DecoderShape, layers: dict, max_dropped: int) -> tuple[PlanSpace, list]:
+    """The shapes `prune.decoder.strategy` may take, and the order it removes whole layers in.
+
+    `plan`: every depth (in `depth_step`s), KV-group count and MLP width, cut by `importance` with
+    reconstruction, layers in the order the sensitivity stage measured. `uniform_width`: the MLP
+    width alone, by magnitude, no reconstruction. `depth`: whole layers alone, lowest block
+    influence first (ShortGPT), widths kept, no reconstruction.
+    """
+    if cut.strategy == "uniform_width":  # as narrow as the target needs: one neuron per layer at the least
+        space = PlanSpace(0, (base.kv_groups,), importance="magnitude", reconstruct=False,
+                          min_width_fraction=1 / base.mlp_width)  # fmt: skip
+        return space, layers["layer_order"]
+    if cut.strategy == "depth":
+        order = sorted(range(len(layers["layers"])), key=lambda i: layers["layers"][i]["block_influence"])
+        space = PlanSpace(max_dropped, (base.kv_groups,), 1, "magnitude", False, order, width_cut=False)
+        return space, order
+    space = PlanSpace(max_dropped, tuple(cut.kv_groups or ()), cut.depth_step, cut.importance, cut.reconstruct,
+                      layers["layer_order"])  # fmt: skip
+    return space, layers["layer_order"]
+
+
 def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, tokenizer, blocks, layout: Layout):
     """The closed loop of `prune_decoder`.
 
@@ -138,16 +159,9 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
     cost, dense_ms = read_cost(layout, metric)
     reference = reference_folder(config, layout)
     ratio = target_ratio(config, dense_ms)
-    order = read_stage_json(layout, "sensitivity", "layers.json")["layer_order"]
+    layers = read_stage_json(layout, "sensitivity", "layers.json")
     base = shape_of(dense.config)
-    space = PlanSpace(
-        max_layers_dropped=int(config.max_unit_ratio * base.layers),
-        kv_groups=tuple(cut.kv_groups or ()),
-        depth_step=cut.depth_step,
-        importance=cut.importance,
-        reconstruct=cut.reconstruct,
-        layer_order=order,
-    )
+    space, order = plan_space(cut, base, layers, int(config.max_unit_ratio * base.layers))
     calibration = calibrate(dense, torch.as_tensor(blocks["train"][: cut.calibration_blocks]))
     prompt = np.random.default_rng(0).integers(0, base.vocab, (1, benchmark.prompt_length))
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
@@ -166,6 +180,15 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
         except ConfigError as err:
             raise ConfigError(f"prune.target: {err}; raise prune.target.value or max_unit_ratio") from err
     return rounds, list(loop.scored.values()), loop.models[rounds[-1].shape], order, ratio, aim
+
+
+def _dense_as_is(config: PruneConfig, dense, layout: Layout):
+    """`prune.decoder.strategy: none`: the dense model as the latency stage timed it (`_plan_and_measure`'s shape)."""
+    metric = config.target.decoder_metric
+    cost, dense_ms = read_cost(layout, metric)
+    base = shape_of(dense.config)
+    round_ = LoopRound(dense_ms, base, cost.predict(base), dense_ms, dense_ms)
+    return [round_], [], dense, read_stage_json(layout, "sensitivity", "layers.json")["layer_order"], 1.0, None
 
 
 def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecoderPruneReport:
@@ -189,18 +212,23 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     blocks = load_blocks(layout)
     metric = config.target.decoder_metric
-    rounds, tried, model, order, ratio, aim = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
+    if config.decoder.strategy == "none":
+        rounds, tried, model, order, ratio, aim = _dense_as_is(config, dense, layout)
+    else:
+        rounds, tried, model, order, ratio, aim = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
     last = rounds[-1]
     speedup = last.dense_ms / last.measured_ms
     warnings = []
-    if last.measured_ratio > ratio:
+    if last.measured_ratio > ratio and config.decoder.strategy != "none":
         warnings.append(
             f"prune.target: {last.shape.describe()} measured {last.measured_ratio:.3f} of dense {metric} time, "
             f"above the target {ratio:.3g} after {len(rounds)} plans timed (no narrower plan met it)"
         )
     kept: DecoderShape = last.shape
     gate = "passed" if config.gate.min_speedup is not None else "not gated: prune.gate.min_speedup is null"
-    if config.gate.min_speedup is not None and speedup < config.gate.min_speedup:
+    if config.decoder.strategy == "none":
+        gate = "not pruned: prune.decoder.strategy is none, the dense model passes on"
+    elif config.gate.min_speedup is not None and speedup < config.gate.min_speedup:
         gate = (
             f"refused: {last.shape.describe()} measured {speedup:.2f}x faster than dense at batch 1 in {metric} time, "
             f"below {config.gate.min_speedup:.2f}x ({len(rounds)} plans timed): nothing is pruned and the dense "
@@ -216,7 +244,8 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     out, plots = layout.stage_dir("prune"), layout.plots("prune")
     with staged_output_paths(out, layout.metrics("prune"), plots) as staged:
         save_causal_lm(model, tokenizer, staged.dir(out) / MODEL_DIR)
-        plan_record = {"shape": asdict(kept), "layers_removed": dropped, "plans": rows, "loop": loop, "gate": gate}
+        plan_record = {"shape": asdict(kept), "layers_removed": dropped, "plans": rows, "loop": loop, "gate": gate,
+                       "pruned": kept != shape_of(dense.config), "strategy": config.decoder.strategy}  # fmt: skip
         if aim is not None:
             plan_record["reference"] = aim
         dump_json(plan_record, staged.dir(out) / "plan.json")

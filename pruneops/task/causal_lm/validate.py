@@ -54,7 +54,8 @@ def _drop_repeats(documents: list[str]) -> tuple[list[str], int]:
 def validate_corpus(config: ValidateConfig, layout: Layout) -> CorpusReport:
     """Reads, splits by document, checks (Great Expectations) and blocks a causal LM's corpus.
 
-    Writes `artifacts/validate/corpus.npz` (train/val/test token blocks, the model's own tokenizer),
+    Writes `artifacts/validate/corpus.npz` (train/val/test token blocks, the model's own tokenizer;
+    with `general_text`, up to `general_blocks` blocks of it as `general`),
     the prompt-drift reference (the most frequent training tokens and their shares) and a summary.
 
     Raises:
@@ -80,6 +81,10 @@ def validate_corpus(config: ValidateConfig, layout: Layout) -> CorpusReport:
         max_unknown_token_rate=config.max_unknown_token_rate,
     )
     raise_if_failed(suite)
+    if config.general_text:  # text beyond the user's domain: the benchmark reports perplexity on it too
+        general = read_documents(config.general_text, config.text_column, config.encoding)
+        blocks["general"], tokens["general"] = to_blocks(general, tokenizer, config.block_length)
+        blocks["general"] = blocks["general"][: config.general_blocks]
     out = layout.stage_dir("validate")
     with staged_output_paths(out, layout.metrics("validate")) as staged:
         folder = staged.path(out)

@@ -1,11 +1,11 @@
 """What two cores allow: two one-thread processes running a model's forward at once against one alone.
 
-    python scripts/measure_parallel_bound.py --model assets/all-minilm-l6-v2 --calls 30 --rounds 3
+    python studies/compute/measure_parallel_bound.py --model assets/all-minilm-l6-v2 --calls 30 --rounds 3
 
 Each process loads the HuggingFace encoder, runs one warm-up forward of a batch of 32 sequences of
 48 tokens, then `--calls` more; the aggregate throughput of two at once over one alone is the most a
 two-worker sweep can gain over a one-worker sweep on this machine (shared caches and memory
-bandwidth, the other core's interrupts). `scripts/measure_compute_scaling.py` measures the sweep.
+bandwidth, the other core's interrupts). `studies/compute/measure_compute_scaling.py` measures the sweep.
 """
 
 from __future__ import annotations

@@ -21,9 +21,11 @@ the exported dense fp32), and timed interleaved in one process at the bench's pr
 tokens and threads. The deployed row is the fastest INT8 form whose *validation* perplexity lies
 within the bench's budget; its test figures are the result. It prints JSON.
 
-    python scripts/measure_decoder_vocabulary.py --config benchmarks/decoders/llm.yaml --mlp-width 704
-    python scripts/measure_decoder_vocabulary.py --keep 16384 24576 32768 --tail-groups 1 --recover-tokens 300000
-    python scripts/measure_decoder_vocabulary.py --mlp-width 1536 --recover-tokens 0 --keep 16384 --tail-groups 1 256
+    python studies/decoder/measure_decoder_vocabulary.py --config studies/decoder-workload.yaml --mlp-width 704
+    python studies/decoder/measure_decoder_vocabulary.py --keep 16384 24576 32768 --tail-groups 1 \
+        --recover-tokens 300000
+    python studies/decoder/measure_decoder_vocabulary.py --mlp-width 1536 --recover-tokens 0 --keep 16384 \
+        --tail-groups 1 256
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pruneops.compare.decoder import load_bench_config, recovery_settings, workload_data
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.planning.decode_cost import shape_of
@@ -49,6 +51,7 @@ from pruneops.runtimes.genai.export import export_model as export_genai
 from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
 from pruneops.training.recovery import recover_
+from studies.workload import load_bench_config, recovery_settings, workload_data
 
 
 def _recovered(dense, data, args, settings) -> tuple[torch.nn.Module, dict]:
@@ -98,7 +101,7 @@ def _deployed(rows: dict, budget: float) -> str | None:
 def main() -> None:
     """Cuts, recovers, cuts the vocabulary, exports, scores and times; prints the figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=Path("benchmarks/decoders/llm.yaml"))
+    parser.add_argument("--config", type=Path, default=Path("studies/decoder-workload.yaml"))
     parser.add_argument("--mlp-width", type=int, default=704)
     parser.add_argument("--keep", type=int, nargs="+", default=[16384, 24576, 32768])
     parser.add_argument("--recover-tokens", type=int, default=300000)
@@ -153,7 +156,7 @@ def main() -> None:
             flush=True,
         )
     deployed = _deployed(rows, config.perplexity_budget)
-    command = "python scripts/measure_decoder_vocabulary.py " + " ".join(sys.argv[1:])
+    command = "python studies/decoder/measure_decoder_vocabulary.py " + " ".join(sys.argv[1:])
     result = {"command": command, "machine": machine_info(config.threads), "deployed": deployed, "rows": rows}
     print(json.dumps(result, indent=1))
 

@@ -22,8 +22,9 @@ precision), within that many tokens, and scores it again. Every exported form (f
 scored by its own logits, as the bench scores what it deploys: test perplexity paired against the
 exported dense fp32's. It prints JSON.
 
-    python scripts/measure_decoder_hidden_width.py --config benchmarks/decoders/llm.yaml --widths 504 432
-    python scripts/measure_decoder_hidden_width.py --widths --mlp-widths 704 --combined 504:704 --recover-tokens 300000
+    python studies/decoder/measure_decoder_hidden_width.py --config studies/decoder-workload.yaml --widths 504 432
+    python studies/decoder/measure_decoder_hidden_width.py --widths --mlp-widths 704 --combined 504:704 \
+        --recover-tokens 300000
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pruneops.compare.decoder import load_bench_config, recovery_settings, workload_data
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
 from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity, perplexity_from_losses
 from pruneops.planning.decode_cost import shape_of, width_step
@@ -49,6 +50,7 @@ from pruneops.runtimes.genai.export import export_model as export_genai
 from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
 from pruneops.timing.machine import machine_info
 from pruneops.training.recovery import recover_
+from studies.workload import load_bench_config, recovery_settings, workload_data
 
 
 def _norms(model: nn.Module) -> list[nn.Module]:
@@ -167,7 +169,7 @@ def _cuts(
 def main() -> None:
     """Cuts, scores and times each width against dense; prints the figures as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=Path("benchmarks/decoders/llm.yaml"))
+    parser.add_argument("--config", type=Path, default=Path("studies/decoder-workload.yaml"))
     parser.add_argument("--widths", type=int, nargs="*", default=[504, 432])
     parser.add_argument(
         "--mlp-widths", type=int, nargs="*", help="MLP cuts to compare (default: each hidden cut's weight match)"
@@ -226,7 +228,7 @@ def main() -> None:
             )
             results[name][f"tpot_ms_{precision}"] = timing.tpot_ms
             results[name][f"speedup_{precision}_vs_dense_fp32"] = timings["dense fp32"].tpot_ms / timing.tpot_ms
-    command = "python scripts/measure_decoder_hidden_width.py " + " ".join(sys.argv[1:])
+    command = "python studies/decoder/measure_decoder_hidden_width.py " + " ".join(sys.argv[1:])
     rows = {n: {k: v for k, v in r.items() if not k.startswith("_")} for n, r in results.items()}
     print(json.dumps({"command": command, "machine": machine_info(config.threads), "rows": rows}, indent=1))
 

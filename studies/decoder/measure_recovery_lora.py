@@ -1,6 +1,6 @@
 """LoRA recovery against full recovery: tokens per second, what trains, and perplexity after the same budget.
 
-Usage: `python scripts/measure_recovery_lora.py --config benchmarks/decoders/llm.yaml --width 704
+Usage: `python studies/decoder/measure_recovery_lora.py --config studies/decoder-workload.yaml --width 704
 --tokens 61440 --bf16 --runs full:3e-4 lora64:1e-3 lora16:1e-3`
 
 Cuts the workload's dense model to `--width` MLP neurons per layer (activation importance,
@@ -14,13 +14,16 @@ dense's.
 
 import argparse
 import copy
+import sys
 from dataclasses import replace
+from pathlib import Path
 
-from measure_recovery_bf16 import mlp_cut_workload  # scripts/ is on the path when a script runs
+from measure_recovery_bf16 import mlp_cut_workload  # studies/ is on the path when a script runs
 
-from pruneops.compare.decoder import recovery_settings
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
 from pruneops.models.language import paired_ratio_interval, perplexity
 from pruneops.training.recovery import recover_
+from studies.workload import recovery_settings
 
 
 def _ratios(model, dense_scores: dict, data) -> str:

@@ -1,4 +1,4 @@
-"""scripts/measure_decoder_gpu.py on a tiny decoder: its static-cache step against transformers' own."""
+"""studies/gpu/measure_decoder_gpu.py on a tiny decoder: its static-cache step against transformers' own."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.llm.decoder_helpers import tiny_decoder  # noqa: E402
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("measure_decoder_gpu", ROOT / "scripts/measure_decoder_gpu.py")
+    spec = importlib.util.spec_from_file_location("measure_decoder_gpu", ROOT / "studies/gpu/measure_decoder_gpu.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)

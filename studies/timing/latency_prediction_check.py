@@ -1,6 +1,6 @@
 """How well the latency model predicts allocations it never saw, on this machine.
 
-python scripts/latency_prediction_check.py MODEL [--width 32] [--allocations 12] [--seed 2]
+python studies/timing/latency_prediction_check.py MODEL [--width 32] [--allocations 12] [--seed 2]
 
 MODEL is a registered name or `package.module:factory` (e.g.
 `tests.models.families:mobilenet_v2_style`), built untrained for 1×28×28 inputs and 10 classes
@@ -33,7 +33,7 @@ def main() -> int:
     parser.add_argument("--allocations", type=int, default=12)
     parser.add_argument("--seed", type=int, default=2)
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
     from pruneops.config import BenchmarkConfig
     from pruneops.models import ModelSpec, create_model

@@ -1,6 +1,6 @@
 """How much a token budget of distillation recovers of a cut decoder's perplexity, on this machine.
 
-Usage: `python scripts/measure_decoder_recovery.py --results docs/results/llm/smollm2-speeches/results.json
+Usage: `python studies/decoder/measure_decoder_recovery.py --results docs/results/llm/smollm2-speeches/results.json
 --target 0.7 --tokens 4000 8000 12000`
 
 Reads the bench-decoder report's workload (model, corpus, seeds, block counts) and the plan it
@@ -14,17 +14,21 @@ interval over blocks, and the wall time.
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from pruneops.compare.decoder import DecoderBenchConfig, cut_to_shape, workload_data
+from pruneops.task.causal_lm.common import cut_to_shape
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import block_losses, paired_ratio_interval, perplexity_from_losses
 from pruneops.planning.decode_cost import DecoderShape
 from pruneops.pruning.decoder_cuts import calibrate
 from pruneops.training.recovery import RecoverySettings, recover_
+from studies.workload import DecoderBenchConfig, workload_data
 
 
 def _ratio(losses, dense) -> str:

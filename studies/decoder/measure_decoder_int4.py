@@ -1,6 +1,6 @@
 """Weight-only INT4 variants of onnxruntime-genai's builder against fp32 and INT8, on a bench-decoder workload.
 
-Usage: `python scripts/measure_decoder_int4.py --config benchmarks/decoders/llm.yaml`
+Usage: `python studies/decoder/measure_decoder_int4.py --config studies/decoder-workload.yaml`
 
 Exports the workload's dense model in fp32, INT8 and INT4 with the builder's default and each of
 its `algo_config`s (RTN; RTN with the output projection in INT8; k-quant; k-quant with the output
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pruneops.compare.decoder import load_bench_config, workload_data
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.runtimes.genai.generation import exported_block_losses, time_generation
+from studies.workload import load_bench_config, workload_data
 
 VARIANTS = {  # name -> (builder precision, builder extra options)
     "fp32": ("fp32", []),

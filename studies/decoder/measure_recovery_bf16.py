@@ -1,6 +1,7 @@
 """Recovery in bf16 against fp32: tokens per second and validation perplexity after the same budget.
 
-Usage: `python scripts/measure_recovery_bf16.py --config benchmarks/decoders/llm.yaml --width 512 --tokens 40960`
+Usage: `python studies/decoder/measure_recovery_bf16.py --config studies/decoder-workload.yaml --width 512 \
+        --tokens 40960`
 
 Cuts the workload's dense model to `--width` MLP neurons per layer (activation importance,
 least-squares reconstruction), then recovers two copies of it from the same seed with the bench
@@ -10,19 +11,21 @@ autocast, one in fp32. Prints each one's wall time, tokens per second and valida
 
 import argparse
 import copy
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pruneops.compare.decoder import load_bench_config, recovery_settings, workload_data
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
 from pruneops.models.decoders import load_causal_lm
 from pruneops.models.language import block_losses
 from pruneops.planning.decode_cost import shape_of
 from pruneops.pruning.decoder_cuts import calibrate
 from pruneops.task.causal_lm.common import cut_to_shape
 from pruneops.training.recovery import compute_dtype_warning, recover_
+from studies.workload import load_bench_config, recovery_settings, workload_data
 
 
 def mlp_cut_workload(config_path: str, width: int):

@@ -5,7 +5,7 @@ ONNX files, the model registry (races, faults, contract changes), HTTP bodies (a
 images), headers and slow clients, feedback, alert payloads and trigger timing, lineage (files DVC
 would ignore), code named by overrides, monitoring thresholds, and a stage killed with SIGKILL.
 
-python scripts/adversarial_sweep.py [--workdir DIR]
+python tests/sweep/adversarial_sweep.py [--workdir DIR]
 
 Each case feeds one bad input and classifies the outcome:
 - handled: a clear error (CLI: exit 1 or 2 and one `pruneops <cmd>: error:` line, no traceback;
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 RESULTS: list[tuple[str, str, str, str]] = []
 MAX_ERROR_LINE = 700  # an error line longer than this echoes input back
@@ -724,7 +724,7 @@ def _expect_refusal(entry: str, case: str, action: Callable[[], object], intact:
 def sweep_registry_faults(work: Path) -> None:
     """Races, contract changes, unreadable metadata and history, a full disk, a lagging symlink."""
     race = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/registry_race.py"), "--repetitions", "3", "--operations", "100"],
+        [sys.executable, str(ROOT / "tests/sweep/registry_race.py"), "--repetitions", "3", "--operations", "100"],
         capture_output=True,
         text=True,
         timeout=600,

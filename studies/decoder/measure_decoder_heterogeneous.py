@@ -1,6 +1,6 @@
 """Whether per-layer MLP widths beat one uniform width at the same weights, on a bench-decoder workload.
 
-Usage: `python scripts/measure_decoder_heterogeneous.py --results docs/results/llm/smollm2-speeches/results.json
+Usage: `python studies/decoder/measure_decoder_heterogeneous.py --results docs/results/llm/smollm2-speeches/results.json
 --width 768`
 
 Both cuts keep the same number of MLP neurons in all (so the same layer weights, which is what the
@@ -16,17 +16,19 @@ MLP width from the config, so the heterogeneous model cannot be exported or time
 import argparse
 import copy
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from pruneops.compare.decoder import DecoderBenchConfig, workload_data
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
 from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm, weight_out_in
 from pruneops.models.language import block_losses, paired_ratio_interval, perplexity_from_losses
 from pruneops.planning.decode_cost import shape_of
 from pruneops.pruning.decoder_cuts import NEURON_IMPORTANCES, calibrate, least_squares_
 from pruneops.task.causal_lm.common import cut_to_shape
+from studies.workload import DecoderBenchConfig, workload_data
 
 STEP = 64
 

@@ -1,6 +1,6 @@
 """How the sensitivity sweep scales on a Ray cluster: one one-CPU node against two, the same curves.
 
-    python scripts/measure_compute_scaling.py --max-train-samples 3000 --val-samples 200 --rounds 2
+    python studies/compute/measure_compute_scaling.py --max-train-samples 3000 --val-samples 200 --rounds 2
 
 The workload's `validate`, `train` and `sensitivity` params (and its `ours` recipe's pruning method)
 make a project under `--work-dir`; `train` runs once here. Then, in alternating rounds, the
@@ -28,7 +28,7 @@ from pruneops.pipeline.ray_cluster import local_cluster
 from pruneops.pipeline.runner import run_stage
 from pruneops.timing.machine import machine_info
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _project(args: argparse.Namespace) -> Path:

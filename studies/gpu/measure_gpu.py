@@ -15,7 +15,7 @@ Two parts, each timed in one process with its candidates interleaved round by ro
    The folder name `FAMILY--VARIANT` groups rows; speed-ups are against `FAMILY--dense`.
 
 Usage:
-    python scripts/measure_gpu.py --out DIR [--minilm DIR] [--checkpoints DIR] [--rounds N]
+    python studies/gpu/measure_gpu.py --out DIR [--minilm DIR] [--checkpoints DIR] [--rounds N]
 
 Writes `DIR/gpu.json` and `DIR/gpu.md`. Without a CUDA device it says so and runs the same code on
 the CPU with few repetitions and no 2:4 conversion (a check of the script, not a measurement).
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pruneops.models.checkpoint import load_checkpoint  # noqa: E402

@@ -1,6 +1,6 @@
 """How far the batch-1 time of two models, and its ratio, moves on this machine within minutes.
 
-Usage: `python scripts/measure_timing_drift.py DENSE.onnx PRUNED.onnx [--passes 6] [--sessions 4]`
+Usage: `python studies/timing/measure_timing_drift.py DENSE.onnx PRUNED.onnx [--passes 6] [--sessions 4]`
 
 Each pass opens `--sessions` fresh ONNX Runtime sessions of each model (1 thread, as the benchmark)
 and times them round-robin in one process (each timed call follows an untimed one, as the bench

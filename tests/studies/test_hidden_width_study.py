@@ -1,4 +1,4 @@
-"""scripts/measure_decoder_hidden_width.py: the hidden-width cut it measures is a model the config expresses."""
+"""studies/decoder/measure_decoder_hidden_width.py: the hidden-width cut it measures is a model the config expresses."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "measure_decoder_hidden_width.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "decoder" / "measure_decoder_hidden_width.py"
 
 
 def _script():

@@ -3,10 +3,10 @@
 Each bench workload keeps a DVC project under `state/bench-*/WORKLOAD` whose experiments are the
 rows; their `artifacts/train` (dense) and `artifacts/finetune` (pruned) outputs sit in that
 project's cache. This writes `OUT/WORKLOAD--VARIANT/model.safetensors` (+ its `.sha256`), the layout
-`scripts/measure_gpu.py --checkpoints OUT` reads.
+`studies/gpu/measure_gpu.py --checkpoints OUT` reads.
 
 Usage:
-    python scripts/collect_bench_checkpoints.py --bench-dir state/bench-families --out .gpu/ckpt
+    python studies/gpu/collect_bench_checkpoints.py --bench-dir state/bench-families --out .gpu/ckpt
         mnist-vit:dense mnist-vit:tp50-r8 ...
 """
 

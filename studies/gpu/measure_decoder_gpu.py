@@ -21,7 +21,7 @@ generated tokens, batches and recovery settings):
    to dense's, as the bench reports them, and the wall time and tokens per second.
 
 Usage:
-    python scripts/measure_decoder_gpu.py --config benchmarks/decoders/llm.yaml --out DIR \\
+    python studies/gpu/measure_decoder_gpu.py --config studies/decoder-workload.yaml --out DIR \\
         [--model PATH] [--shapes 30:704:3 18:1536:3] [--recover 30:704:3:300000] [--random-weights]
 
 Writes `DIR/gpu-decoder.json` and `DIR/gpu-decoder.md` and prints a summary; `--render A.json B.json
@@ -47,16 +47,16 @@ import numpy as np
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pruneops.compare.decoder import load_bench_config, recovery_settings, workload_data  # noqa: E402
 from pruneops.models.decoders import load_causal_lm  # noqa: E402
 from pruneops.models.language import paired_ratio_interval, perplexity  # noqa: E402
 from pruneops.planning.decode_cost import DecoderShape, shape_of  # noqa: E402
 from pruneops.pruning.decoder_cuts import calibrate  # noqa: E402
 from pruneops.task.causal_lm.common import cut_for_timing, cut_to_shape  # noqa: E402
 from pruneops.training.recovery import recover_  # noqa: E402
+from studies.workload import load_bench_config, recovery_settings, workload_data  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -392,7 +392,7 @@ def render(reports: list[dict]) -> str:
 def main() -> None:
     """Times the shapes and recovers the cuts on the CUDA device; writes JSON and prints a summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=Path("benchmarks/decoders/llm.yaml"))
+    parser.add_argument("--config", type=Path, default=Path("studies/decoder-workload.yaml"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", help="the dense model (folder or .gguf) instead of the bench file's")
     parser.add_argument("--shapes", nargs="*", default=[], help="layers:mlp_width:kv_groups to time beside dense")

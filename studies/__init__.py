@@ -1,0 +1,1 @@
+"""One-off measurements, each a script and its result (not installed, not in the guide)."""
