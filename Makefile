@@ -92,7 +92,7 @@ sweep: install-dev
 test-all: install-dev
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The reference pages are generated from the code; tests/test_reference.py fails when one is stale.
+# The reference pages are generated from the code; tests/reports/test_pages.py fails when one is stale.
 reference: install
 	$(BIN)/pruneops reference
 

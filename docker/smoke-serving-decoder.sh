@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pruneops.modelstore.store import ModelRegistry
 from pruneops.runtimes.genai.generation import build_genai_model
-from tests.llm.decoder_helpers import save_tiny
+from tests.decoder_helpers import save_tiny
 
 work = Path(sys.argv[1])
 folder = build_genai_model(save_tiny("llama", work / "hf"), work / "onnx", "fp32", threads=1)

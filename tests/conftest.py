@@ -215,7 +215,7 @@ def tiny_genai_decoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
     """
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
     from pruneops.runtimes.genai.generation import build_genai_model
-    from tests.llm.decoder_helpers import save_tiny
+    from tests.decoder_helpers import save_tiny
 
     root = tmp_path_factory.mktemp("tiny-genai-decoder")
     hf = save_tiny("llama", root / "hf")

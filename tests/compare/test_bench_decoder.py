@@ -12,7 +12,7 @@ pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-gena
 
 from pruneops.cli import main  # noqa: E402
 from pruneops.compare.results import read_results  # noqa: E402
-from tests.llm.decoder_helpers import decoder_params, save_tiny, speeches  # noqa: E402
+from tests.decoder_helpers import decoder_params, save_tiny, speeches  # noqa: E402
 
 pytestmark = pytest.mark.slow(reason="four variants of a tiny decoder, each the pipeline as a DVC experiment")
 

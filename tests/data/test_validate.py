@@ -133,7 +133,7 @@ def test_idx_files_load_as_mnist_ships_them(tmp_path):
     import gzip
 
     from pruneops.data.loaders import load_raw
-    from tests.test_sweep import idx_bytes
+    from tests.sweep.test_sweep import idx_bytes
 
     rng = np.random.default_rng(0)
     x_train, x_test = rng.integers(0, 256, (30, 5, 6), dtype=np.uint8), rng.integers(0, 256, (8, 5, 6), dtype=np.uint8)

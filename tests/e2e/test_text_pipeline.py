@@ -14,7 +14,7 @@ from pruneops.models.checkpoint import load_checkpoint
 from pruneops.pipeline.stages import STAGE_NAMES as STAGES
 from pruneops.pruning.heads import head_sites
 from tests.conftest import tiny_params
-from tests.test_pipeline_dvc import repro_new_project
+from tests.pipeline.test_pipeline_dvc import repro_new_project
 from tests.text_helpers import make_reviews, tiny_pretrained
 
 pytest.importorskip("transformers", reason="transformers (the `hf` extra) is not installed")

@@ -22,7 +22,7 @@ from pruneops.pipeline.stages import STAGE_NAMES as STAGES
 from pruneops.task.classification.train import train_baseline
 from pruneops.task.classification.validate import ValidateConfig, validate_dataset
 from tests.conftest import ROOT, tiny_params
-from tests.test_pipeline_dvc import repro_new_project
+from tests.pipeline.test_pipeline_dvc import repro_new_project
 
 WEIGHTS = ROOT / "assets/mobilenet_v2-b0353104.pth"
 FASHION = Path("/usr/share/datasets/fashion-mnist")

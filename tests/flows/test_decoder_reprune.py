@@ -18,7 +18,7 @@ pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-gena
 
 from pruneops.pipeline.stages import STAGE_NAMES  # noqa: E402
 from tests.conftest import free_port, post_json, wait_http, write_params  # noqa: E402
-from tests.llm.decoder_helpers import WORDS, decoder_params, save_small_llama, speeches  # noqa: E402
+from tests.decoder_helpers import WORDS, decoder_params, save_small_llama, speeches  # noqa: E402
 
 
 def _project(root: Path, prometheus: str) -> Path:

@@ -69,7 +69,7 @@ def _decoder_project(root: Path) -> Path:
     from pruneops.pipeline.dvcfile import write_dvc_yaml
     from pruneops.pipeline.experiments import tool_env
     from tests.conftest import write_params
-    from tests.llm.decoder_helpers import decoder_params, save_tiny, speeches
+    from tests.decoder_helpers import decoder_params, save_tiny, speeches
 
     root.mkdir(parents=True, exist_ok=True)
     save_tiny("llama", root / "model")

@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-gena
 pytest.importorskip("uvicorn")
 
 from tests.conftest import ROOT, free_port, post_json, wait_http  # noqa: E402
-from tests.llm.decoder_helpers import WORDS, speeches, tiny_tokenizer  # noqa: E402
+from tests.decoder_helpers import WORDS, speeches, tiny_tokenizer  # noqa: E402
 from tests.monitoring.helpers import panels_without_data, prom_query  # noqa: E402
 
 pytestmark = [

@@ -19,7 +19,7 @@ from pruneops.core.params import read_params
 from pruneops.pipeline import dvcfile
 from pruneops.pipeline.stages import STAGES, load_configs, task_of
 from tests.conftest import tiny_params, write_params
-from tests.llm.decoder_helpers import decoder_params
+from tests.decoder_helpers import decoder_params
 
 DECODER_ONLY = "pruning/decoder_cuts.py"
 CLASSIFIER_ONLY = "pruning/methods.py"

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 from tests.conftest import ROOT  # noqa: E402
-from tests.llm.decoder_helpers import tiny_decoder  # noqa: E402
+from tests.decoder_helpers import tiny_decoder  # noqa: E402
 
 
 def _script():

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
+from tests.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "decoder" / "measure_decoder_hidden_width.py"
 
@@ -50,7 +50,7 @@ def test_a_full_width_cut_is_the_model_and_a_narrower_one_reloads_and_exports(tm
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
     from pruneops.runtimes.genai.export import export_model as export_genai
     from pruneops.runtimes.genai.generation import greedy_tokens
-    from tests.llm.decoder_helpers import tiny_tokenizer
+    from tests.decoder_helpers import tiny_tokenizer
 
     folder = export_genai(reloaded, tiny_tokenizer(), tmp_path, ["fp32"], 1)["fp32"]
     prompt = blocks[:1, :12]

@@ -16,7 +16,7 @@ from pruneops.models.language import block_losses  # noqa: E402
 from pruneops.planning.decode_cost import DecodeCostModel, shape_of  # noqa: E402
 from pruneops.pruning.decoder_cuts import calibrate  # noqa: E402
 from pruneops.task.causal_lm.common import PlanLoop, PlanSpace  # noqa: E402
-from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
+from tests.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
 
 
 class _InjectedTimes(PlanLoop):

@@ -80,7 +80,7 @@ def test_feasible_plans_are_the_widest_meeting_the_target_at_each_depth():
 
 
 def test_shape_of_reads_every_family_config():
-    from tests.llm.decoder_helpers import FAMILIES, tiny_decoder
+    from tests.decoder_helpers import FAMILIES, tiny_decoder
 
     for family in FAMILIES:
         shape = shape_of(tiny_decoder(family).config)

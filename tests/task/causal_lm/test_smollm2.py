@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMOLLM2 = ROOT / "assets" / "llm" / "smollm2-135m"
 GGUF = ROOT / "assets" / "llm" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SPEECHES = ROOT / "assets" / "llm" / "political_data.csv"

@@ -13,7 +13,7 @@ from pruneops.core.errors import ConfigError  # noqa: E402
 from pruneops.models.language import block_losses  # noqa: E402
 from pruneops.pruning import decoder_cuts as D  # noqa: E402
 from pruneops.training.recovery import RecoverySettings, distillation_loss, recover_  # noqa: E402
-from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
+from tests.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
 
 
 def _kl_to(teacher, student, blocks):

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from pruneops.data.drift import prompt_reference  # noqa: E402
 from pruneops.runtimes.genai.generation import greedy_tokens  # noqa: E402
 from pruneops.serving.generate import DecoderService, create_decoder_app  # noqa: E402
-from tests.llm.decoder_helpers import VOCAB, speeches, tiny_tokenizer  # noqa: E402
+from tests.decoder_helpers import VOCAB, speeches, tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pruneops.models.language import (  # noqa: E402
     wilson,
     zero_shot_accuracy,
 )
-from tests.llm.decoder_helpers import VOCAB, speeches, tiny_tokenizer  # noqa: E402
+from tests.decoder_helpers import VOCAB, speeches, tiny_tokenizer  # noqa: E402
 
 
 def test_documents_split_whole_seeded_and_disjoint():

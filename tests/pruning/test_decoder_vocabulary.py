@@ -19,7 +19,7 @@ from pruneops.pruning.decoder_vocabulary import (  # noqa: E402
     cut_vocabulary_,
     vocabulary_evidence,
 )
-from tests.llm.decoder_helpers import VOCAB, random_blocks, tiny_decoder, tiny_tokenizer  # noqa: E402
+from tests.decoder_helpers import VOCAB, random_blocks, tiny_decoder, tiny_tokenizer  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "gpt_neox")
 

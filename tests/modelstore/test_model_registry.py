@@ -83,7 +83,7 @@ def test_promote_refuses_a_model_that_does_not_load_and_run(tmp_path, model, ref
     assert [e["version"] for e in reg.history()] == ["good"]
 
 
-RACE = Path(__file__).resolve().parents[1] / "tests/sweep/registry_race.py"
+RACE = Path(__file__).resolve().parents[2] / "tests/sweep/registry_race.py"
 
 
 def _race(*flags: str) -> list[dict]:

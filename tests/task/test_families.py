@@ -49,7 +49,7 @@ def _latency_only_copy(pipeline_dir, tmp_path) -> None:
 
     These tests choose on latency; whether static INT8 keeps its accuracy is the CPU's doing: on a
     Zen 3 EPYC (AVX2, no VNNI) the u8 x s8 kernels saturated and the digits CNN's static form read
-    93.1 % on validation against 95.4 % fp32 before `quantize.reduce_range: auto` (tests/test_quantize.py).
+    93.1 % on validation against 95.4 % fp32 before `quantize.reduce_range: auto` (tests/task/test_quantize.py).
     """
     for part in ("validate", "train", "prune", "finetune"):
         shutil.copytree(pipeline_dir / "artifacts" / part, tmp_path / "artifacts" / part)

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from pruneops.cli import main  # noqa: E402
 from pruneops.pipeline.stages import load_configs  # noqa: E402
 from tests.conftest import write_params  # noqa: E402
-from tests.llm.decoder_helpers import decoder_params, save_tiny, speeches  # noqa: E402
+from tests.decoder_helpers import decoder_params, save_tiny, speeches  # noqa: E402
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_a_causal_lm_setting_is_refused_for_a_classifier(section, key, value, me
     from pruneops.core.errors import ConfigError
     from pruneops.core.params import read_params
 
-    params = read_params(Path(__file__).parents[2] / "params.yaml")
+    params = read_params(Path(__file__).parents[3] / "params.yaml")
     params[section][key] = value
     with pytest.raises(ConfigError, match=f"{message}: applies to a causal LM"):
         load_configs(params)
@@ -215,7 +215,7 @@ def test_prefill_targets_in_ms_and_of_a_reference_are_planned_gated_and_quantize
     from pruneops.pipeline.stages import get_stage
     from pruneops.planning.decode_cost import DecodeCostModel, DecoderShape
     from pruneops.task.causal_lm import quantize as quantize_stage
-    from tests.llm.decoder_helpers import save_small_llama
+    from tests.decoder_helpers import save_small_llama
 
     save_small_llama(tmp_path / "model")
     (tmp_path / "corpus.txt").write_text("\n\n".join(speeches(120)))

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 from pruneops.core.errors import ConfigError  # noqa: E402
 from pruneops.training.recovery import LoRAProjection, RecoverySettings, attach_lora_, detach_lora_, recover_  # noqa: E402
-from tests.llm.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
-from tests.llm.test_recovery import _kl_to, _student_with_half_its_mlp  # noqa: E402
+from tests.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
+from tests.training.test_recovery import _kl_to, _student_with_half_its_mlp  # noqa: E402
 
 FAMILIES = ["llama", "qwen2", "gpt_neox", "gpt2"]  # nn.Linear projections, and GPT-2's transposed Conv1D
 

@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-gena
 
 from pruneops.core.errors import PruneOpsError  # noqa: E402
 from pruneops.runtimes.genai.generation import build_genai_model, greedy_tokens, time_generation  # noqa: E402
-from tests.llm.decoder_helpers import random_blocks, save_tiny  # noqa: E402
+from tests.decoder_helpers import random_blocks, save_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -179,7 +179,7 @@ def test_a_task_no_node_can_take_is_refused(trained, cluster):
 @pytest.mark.slow
 def test_a_decoders_layer_sweep_on_the_cluster_is_the_local_one(tmp_path, cluster):
     pytest.importorskip("transformers")
-    from tests.llm.decoder_helpers import decoder_params, save_tiny, speeches
+    from tests.decoder_helpers import decoder_params, save_tiny, speeches
 
     save_tiny("llama", tmp_path / "model")
     (tmp_path / "corpus.txt").write_text("\n\n".join(speeches(60)))

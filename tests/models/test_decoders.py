@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from pruneops.core.errors import ConfigError  # noqa: E402
 from pruneops.models.decoders import layout_of, load_causal_lm, mlp_width, save_causal_lm  # noqa: E402
 from pruneops.pruning import decoder_cuts as D  # noqa: E402
-from tests.llm.decoder_helpers import FAMILIES, HEAD_FAMILIES, random_blocks, tiny_decoder, tiny_tokenizer  # noqa: E402
+from tests.decoder_helpers import FAMILIES, HEAD_FAMILIES, random_blocks, tiny_decoder, tiny_tokenizer  # noqa: E402
 
 
 def _logits(model, ids):
