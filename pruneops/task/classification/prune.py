@@ -9,21 +9,19 @@ by `pruneops.planning.loop.LatencyLoop`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from pruneops.config import AUTO_FORM, BenchmarkConfig, ComputeConfig, PruneConfig
 from pruneops.core.errors import DataError
 from pruneops.core.inputs import head_tensors
 from pruneops.core.integrity import file_sha256
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.data import Split, load_prepared
+from pruneops.data import load_prepared
 from pruneops.models.checkpoint import check_recorded_accuracy, load_checkpoint, save_checkpoint
 from pruneops.pipeline.compute import open_backend
 from pruneops.pipeline.stages import StageReport
@@ -36,17 +34,15 @@ from pruneops.planning.loop import (
     predicted_ms,
     summed_drop,
 )
+from pruneops.planning.recipe import make_context, prune
 from pruneops.planning.targets import GateDecision, GateResult, Plan, choose_latency_form, plan
 from pruneops.planning.trials import PlanTrials, trial_records
-from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.masks import save_masks
-from pruneops.pruning.methods import METHODS, PruneContext
+from pruneops.pruning.methods import METHODS
 from pruneops.pruning.report import layer_shapes, sparsity_report
-from pruneops.pruning.schedule import SCHEDULES
 from pruneops.pruning.vocabulary import trim_vocabulary
 from pruneops.reports.plots import plot_history, plot_sensitivity
-from pruneops.training.distillation import Distillation, with_teacher_outputs
-from pruneops.training.fit import FitSettings, calibration_subset, evaluate, fit_, recalibrate_batchnorm_
+from pruneops.training.fit import evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -152,25 +148,6 @@ def load_sweep(layout: Layout, config: PruneConfig) -> dict | None:
     return sweep
 
 
-def make_context(
-    config: PruneConfig, train: Split, example: torch.Tensor, ratio: float, ratios: dict | None, shared=None
-):
-    """The method's context for a resolved ratio, (optional) per-unit allocation and shared scores."""
-    structured = METHODS.get(config.method).structured
-    return PruneContext(
-        target_ratio=ratio,
-        criterion=IMPORTANCES.get(config.criterion),
-        example_input=example,
-        train=train,
-        allocation=ratios if structured else None,
-        layer_allocation=None if structured else ratios,
-        scope=config.scope or "global",
-        round_to=config.round_to,
-        batch_size=config.batch_size,
-        base_scores=shared,
-    )
-
-
 def _resolve_form(
     config: PruneConfig, sweep: dict | None, layout: Layout, benchmark: BenchmarkConfig
 ) -> tuple[PruneConfig, list[dict] | None]:
@@ -257,16 +234,18 @@ def prune_iteratively(
     ratios = gated.ratios if gated is not None else target.ratios
     # Before the steps: fine-tuning then updates (and Adam keeps state for) only the rows kept.
     vocabulary = trim_vocabulary(model, layout, train, val, test, val_accuracy) if config.trim_vocabulary else None
-    ctx = make_context(config, train, example, target.ratio, ratios, shared)
-    ctx.warnings.extend(target.warnings)
+    notes = list(target.warnings)
     if reference is not None and "note" in reference.record:
-        ctx.warnings.append(f"prune.target.reference: {reference.record['note']}")
+        notes.append(f"prune.target.reference: {reference.record['note']}")
     if gated is not None and gated.warns:
-        ctx.warnings.append(f"prune gate {gated.text}")
-    method = method_cls(ctx)
-    history = _prune(config, model, method, train, val, meta.input_shape)
+        notes.append(f"prune gate {gated.text}")
+    planned = (target.ratio, ratios)
+    pruned = prune(
+        model, config, train, val, planned=planned, shared=shared, warnings=notes, input_shape=meta.input_shape
+    )
+    method, history = pruned.method, pruned.history
     report = dataclasses.replace(
-        _report(config, target, gated, history, method, ctx, layout),
+        _report(config, target, gated, history, method, method.ctx, layout),
         vocabulary=vocabulary,
         target_value=asked,
         form_choice=tuple(form_choice) if form_choice else None,
@@ -286,61 +265,6 @@ def _reference_record(reference: ReferenceAim | None, gated: GateResult | None) 
         return reference.record  # refused: dense passes on, and the widths measured are not what ships
     speedups = {b: gated.reference_ms[b] / gated.measured_ms[b] for b in gated.reference_ms}
     return {**reference.record, "ms": dict(gated.reference_ms), "speedups_over_reference": speedups}
-
-
-def _prune(config: PruneConfig, model, method, train: Split, val: Split, shape) -> list[dict]:
-    """The schedule's steps, each followed by adaptive BN (when on) and fine-tuning; the history."""
-    reference = layer_shapes(model)
-
-    def record(step: int, fraction: float) -> dict:
-        g = sparsity_report(model, shape, reference)["global"]
-        acc, loss = evaluate(model, val)
-        return {
-            "step": step,
-            "fraction_of_target": fraction,
-            "ratio": method.ctx.target_ratio * fraction,
-            "weight_zero_fraction": g["weight_zero_fraction"],
-            "params": g["params"],
-            "nonzero_params": g["nonzero_params"],
-            "macs": g["macs"],
-            "nonzero_macs": g["nonzero_macs"],
-            "val_accuracy": acc,
-            "val_loss": loss,
-        }
-
-    # The unpruned model teaches every step's fine-tuning: what it gives each training sample
-    # (logits, block outputs) is computed once, here, for all the steps.
-    kd = None
-    taught = config.distillation
-    if taught.active:
-        kd = Distillation(copy.deepcopy(model), taught.temperature, taught.weight, hidden_weight=taught.hidden_weight)
-        if config.epochs_per_step > 0 or method.needs_warmup:  # (prune's fitting does not augment)
-            kd = with_teacher_outputs(kd, train, augmented=False)
-    hooks = {"after_backward": method.after_backward, "after_step": method.after_step}
-
-    def tune(epochs: int, seed: int, desc: str) -> None:
-        settings = FitSettings(epochs, config.batch_size, config.lr, 1e-4, epochs + 1, seed)
-        fit_(model, train, val, settings, distillation=kd, desc=desc, **hooks)
-
-    history = [record(0, 0.0)]
-    if method.needs_warmup:
-        # Movement scores come from training: gather them before the first step prunes.
-        tune(max(config.epochs_per_step, 1), config.seed, "prune warm-up")
-    schedule = SCHEDULES.get(config.schedule)(config.steps)
-    bar = tqdm(list(enumerate(schedule, 1)), desc="prune", unit="step", disable=None, leave=False)
-    # Removing channels changes every later layer's input statistics; re-estimating BatchNorm's
-    # running stats (adaptive BN) gives each step's fine-tuning a sound start at no training cost.
-    calibration = calibration_subset(train.x, config.bn_recalibration_samples, config.seed)
-    for step, fraction in bar:
-        method.apply_(model, fraction)
-        if calibration is not None:
-            recalibrate_batchnorm_(model, calibration)
-        if config.epochs_per_step:
-            tune(config.epochs_per_step, config.seed + step, f"prune step {step}")
-        history.append(record(step, fraction))
-        bar.set_postfix(val_acc=f"{history[-1]['val_accuracy']:.4f}", macs=history[-1]["macs"])
-    bar.close()
-    return history
 
 
 def _report(config, target: Plan, gated: GateResult | None, history, method, ctx, layout: Layout) -> PruneReport:
