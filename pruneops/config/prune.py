@@ -396,5 +396,9 @@ class PruneConfig(StageConfig):
         return self.importance or "l2"
 
     def with_target(self, **update: Any) -> PruneConfig:
-        """A copy with the target's fields updated (the planning target a latency form or a reference resolves to)."""
+        """Another config, its target's fields updated (as a test or a bench variant builds one).
+
+        Planning never calls it: a loaded config is not rewritten; the target as planned is a
+        `pruneops.planning.target.ResolvedTarget`.
+        """
         return self.model_copy(update={"target": self.target.model_copy(update=update)})

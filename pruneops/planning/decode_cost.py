@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from pruneops.core.errors import ConfigError
+from pruneops.planning.closed_loop import LoopOptions, close_loop
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,10 @@ class LoopRound:
         return {**asdict(self), "shape": self.shape.describe(), "measured_ratio": self.measured_ratio}
 
 
+# A causal LM's loop: a plan at or under the target ends it; each miss tightens the goal; the last is kept.
+DECODER_LOOP = LoopOptions((0.0, 1.0), LOOP_ROUNDS - 1, keep="last")
+
+
 def close_the_loop(
     plan: Callable[[float], DecoderShape],
     measure: Callable[[DecoderShape], tuple[float, float]],
@@ -210,7 +215,7 @@ def close_the_loop(
     the target can measure slower. After a miss the next round's target is the plan's own
     prediction scaled by the miss (`target_ratio / measured ratio`): a narrower plan, chosen again
     by quality. The loop stops at the first plan measured at the target, when a tighter target
-    has no plan, or after `rounds`.
+    has no plan, or after `rounds` (`pruneops.planning.closed_loop.close_loop`, `DECODER_LOOP`).
 
     Args:
         plan: The best plan (by quality) predicted to take at most the given milliseconds.
@@ -226,17 +231,25 @@ def close_the_loop(
     Raises:
         ConfigError: The first round has no plan (later rounds without one end the loop).
     """
-    history: list[LoopRound] = []
-    for _ in range(rounds):
-        try:
-            shape = plan(target_ms)
-        except ConfigError:
-            if not history:
-                raise
-            break
+    aims = {}
+
+    def measured(shape: DecoderShape) -> LoopRound:
         dense_ms, measured_ms = measure(shape)
-        history.append(LoopRound(target_ms, shape, model.predict(shape), dense_ms, measured_ms))
-        if measured_ms <= target_ratio * dense_ms:
-            break
-        target_ms = history[-1].predicted_ms * target_ratio / history[-1].measured_ratio
-    return history
+        return LoopRound(aims[shape], shape, model.predict(shape), dense_ms, measured_ms)
+
+    def next_plan(so_far: list[tuple[DecoderShape, LoopRound]], up: bool) -> DecoderShape | None:
+        last = so_far[-1][1]
+        aim = last.predicted_ms * target_ratio / last.measured_ratio
+        try:
+            shape = plan(aim)
+        except ConfigError:
+            return None
+        aims[shape] = aim
+        return shape
+
+    first = plan(target_ms)  # a first round without a plan is an error
+    aims[first] = target_ms
+    options = replace(DECODER_LOOP, retries=rounds - 1)
+    history = close_loop((first, measured(first)), measured, next_plan, lambda r: r.measured_ratio / target_ratio,
+                         options)  # fmt: skip
+    return [reading for _, reading in history]

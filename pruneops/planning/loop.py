@@ -20,7 +20,9 @@ from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig
 from pruneops.core.integrity import file_sha256
 from pruneops.core.io import Layout
 from pruneops.planning import targets
+from pruneops.planning.closed_loop import LoopOptions, close_loop, kept_index
 from pruneops.planning.latency_model import keep_counts
+from pruneops.planning.target import ResolvedTarget, asked, of_reference
 from pruneops.planning.targets import GateDecision, GateResult, Plan
 from pruneops.pruning.units import keep_count, unit_sizes
 from pruneops.runtimes.onnxruntime.timing import measured_latency
@@ -47,14 +49,23 @@ def planned_widths(config: PruneConfig, sizes: dict[str, int], target: Plan) -> 
 
 
 def gate_plan(
-    config: PruneConfig, benchmark: BenchmarkConfig, model: nn.Module, example: torch.Tensor, shape, target: Plan
+    config: PruneConfig,
+    benchmark: BenchmarkConfig,
+    model: nn.Module,
+    example: torch.Tensor,
+    shape,
+    target: Plan,
+    goal: ResolvedTarget | None = None,
 ) -> GateResult:
-    """Measures the planned widths (as the method will round them) and backs off if they are not faster."""
+    """Measures the planned widths (as the method will round them) and backs off if they are not faster.
+
+    `goal` is the target as resolved (its form, batch and reference); None: as `config` asks it.
+    """
+    goal = goal or asked(config)
     sizes = unit_sizes(model, example)
     widths = planned_widths(config, sizes, target)
     planned = {n: 1.0 - w / sizes[n] for n, w in widths.items()}
-    timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, config.target.batch or 1})})
-    widen = config.latency_target
+    timing = benchmark.model_copy(update={"batch_sizes": sorted({*benchmark.batch_sizes, goal.batch or 1})})
     result = targets.gate(
         model,
         example,
@@ -63,9 +74,9 @@ def gate_plan(
         sizes,
         config.gate.min_speedup,
         timing,
-        config.latency_form,
-        widen,
-        config.reference_file,
+        goal.form,
+        goal.is_latency,
+        goal.reference,
     )
     if result.ratios is None:  # refused: every unit kept whole
         return dataclasses.replace(result, ratios=dict.fromkeys(sizes, 0.0))
@@ -100,9 +111,9 @@ class ReferenceAim:
     ratio_of_dense: float
     record: dict
 
-    def planning_config(self, config: PruneConfig) -> PruneConfig:
-        """`config` as the table plans with it: a ratio of dense, the reference's path made absolute."""
-        return config.with_target(reference=self.record["file"], value=self.ratio_of_dense)
+    def resolved(self, config: PruneConfig) -> ResolvedTarget:
+        """The target as the table plans with it: a ratio of dense, the reference's path made absolute."""
+        return of_reference(config, self.ratio_of_dense, self.record)
 
 
 def aim_at_reference(
@@ -138,6 +149,10 @@ def aim_at_reference(
     if note is not None:
         record["note"] = note
     return ReferenceAim(ratio, record)
+
+
+# A classifier's latency target: the band, retries and reach above (a runoff follows, `LatencyLoop`).
+LATENCY_LOOP = LoopOptions(LATENCY_BAND, LATENCY_RETRIES, LATENCY_REACH)
 
 
 @dataclass(frozen=True)
@@ -194,16 +209,26 @@ class LatencyLoop:
     shape: list[int] | tuple[int, ...]
     choose: Callable | None = None
     sizes: dict[str, int] | None = None  # each unit's full width; read off the model when None
+    goal: ResolvedTarget | None = None  # the target as resolved (None: as `config` asks it)
+    # The steps, injected (None: the table, the measured gate and the runoff's interleaved timing):
+    # `ask(aim_ms, measured points)` -> the table's plan; `measure(plan)` -> its gate's reading;
+    # `retime(widths by plan name)` -> ms of dense and each, timed in one run.
+    ask: Callable[[float | None, list], Plan] | None = None
+    measure: Callable[[Plan], GateResult] | None = None
+    retime: Callable[[dict[str, dict[str, int]]], dict[str, float]] | None = None
     key: str = field(init=False)
 
     def __post_init__(self) -> None:
         if self.sizes is None:
             self.sizes = unit_sizes(self.model, self.example)
-        self.key = str(self.config.target.batch)
+        self.goal = self.goal or asked(self.config)
+        self.key = str(self.goal.batch)
 
     def gate(self, target: Plan) -> GateResult:
         """The gate's reading of one plan."""
-        return gate_plan(self.config, self.benchmark, self.model, self.example, self.shape, target)
+        if self.measure is not None:
+            return self.measure(target)
+        return gate_plan(self.config, self.benchmark, self.model, self.example, self.shape, target, self.goal)
 
     def goal_ms(self, gated: GateResult) -> float:
         """The milliseconds a plan's reading is held to, from readings in the same run.
@@ -211,10 +236,10 @@ class LatencyLoop:
         `latency_ms` as set; `latency_ratio` of dense, or (`prune.target.reference`) of the
         reference model as asked, no slower than the gate's `min_speedup` lets a pruned model be.
         """
-        if self.config.target_kind == "latency_ms":
-            return self.config.target.value
+        if self.goal.kind == "latency_ms":
+            return self.goal.value
         if not gated.reference_ms:
-            return self.config.target.value * gated.dense_ms[self.key]
+            return self.goal.value * gated.dense_ms[self.key]
         return min(
             self.asked_value * gated.reference_ms[self.key], self.config.mildest_ratio * gated.dense_ms[self.key]
         )
@@ -231,29 +256,33 @@ class LatencyLoop:
 
     def run(self, first: Plan, gated: GateResult) -> LoopResult:
         """Measures plans from `first` (already gated) until one lands in the band; the one kept."""
-        low, high = LATENCY_BAND
-        tried, points = [Measured(first, gated)], []
-        self._log_try(1, tried[0])
-        for _ in range(LATENCY_RETRIES):
-            off = self.fraction(tried[-1].gated)
-            if low <= off <= high or not self._measure_next(tried, points, up=off < low):
-                break
-        if low <= self.fraction(tried[-1].gated) < LATENCY_REACH:
-            self._measure_next(tried, points, up=True)
-        tried, first_readings = self._runoff(tried)
+        high = LATENCY_BAND[1]
+        points: list = []
+        self._log_try(1, Measured(first, gated))
+
+        def measured(plan: Plan) -> GateResult:
+            reading = self.gate(plan)
+            self._log_try(len(points) + 1, Measured(plan, reading))
+            return reading
+
+        def next_plan(so_far: list[tuple[Plan, GateResult]], up: bool) -> Plan | None:
+            return self._next_plan([Measured(*m) for m in so_far], points, up)
+
+        pairs = close_loop((first, gated), measured, next_plan, self.fraction, LATENCY_LOOP)
+        tried, first_readings = self._runoff([Measured(*m) for m in pairs])
         # A plan the gate refused ships nothing pruned, whatever its own widths measured.
-        within = [m for m in tried if self.fraction(m.gated) <= high and m.gated.decision is not GateDecision.REFUSED]
-        kept = max(within, key=self._fraction_of) if within else min(tried, key=self._fraction_of)
+        usable = [m.gated.decision is not GateDecision.REFUSED for m in tried]
+        kept = tried[kept_index([self.fraction(m.gated) for m in tried], usable, LATENCY_LOOP)]
+        within = [m for m, ok in zip(tried, usable, strict=True) if ok and self.fraction(m.gated) <= high]
         records = tuple(self._record(n, m, m is kept, first_readings.get(n)) for n, m in enumerate(tried, 1))
         warning = self._not_reached(kept, tried) if not within else self._under_band(kept, len(tried))
         if warning:
             kept.plan.warnings.append(warning)
         return LoopResult(kept.plan, kept.gated, records)
 
-    def _fraction_of(self, measured: Measured) -> float:
-        return self.fraction(measured.gated)
-
     def _ask(self, aim: float | None, points: list) -> Plan:
+        if self.ask is not None:
+            return self.ask(aim, points)
         return targets.plan_latency(
             self.config,
             self.sweep,
@@ -262,6 +291,7 @@ class LatencyLoop:
             aim_ms=aim,
             measured=points,
             choose=self.choose,
+            target=self.goal,
         )
 
     def _aim_now(self, target: Plan, gated: GateResult) -> float | None:
@@ -275,8 +305,8 @@ class LatencyLoop:
             return None
         return self.goal_ms(gated) / gated.dense_ms[self.key] * target.dense_predicted_ms
 
-    def _measure_next(self, tried: list[Measured], points: list, up: bool) -> bool:
-        """The next plan not measured yet, measured and appended to `tried`; False if there is none.
+    def _next_plan(self, tried: list[Measured], points: list, up: bool) -> Plan | None:
+        """The next plan not measured yet (None if there is none); `points` gains the last one's reading.
 
         The refit is fitted on what the table predicted, the widths as planned, not on the widths
         the gate took: rounded up to the channel block, those read faster than the table's line
@@ -290,12 +320,7 @@ class LatencyLoop:
             )
         )
         aim = self._aim_now(last.plan, last.gated)
-        retry = self._next_unmeasured(last.plan, points, [m.plan.ratios for m in tried], up, aim)
-        if retry is None:
-            return False
-        tried.append(Measured(retry, self.gate(retry)))
-        self._log_try(len(tried), tried[-1])
-        return True
+        return self._next_unmeasured(last.plan, points, [m.plan.ratios for m in tried], up, aim)
 
     def _next_unmeasured(self, target: Plan, points: list, seen: list, up: bool, aim: float | None) -> Plan | None:
         """The table's next plan (refitted through `points`) not in `seen`; None when there is none.
@@ -344,17 +369,8 @@ class LatencyLoop:
         anchor = max(under, key=lambda i: self.fraction(tried[i].gated)) if under else None
         picked = over + ([anchor] if anchor is not None else [])
         widths = {f"plan{i + 1}": keep_counts(tried[i].gated.ratios, self.sizes) for i in picked}
-        reference = self.config.reference_file
-        ms = targets.retime(
-            self.model,
-            self.example,
-            self.shape,
-            widths,
-            self.config.target.batch,
-            self.benchmark,
-            self.config.latency_form,
-            reference,
-        )
+        reference = self.goal.reference
+        ms = (self.retime or self._retime)(widths)
         first = {i + 1: self.fraction(tried[i].gated) for i in picked}
         retimed = list(tried)
         for i in over:  # the anchor keeps its gate reading; without one, `picked` is `over`
@@ -375,11 +391,16 @@ class LatencyLoop:
             )
         return retimed, first
 
+    def _retime(self, widths: dict[str, dict[str, int]]) -> dict[str, float]:
+        """The runoff's timing: dense and each plan's widths, exported and timed interleaved in one run."""
+        g, model = self.goal, self.model
+        return targets.retime(model, self.example, self.shape, widths, g.batch, self.benchmark, g.form, g.reference)
+
     def _runoff_reading(
         self, g: GateResult, ms: dict[str, float], name: str, anchor: tuple[str, GateResult] | None
     ) -> GateResult:
         """A candidate's gate result with its runoff reading, scaled to the anchor's (name, gate reading) if any."""
-        key, referenced = self.key, self.config.reference_file is not None
+        key, referenced = self.key, self.goal.reference is not None
         if anchor is None:
             reading, dense, ref = ms[name], ms["dense"], ms.get("reference")
         else:
@@ -395,9 +416,9 @@ class LatencyLoop:
         )
 
     def _not_reached(self, kept: Measured, tried: list[Measured]) -> str:
-        of = f" of {self.config.reference_file.name}" if self.config.reference_file else ""
+        of = f" of {self.goal.reference.name}" if self.goal.reference else ""
         return (
-            f"latency target {self.asked_value:g} ({self.config.target_kind}{of}) at batch {self.config.target.batch} "
+            f"latency target {self.asked_value:g} ({self.goal.kind}{of}) at batch {self.goal.batch} "
             f"not reached: the fastest planned widths measure {kept.gated.measured_ms[self.key]:.4f} ms, "
             f"{self.fraction(kept.gated):.2f}x the target ({self._why_not_reached(tried)}); pruned that far"
         )
@@ -408,7 +429,7 @@ class LatencyLoop:
         if self.fraction(kept.gated) >= low:
             return None
         return (
-            f"latency target {self.asked_value:g} ({self.config.target_kind}) at batch {self.config.target.batch}: "
+            f"latency target {self.asked_value:g} ({self.goal.kind}) at batch {self.goal.batch}: "
             f"no measured plan landed in {low:g}-{high:g} of it; the least pruned plan within it measures "
             f"{self.fraction(kept.gated):.2f} of the target, so the model is pruned further than asked "
             f"({count} plans measured, prune.latency_plans lists them)"

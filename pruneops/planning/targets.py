@@ -31,6 +31,7 @@ from pruneops.core.errors import ConfigError
 from pruneops.models.profiling import count_macs, count_params
 from pruneops.planning.allocation import Allocation, allocate_for_target, ratio_for_budget
 from pruneops.planning.latency_model import keep_counts
+from pruneops.planning.target import ResolvedTarget, asked, in_form
 from pruneops.pruning.importance import IMPORTANCES
 from pruneops.pruning.units import UnitPruner, is_head_unit
 from pruneops.runtimes.onnxruntime.timing import measured_latency
@@ -83,6 +84,7 @@ def plan_latency(
     measured: list[tuple[dict[str, int], float]] | None = None,
     loaded: tuple[Any, list[str]] | None = None,
     choose: Callable[[tuple[Any, ...]], int] | None = None,
+    target: ResolvedTarget | None = None,
 ) -> Plan:
     """Per-unit widths for a latency target from the latency stage's table.
 
@@ -100,18 +102,20 @@ def plan_latency(
         choose: Given the allocation's shortlist of feasible plans (`PruneConfig.trial_count` of them,
             `PlanOption`s, least summed isolated drop first), the index of the one to plan;
             None plans the first.
+        target: The target as resolved (`pruneops.planning.target`); None: as `config` asks it.
 
     Raises:
         ConfigError: No latency table, or one timed in another form (rerun the latency stage).
     """
     from pruneops.planning.latency_allocation import allocate_latency
 
-    latency, warnings = loaded or load_latency_model(latency_dir, config.latency_form, config.target_kind, threads)
-    batch = config.target.batch
+    t = target or asked(config)
+    latency, warnings = loaded or load_latency_model(latency_dir, t.form, t.kind, threads)
+    batch = t.batch
     if measured:
         recalibrate_(latency, batch, measured)
     dense = latency.predict({}, batch)
-    target = config.target.value if config.target_kind == "latency_ms" else config.target.value * dense
+    target = t.value if t.kind == "latency_ms" else t.value * dense
     aim = aim_ms if aim_ms is not None else target
     allocation = allocate_latency(
         latency,
@@ -163,9 +167,9 @@ def load_latency_model(latency_dir: Path, form: str, target: str | None, threads
 
 
 def choose_latency_form(
-    config: PruneConfig, sweep: dict, latency_dir: Path, threads: int
-) -> tuple[PruneConfig, list[dict[str, Any]]]:
-    """For `prune.target.form: auto`: the form to plan in (as a config naming it) and every form's plan.
+    config: PruneConfig, sweep: dict, latency_dir: Path, threads: int, target: ResolvedTarget | None = None
+) -> tuple[ResolvedTarget, list[dict[str, Any]]]:
+    """For `prune.target.form: auto`: the target in the form to plan in, and every form's plan.
 
     Each form the latency stage timed for planning (`forms.json`) is asked for the target:
     `latency_ms` as it is, `latency_ratio` of dense in the reference form (fp32) turned into the
@@ -180,20 +184,21 @@ def choose_latency_form(
     from pruneops.core.io import read_json
     from pruneops.planning.forms import FORMS_FILE
 
+    t = target or asked(config)
     forms = read_json(latency_dir / FORMS_FILE)
-    batch = config.target.batch
+    batch = t.batch
     # Each table read once (on another machine, reading one re-measures its layers).
     wanted = {forms["reference"], *forms["planned"]}
-    loaded = {f: load_latency_model(latency_dir, f, config.target_kind, threads) for f in wanted}
+    loaded = {f: load_latency_model(latency_dir, f, t.kind, threads) for f in wanted}
     reference = loaded[forms["reference"]][0].predict({}, batch)
     mildest = 1.0 / config.gate.min_speedup if config.gate.min_speedup else 1.0
     choices = []
     for form in forms["planned"]:
-        value = config.target.value
-        if config.target_kind == "latency_ratio":
-            value = min(config.target.value * reference / loaded[form][0].predict({}, batch), mildest)
-        candidate = config.with_target(form=form, value=value)
-        planned = plan_latency(candidate, sweep, latency_dir, threads, loaded=loaded[form])
+        value = t.value
+        if t.kind == "latency_ratio":
+            value = min(t.value * reference / loaded[form][0].predict({}, batch), mildest)
+        in_this_form = t.aiming(form=form, value=value)
+        planned = plan_latency(config, sweep, latency_dir, threads, loaded=loaded[form], target=in_this_form)
         choices.append(
             {
                 "form": form,
@@ -215,7 +220,7 @@ def choose_latency_form(
         choice["chosen"] = choice is best
     screened = forms.get("screened", {})
     choices += [{"form": f, "screened": why, "reached": False, "chosen": False} for f, why in screened.items()]
-    return config.with_target(form=best["form"], value=best["target_value"]), choices
+    return in_form(t, best["form"], best["target_value"], choices), choices
 
 
 def recalibrate_(latency, batch: int, measured: list[tuple[dict[str, int], float]]) -> None:
@@ -242,8 +247,9 @@ def plan(
     latency_dir: Path,
     threads: int,
     choose: Callable[[tuple[Any, ...]], int] | None = None,
+    target: ResolvedTarget | None = None,
 ) -> Plan:
-    """The plan for any target kind (see the module docstring); `choose` as `plan_latency` takes it.
+    """The plan for any target kind (see the module docstring); `choose` and `target` as `plan_latency` takes them.
 
     Raises:
         ConfigError: A latency target without a sweep, or a `latency_ms` target that dense already
@@ -254,11 +260,12 @@ def plan(
             raise ConfigError(
                 f"prune.target.kind: {config.target_kind} allocates from the sweep; set prune.use_sensitivity"
             )
-        planned = plan_latency(config, sweep, latency_dir, threads, choose=choose)
-        if config.target_kind == "latency_ms" and planned.target_ms >= planned.dense_predicted_ms:
+        t = target or asked(config)
+        planned = plan_latency(config, sweep, latency_dir, threads, choose=choose, target=t)
+        if t.kind == "latency_ms" and planned.target_ms >= planned.dense_predicted_ms:
             raise ConfigError(
                 f"prune.target.value: {planned.target_ms:g} ms is not below the dense model's "
-                f"{planned.dense_predicted_ms:.4g} ms at batch {config.target.batch} in {config.latency_form} "
+                f"{planned.dense_predicted_ms:.4g} ms at batch {t.batch} in {t.form} "
                 "(the latency stage's measurement): dense already meets it"
             )
         return planned

@@ -125,14 +125,24 @@ def _one_unit_loop(monkeypatch, tmp_path, staircase, gate):
     `staircase` in place of the table's planner and `gate` in place of the measured gate."""
     from pruneops.config import BenchmarkConfig, PruneConfig
     from pruneops.core.io import Layout
-    from pruneops.planning import targets
 
-    monkeypatch.setattr(targets, "plan_latency", staircase)
-    monkeypatch.setattr(loop_module, "gate_plan", gate)
     config = PruneConfig(target={"kind": "latency_ratio", "value": 0.5})
     first = staircase(config, None, None, 1)
     benchmark = BenchmarkConfig(batch_sizes=[1])
-    loop = loop_module.LatencyLoop(config, 0.5, benchmark, None, Layout(tmp_path), None, None, [1], sizes={"u": 100})
+    # The table and the gate injected (the runoff's timing stays `targets.retime`, which a test may replace).
+    loop = loop_module.LatencyLoop(
+        config,
+        0.5,
+        benchmark,
+        None,
+        Layout(tmp_path),
+        None,
+        None,
+        [1],
+        sizes={"u": 100},
+        ask=lambda aim, points: staircase(config, None, None, 1, aim_ms=aim, measured=points),
+        measure=lambda plan: gate(config, benchmark, None, None, None, plan),
+    )
     return _unpacked(loop.run(first, gate(config, None, None, None, None, first)))
 
 

@@ -56,7 +56,6 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
         ms = real(widths)
         return GateResult(GateDecision.PASSED, target.ratios, {"1": real({}) / ms}, {"1": ms}, {"1": real({})})
 
-    monkeypatch.setattr(loop_module, "gate_plan", measured_gate)
     # A runoff (plans read just over the target) times on the same machine.
     monkeypatch.setattr(
         targets,
@@ -78,7 +77,10 @@ def test_the_measured_loop_meets_a_latency_ratio_and_predicts_its_result_within_
     )
     assert first_error > 0.15  # the case the loop is for
 
-    loop = loop_module.LatencyLoop(config, config.target.value, benchmark, sweep, layout, model, example, SHAPE)
+    measure = lambda plan: measured_gate(config, benchmark, None, None, None, plan)  # noqa: E731 (the gate, injected)
+    loop = loop_module.LatencyLoop(
+        config, config.target.value, benchmark, sweep, layout, model, example, SHAPE, measure=measure
+    )
     target, gated, plans = _unpacked(loop.run(first, measured_gate(config, benchmark, None, None, None, first)))
     measured = gated.measured_ms["1"]
     low, high = loop_module.LATENCY_BAND
@@ -369,10 +371,10 @@ def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
         target={"kind": "latency_ratio", "value": 1.0, "reference": "served.onnx"}, gate={"min_speedup": min_speedup}
     )
     aim = loop_module.aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
-    planning, record = aim.planning_config(asked), aim.record
+    planning, record = aim.resolved(asked), aim.record  # the target resolved, the config as asked
     mildest = 1.0 / min_speedup if min_speedup else 1.0
-    assert planning.target.value == pytest.approx(mildest) == pytest.approx(record["planned_ratio_of_dense"])
-    assert planning.target.reference == str((tmp_path / "served.onnx").resolve())
+    assert planning.value == pytest.approx(mildest) == pytest.approx(record["planned_ratio_of_dense"])
+    assert planning.reference == (tmp_path / "served.onnx").resolve()
     assert record["note"].startswith("the reference measured 1.200 of dense") and held in record["note"]
     # A faster reference is planned at its own ratio, with no note.
     monkeypatch.setattr(
@@ -381,8 +383,8 @@ def test_a_reference_slower_than_the_gate_allows_plans_at_the_gate_and_says_so(
         lambda models, shape, timing, budget_s=None, form="fp32": {"dense": {1: 1.0}, "reference": {1: 0.4}},
     )
     aim = loop_module.aim_at_reference(asked, BenchmarkConfig(batch_sizes=[1]), Layout(tmp_path), None, SHAPE)
-    planning, record = aim.planning_config(asked), aim.record
-    assert planning.target.value == pytest.approx(0.4) and "note" not in record
+    planning, record = aim.resolved(asked), aim.record
+    assert planning.value == pytest.approx(0.4) and "note" not in record
 
 
 def test_a_runoff_times_dense_and_each_plan_in_one_run():

@@ -225,12 +225,12 @@ def test_auto_plans_a_latency_ratio_of_dense_fp32_in_every_form_and_keeps_the_ch
     config = PruneConfig(target={"kind": "latency_ratio", "value": 0.5, "form": "auto"})
     chosen, choices = choose_latency_form(config, sweep, tmp_path, 1)
     by_form = {c["form"]: c for c in choices}
-    assert chosen.latency_form == kept and [c["form"] for c in choices if c["chosen"]] == [kept]
+    assert chosen.form == kept and [c["form"] for c in choices if c["chosen"]] == [kept]  # the target resolved
     fp32 = plan_latency(config.with_target(form="fp32"), sweep, tmp_path, 1)
     assert by_form["fp32"]["target_value"] == 0.5 and by_form["fp32"]["summed_drop"] == fp32.summed_drop
     # The same milliseconds in each form (up to the gate's floor): half of dense fp32.
     expected = min(0.5 * int8_speed, 1 / 1.05)
-    assert by_form["static"]["target_value"] == pytest.approx(expected) and chosen.target.value == pytest.approx(
+    assert by_form["static"]["target_value"] == pytest.approx(expected) and chosen.value == pytest.approx(
         by_form[kept]["target_value"]
     )
     assert by_form["static"]["target_ms"] == pytest.approx(expected * latency.predict({}, 1) / int8_speed)

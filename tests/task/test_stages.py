@@ -183,7 +183,7 @@ def test_run_logged_keeps_the_last_non_blank_lines_for_the_error_message(tmp_pat
 def test_prune_steps_distil_from_the_unpruned_model_when_asked(pipeline_dir, tmp_path, monkeypatch, weight):
     import shutil
 
-    import pruneops.task.classification.prune as prune_module
+    import pruneops.planning.recipe as prune_module  # where the steps and their fine-tuning run
     from pruneops.pipeline.runner import run_stage
     from tests.conftest import tiny_params, write_params
 

@@ -17,6 +17,9 @@ from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.pipeline.stages import StageReport
 from pruneops.planning.decode_cost import DecoderShape, LoopRound, shape_of
+from pruneops.planning.target import asked as resolved_target
+from pruneops.planning.target import decoder_ratio as target_ratio
+from pruneops.planning.target import of_decoder
 from pruneops.pruning.decoder_cuts import calibrate
 from pruneops.reports.decoder_plots import plot_plans, plot_shape
 from pruneops.task.causal_lm.common import (
@@ -55,6 +58,8 @@ class DecoderPruneReport(StageReport):
     warnings: tuple[str, ...] = ()
     reference_of_dense: float | None = None  # prune.target.reference's time over dense's, timed here
     gate: str = "passed"  # what the measured gate did: passed, refused (dense passes on), or not gated
+    loaded_config: dict | None = None  # the prune section as loaded (never rewritten)
+    resolved_target: dict | None = None  # the target as planning resolved it (a fraction of dense's time)
 
     def summary(self) -> str:
         return (
@@ -63,23 +68,6 @@ class DecoderPruneReport(StageReport):
             f"{self.predicted_ms:.2f}), validation perplexity {self.val_perplexity:.2f} "
             f"(dense {self.dense_val_perplexity:.2f}) -> {self.checkpoint}"
         )
-
-
-def target_ratio(config: PruneConfig, dense_ms: float) -> float:
-    """`prune.target` as a fraction of dense time: `latency_ratio` as set, `latency_ms` of dense's `dense_ms`.
-
-    Raises:
-        ConfigError: A `latency_ms` target that dense already meets (there is nothing to cut for).
-    """
-    target = config.target
-    if target.kind == "latency_ratio":
-        return target.value
-    if target.value >= dense_ms:
-        raise ConfigError(
-            f"prune.target.value: {target.value:g} {UNITS[target.decoder_metric]} is not below the dense model's "
-            f"{dense_ms:.2f} (the latency stage's measurement): dense already meets it"
-        )
-    return target.value / dense_ms
 
 
 def reference_folder(config: PruneConfig, layout: Layout) -> Path | None:
@@ -152,13 +140,13 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
     """The closed loop of `prune_decoder`.
 
     Returns:
-        Its rounds, every plan scored, the kept plan's model, the layer order, the target as a ratio of
-        dense, and the reference's timing (None without `prune.target.reference`).
+        Its rounds, every plan scored, the kept plan's model, the layer order, and the target as
+        resolved (a fraction of dense's time; with `prune.target.reference`, the timing behind it).
     """
     metric, cut = config.target.decoder_metric, config.decoder
     cost, dense_ms = read_cost(layout, metric)
     reference = reference_folder(config, layout)
-    ratio = target_ratio(config, dense_ms)
+    target_ratio(config, dense_ms)  # a latency_ms target dense already meets is refused before anything is cut
     layers = read_stage_json(layout, "sensitivity", "layers.json")
     base = shape_of(dense.config)
     space, order = plan_space(cut, base, layers, int(config.max_unit_ratio * base.layers))
@@ -170,7 +158,8 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
         aim = None
         if reference is not None:
             aim = aim_at_decoder_reference(config, benchmark, {"dense": dense_folder, "reference": reference}, prompt)
-            ratio = aim["planned_ratio_of_dense"]
+        goal = of_decoder(config, dense_ms, aim)
+        ratio = goal.value
         loop = PlanLoop(
             dense, tokenizer, calibration, blocks["val"][-cut.search_blocks :], cost, space, dense_folder, Path(work),
             prompt, benchmark.new_tokens, benchmark.rounds, benchmark.threads, metric,
@@ -179,7 +168,7 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
             rounds = loop.run(ratio, ratio * dense_ms)
         except ConfigError as err:
             raise ConfigError(f"prune.target: {err}; raise prune.target.value or max_unit_ratio") from err
-    return rounds, list(loop.scored.values()), loop.models[rounds[-1].shape], order, ratio, aim
+    return rounds, list(loop.scored.values()), loop.models[rounds[-1].shape], order, goal
 
 
 def _dense_as_is(config: PruneConfig, dense, layout: Layout):
@@ -188,7 +177,8 @@ def _dense_as_is(config: PruneConfig, dense, layout: Layout):
     cost, dense_ms = read_cost(layout, metric)
     base = shape_of(dense.config)
     round_ = LoopRound(dense_ms, base, cost.predict(base), dense_ms, dense_ms)
-    return [round_], [], dense, read_stage_json(layout, "sensitivity", "layers.json")["layer_order"], 1.0, None
+    order = read_stage_json(layout, "sensitivity", "layers.json")["layer_order"]
+    return [round_], [], dense, order, resolved_target(config).aiming(value=1.0, metric=metric)
 
 
 def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecoderPruneReport:
@@ -213,9 +203,10 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
     blocks = load_blocks(layout)
     metric = config.target.decoder_metric
     if config.decoder.strategy == "none":
-        rounds, tried, model, order, ratio, aim = _dense_as_is(config, dense, layout)
+        rounds, tried, model, order, goal = _dense_as_is(config, dense, layout)
     else:
-        rounds, tried, model, order, ratio, aim = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
+        rounds, tried, model, order, goal = _plan_and_measure(config, benchmark, dense, tokenizer, blocks, layout)
+    ratio, aim = goal.value, goal.provenance.get("reference")
     last = rounds[-1]
     speedup = last.dense_ms / last.measured_ms
     warnings = []
@@ -270,6 +261,8 @@ def prune_decoder(config: PruneConfig, benchmark: BenchmarkConfig, layout: Layou
             warnings=tuple(warnings),
             reference_of_dense=aim["reference_of_dense"] if aim else None,
             gate=gate,
+            loaded_config=config.model_dump(mode="json"),
+            resolved_target=goal.record(),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("prune")))
     return report

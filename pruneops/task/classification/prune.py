@@ -35,6 +35,8 @@ from pruneops.planning.loop import (
     summed_drop,
 )
 from pruneops.planning.recipe import make_context, prune
+from pruneops.planning.target import ResolvedTarget
+from pruneops.planning.target import asked as resolved_target
 from pruneops.planning.targets import GateDecision, GateResult, Plan, choose_latency_form, plan
 from pruneops.planning.trials import PlanTrials, trial_records
 from pruneops.pruning.masks import save_masks
@@ -102,6 +104,9 @@ class PruneReport(StageReport):
     # prune.target.reference: the file, its time and dense's when the stage began, the ratio of
     # dense planned from them, and its time beside the kept plan's in the gate's run.
     reference: dict | None = None
+    # The prune section as loaded (never rewritten), and the target as planning resolved it.
+    loaded_config: dict | None = None
+    resolved_target: dict | None = None
 
     def summary(self) -> str:
         latency = ""
@@ -149,18 +154,16 @@ def load_sweep(layout: Layout, config: PruneConfig) -> dict | None:
 
 
 def _resolve_form(
-    config: PruneConfig, sweep: dict | None, layout: Layout, benchmark: BenchmarkConfig
-) -> tuple[PruneConfig, list[dict] | None]:
-    """The config to plan with: with `latency_form: auto`, the form (and target in it) whose plan is cheapest.
+    config: PruneConfig, goal: ResolvedTarget, sweep: dict | None, layout: Layout, benchmark: BenchmarkConfig
+) -> tuple[ResolvedTarget, list[dict] | None]:
+    """The target to plan: with `target.form: auto`, in the form (and at the value in it) whose plan is cheapest.
 
     Without a latency target (or a sweep to plan it from) there is nothing to choose between:
-    the gate times fp32.
+    the gate times fp32 (as `goal` already says).
     """
-    if config.latency_form != AUTO_FORM:
-        return config, None
-    if not config.latency_target or sweep is None:
-        return config.with_target(form="fp32"), None
-    chosen, choices = choose_latency_form(config, sweep, layout.stage_dir("latency"), benchmark.threads)
+    if config.latency_form != AUTO_FORM or not config.latency_target or sweep is None:
+        return goal, None
+    chosen, choices = choose_latency_form(config, sweep, layout.stage_dir("latency"), benchmark.threads, goal)
     for c in choices:
         if "screened" in c:
             logger.info("latency form %s: %s", c["form"], c["screened"])
@@ -213,22 +216,21 @@ def prune_iteratively(
     def make_method(ratio: float, ratios: dict | None):
         return method_cls(make_context(config, train, example, ratio, ratios, shared))
 
-    asked = config.target.value if config.target is not None else None
+    # The target resolved once (planning.target): the loaded config is never rewritten.
+    goal = resolved_target(config)
     reference = aim_at_reference(config, benchmark, layout, model, meta.input_shape) if method_cls.structured else None
     if reference is not None:  # (config validation refuses a latency target for unstructured methods)
-        config = reference.planning_config(config)
-    config, form_choice = _resolve_form(config, sweep, layout, benchmark)
+        goal = reference.resolved(config)
+    goal, form_choice = _resolve_form(config, goal, sweep, layout, benchmark)
     tried = config.trial_count > 1
     with open_backend(compute if tried else None, layout.root, config.threads) as backend:
         trials = PlanTrials(config, model, make_method, example, train, val, backend) if tried else None
-        target = plan(
-            config, sweep, model, make_method, meta.input_shape, layout.stage_dir("latency"), benchmark.threads, trials
-        )
-        shape = meta.input_shape
-        gated = gate_plan(config, benchmark, model, example, shape, target) if method_cls.structured else None
+        latency_dir, shape = layout.stage_dir("latency"), meta.input_shape
+        target = plan(config, sweep, model, make_method, shape, latency_dir, benchmark.threads, trials, goal)
+        gated = gate_plan(config, benchmark, model, example, shape, target, goal) if method_cls.structured else None
         plans = None
         if target.target_ms is not None and gated is not None:
-            loop = LatencyLoop(config, asked, benchmark, sweep, layout, model, example, meta.input_shape, trials)
+            loop = LatencyLoop(config, goal.asked, benchmark, sweep, layout, model, example, shape, trials, goal=goal)
             kept = loop.run(target, gated)
             target, gated, plans = kept.plan, kept.gated, kept.records
     ratios = gated.ratios if gated is not None else target.ratios
@@ -245,15 +247,16 @@ def prune_iteratively(
     )
     method, history = pruned.method, pruned.history
     report = dataclasses.replace(
-        _report(config, target, gated, history, method, method.ctx, layout),
+        _report(config, goal, target, gated, history, method, layout),
+        loaded_config=config.model_dump(mode="json"),
+        resolved_target=goal.record(),
         vocabulary=vocabulary,
-        target_value=asked,
         form_choice=tuple(form_choice) if form_choice else None,
         latency_plans=plans,
         plan_trials=trial_records(trials, plans),
         reference=_reference_record(reference, gated),
     )
-    _write(layout, config, ckpt, model, method, sweep, target, ratios, history, report, meta.input_shape)
+    _write(layout, config, goal, ckpt, model, method, sweep, target, ratios, history, report, meta.input_shape)
     return report
 
 
@@ -267,11 +270,11 @@ def _reference_record(reference: ReferenceAim | None, gated: GateResult | None) 
     return {**reference.record, "ms": dict(gated.reference_ms), "speedups_over_reference": speedups}
 
 
-def _report(config, target: Plan, gated: GateResult | None, history, method, ctx, layout: Layout) -> PruneReport:
+def _report(config, goal: ResolvedTarget, target: Plan, gated: GateResult | None, history, method, layout: Layout):
     final, first = history[-1], history[0]
     measured = predicted = error = None
     if gated is not None and target.predicted_ms is not None:
-        batch = str(config.target.batch)
+        batch = str(goal.batch)
         measured = planned_ms(gated, batch)  # the error is the table's, on the widths it predicted
         predicted = predicted_ms(target, gated, batch)
         error = predicted / measured - 1.0 if measured and predicted is not None else None
@@ -289,7 +292,7 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
         measured_speedups=gated.speedups if gated is not None else None,
         measured_ms=gated.measured_ms if gated is not None else None,
         dense_ms=gated.dense_ms if gated is not None else None,
-        latency_form=config.latency_form,
+        latency_form=goal.form,
         gate=gated.text if gated is not None else "not applied (unstructured: no dense-kernel speed-up)",
         steps=config.steps,
         params=final["params"],
@@ -301,12 +304,12 @@ def _report(config, target: Plan, gated: GateResult | None, history, method, ctx
         weight_zero_fraction=final["weight_zero_fraction"],
         val_accuracy=final["val_accuracy"],
         speedup=method.speedup,
-        warnings=tuple(ctx.warnings),
+        warnings=tuple(method.ctx.warnings),
         checkpoint=layout.stage_dir("prune") / "model.safetensors",
     )
 
 
-def _write(layout, config, ckpt, model, method, sweep, target: Plan, ratios, history, report, shape) -> None:
+def _write(layout, config, goal, ckpt, model, method, sweep, target: Plan, ratios, history, report, shape) -> None:
     out_dir, metrics_path, plots_dir = layout.stage_dir("prune"), layout.metrics("prune"), layout.plots("prune")
     with staged_output_paths(out_dir, metrics_path, plots_dir) as staged:
         tmp = staged.dir(out_dir)
@@ -325,7 +328,7 @@ def _write(layout, config, ckpt, model, method, sweep, target: Plan, ratios, his
                     "ratios": ratios or {},
                     "predicted_ms": target.predicted_ms,
                     "target_ms": target.target_ms,
-                    "latency_form": config.latency_form,
+                    "latency_form": goal.form,
                 },
                 tmp / "allocation.json",
             )
