@@ -8,6 +8,7 @@ torch-free serving image.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
@@ -16,7 +17,8 @@ __all__ = ["prune"]
 
 def __getattr__(name: str) -> Any:
     if name == "prune":
-        from pruneops.planning.recipe import prune
-
-        return prune
+        # By name, not an import statement: every stage imports this package, and a stage's DVC deps
+        # are its import closure, so a static import here would make `train` depend on the pruning
+        # code. The prune stage imports pruneops.planning.recipe itself.
+        return importlib.import_module("pruneops.planning.recipe").prune
     raise AttributeError(f"module 'pruneops' has no attribute {name!r}")

@@ -104,3 +104,21 @@ def test_config_validation_looks_registries_up_below_the_stages():
     """Params validation names registries by `module:NAME`; none may make loading params import a stage."""
     for module in (ROOT / "config").glob("*.py"):
         assert '"pruneops.pipeline.stages.' not in module.read_text(), module
+
+
+def test_nothing_is_loose_at_the_package_root_but_the_cli_and_init():
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert loose == ["__init__.py", "cli.py"]
+
+
+def test_only_the_library_is_installed_not_the_prefect_layer():
+    """`flows` and `tasks` stay at the repository's top level, never site-packages of those names."""
+    tomllib = pytest.importorskip("tomllib")
+    from setuptools import find_packages
+
+    repo = ROOT.parent
+    found = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    installed = find_packages(where=str(repo), include=found["include"], exclude=found.get("exclude", ()))
+    assert installed and all(name.split(".")[0] == "pruneops" for name in installed), installed
+    assert {"flows", "tasks"} <= {p.name for p in repo.iterdir() if p.is_dir()}
+    assert not (repo / "scripts").exists(), "studies live in studies/, harnesses under tests/"
