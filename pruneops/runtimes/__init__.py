@@ -9,20 +9,32 @@ dependencies include the runtime code it runs; what serves any task (the model s
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pruneops.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from pruneops.runtimes.base import Runtime
 
-# name -> the `module:attribute` of its `Runtime` (imported when asked for).
-RUNTIMES: dict[str, str] = {
-    "onnxruntime": "pruneops.runtimes.onnxruntime:RUNTIME",
-    "genai": "pruneops.runtimes.genai:RUNTIME",
+
+class RuntimeEntry(NamedTuple):
+    """A runtime's registry line.
+
+    Attributes:
+        target: The `module:attribute` of its `Runtime` (imported when asked for).
+        library: The library that its folder alone may import.
+    """
+
+    target: str
+    library: str
+
+
+# One line per runtime.
+RUNTIMES: dict[str, RuntimeEntry] = {
+    "onnxruntime": RuntimeEntry("pruneops.runtimes.onnxruntime:RUNTIME", library="onnxruntime"),
+    "genai": RuntimeEntry("pruneops.runtimes.genai:RUNTIME", library="onnxruntime_genai"),
 }
-# The library each runtime's folder alone may import.
-LIBRARIES: dict[str, str] = {"onnxruntime": "onnxruntime", "genai": "onnxruntime_genai"}
+LIBRARIES: dict[str, str] = {name: entry.library for name, entry in RUNTIMES.items()}
 
 
 def get_runtime(name: str) -> Runtime:
@@ -33,7 +45,7 @@ def get_runtime(name: str) -> Runtime:
     """
     if name not in RUNTIMES:
         raise ConfigError(f"unknown runtime {name!r}; runtimes: {', '.join(RUNTIMES)}")
-    module, _, attr = RUNTIMES[name].partition(":")
+    module, _, attr = RUNTIMES[name].target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
