@@ -17,12 +17,16 @@ from pathlib import Path
 
 from pruneops import __version__
 from pruneops.core.errors import ConfigError, DataValidationError, PruneOpsError
-from pruneops.pipeline.runner import run_stage
+from pruneops.pipeline.runner import StageOutcome, record_outcome, run_stage
 from pruneops.pipeline.stages import STAGES, get_stage
 
 
+def _error_line(command: str, exc: BaseException) -> str:
+    return f"pruneops {command}: error: {exc}"
+
+
 def _print_error(command: str, exc: BaseException) -> int:
-    print(f"pruneops {command}: error: {exc}", file=sys.stderr)
+    print(_error_line(command, exc), file=sys.stderr)
     if isinstance(exc, DataValidationError):
         print("\n".join(exc.details), file=sys.stderr)
     return getattr(exc, "exit_code", 1)
@@ -402,34 +406,44 @@ def _show_progress() -> None:
 
 
 def _run_stage_command(args: argparse.Namespace) -> int:
+    """Runs the stage and records how it ended (`pipeline.runner.StageOutcome`)."""
     started = time.perf_counter()
+    code, error = _run_stage_reporting(args, started)
+    if error is not None and os.environ.get("RANK", "0") == "0":
+        record_outcome(args.root, StageOutcome(args.command, code, error, round(time.perf_counter() - started, 3)))
+    return code
+
+
+def _run_stage_reporting(args: argparse.Namespace, started: float) -> tuple[int, str | None]:
+    """The stage's exit code and its one error line (empty on success), printed as they happen.
+
+    The error is None where the stage ran under torchrun: its rank-0 process recorded the outcome.
+    """
     _show_progress()
     try:
         launched = _launch_data_parallel(args)
         if launched is not None:
-            return launched
+            return launched, None
         report = run_stage(args.command, args.params, args.root)
     except PruneOpsError as exc:
-        return _print_error(args.command, exc)
+        return _print_error(args.command, exc), _error_line(args.command, exc)
     except KeyboardInterrupt:
         print(f"pruneops {args.command}: interrupted; no output written", file=sys.stderr)
-        return 130
+        return 130, f"pruneops {args.command}: interrupted"
     except OSError as exc:  # a file that cannot be read or written: name it, in one line
-        return _print_error(args.command, PruneOpsError(_file_error(exc)))
+        error = PruneOpsError(_file_error(exc))
+        return _print_error(args.command, error), _error_line(args.command, error)
     except Exception as exc:  # noqa: BLE001 - last resort: one line unless debugging
         if os.environ.get("PRUNEOPS_DEBUG"):
             traceback.print_exc()
-        print(
-            f"pruneops {args.command}: internal error: {type(exc).__name__}: {exc} "
-            "(set PRUNEOPS_DEBUG=1 for a traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        line = f"pruneops {args.command}: internal error: {type(exc).__name__}: {exc}"
+        print(f"{line} (set PRUNEOPS_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1, line
     if os.environ.get("RANK", "0") == "0":
         print(f"pruneops {args.command} ({time.perf_counter() - started:.1f}s): {report.summary()}")
         for line in report.warning_lines:
             print(f"pruneops {args.command}: warning: {line}", file=sys.stderr)
-    return 0
+    return 0, ""
 
 
 def main(argv: list[str] | None = None) -> int:

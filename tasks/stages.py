@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ from prefect import get_run_logger, task
 from pruneops.core.errors import ConfigError
 from pruneops.core.io import Layout, read_json
 from pruneops.pipeline.experiments import Experiment, run_experiment, run_logged
+from pruneops.pipeline.runner import outcome_path, read_outcome
 from pruneops.pipeline.stages import STAGE_NAMES
 
 STAGES = STAGE_NAMES
@@ -41,13 +41,13 @@ def run_stage(stage: str, project_dir: str = ".") -> dict[str, Any]:
         StageFailed: The stage failed; its own error line is in the message.
     """
     logger = get_run_logger()
+    outcome_path(project_dir, stage).unlink(missing_ok=True)  # what follows is this run's, or none
     code, tail = run_logged(["dvc", "repro", "--single-item", stage], Path(project_dir), logger.info)
     if code != 0:
-        errors = [line for line in tail if f"pruneops {stage}: " in line and "error" in line]
-        exited = [m.group(1) for line in tail for m in [re.search(r"exited with (\d+)", line)] if m]
-        raise StageFailed(
-            stage, int(exited[-1]) if exited else code, errors[-1] if errors else tail[-1] if tail else ""
-        )
+        outcome = read_outcome(project_dir, stage)
+        if outcome is not None and outcome.exit_code != 0:  # the stage ran and said why it failed
+            raise StageFailed(stage, outcome.exit_code, outcome.error)
+        raise StageFailed(stage, None, tail[-1] if tail else f"dvc repro exited {code}")  # DVC stopped first
     return read_json(Layout(Path(project_dir)).metrics(stage))
 
 

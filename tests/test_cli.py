@@ -69,6 +69,22 @@ def test_bad_param_exits_2_with_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "artifacts").exists() and not (tmp_path / "metrics").exists()
 
 
+def test_a_stage_records_its_exit_code_and_error_line_for_what_drives_it(tmp_path):
+    """The Prefect tasks read how a stage ended from the stage, not from DVC's wording of it."""
+    from pruneops.pipeline.runner import read_outcome
+
+    write_params(tmp_path, tiny_params(prune={"target": {"kind": "ratio", "value": 1.5}}))
+    result = _run(tmp_path, "prune")
+    outcome = read_outcome(tmp_path, "prune")
+    assert (outcome.stage, outcome.exit_code) == ("prune", result.returncode) == ("prune", 2)
+    assert _error_lines(result.stderr) == [outcome.error]
+    write_params(tmp_path, tiny_params())
+    result = _run(tmp_path, "validate")
+    outcome = read_outcome(tmp_path, "validate")
+    assert result.returncode == 0 and (outcome.exit_code, outcome.error) == (0, "") and outcome.seconds > 0
+    assert read_outcome(tmp_path, "train") is None
+
+
 def test_wrong_type_and_unknown_key(tmp_path):
     write_params(tmp_path, tiny_params(train={"epochs": "many"}))
     result = _run(tmp_path, "train")

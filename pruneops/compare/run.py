@@ -28,7 +28,10 @@ from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.core.io import Layout, dump_json, read_json
 from pruneops.core.params import parse_section, read_params
 from pruneops.pipeline.experiments import apply_overrides, run_experiment, tool_env
-from pruneops.pipeline.stages import project_importable
+from pruneops.pipeline.stages import STAGE_NAMES, project_importable
+
+# In each variant's results: the stages DVC restored from its run-cache or found unchanged.
+NOT_RUN = "stages_not_run.json"
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,8 @@ def run_variant(
             if (experiment.layout.stage_dir(stage) / record).is_file():
                 shutil.copyfile(experiment.layout.stage_dir(stage) / record, keep / record)
         dump_json(experiment.metrics(), keep / "metrics.json")
+        ran = experiment.stages_run()  # each stage that ran recorded how it ended
+        dump_json([s for s in STAGE_NAMES if s not in ran], keep / NOT_RUN)
         log(f"{variant.name}: done ({experiment.name}, recorded by dvc exp)")
     finally:
         experiment.remove()
@@ -302,13 +307,12 @@ def run_benchmarks(
     wall: dict[str, dict] = {}
     all_dirs: dict[str, dict[str, Path]] = {}
     for workload in config.workloads:
-        started, reused = time.monotonic(), []
+        started = time.monotonic()
         work = (root / config.work_dir / workload.name).resolve()
         cached_before = sum(1 for f in (work / ".dvc" / "cache" / "runs").rglob("*") if f.is_file())
         with project_importable(root):
             params = workload_params(base_params, workload, root)
-        noting = _noting_reuse(log, reused)
-        dirs, failed[workload.name] = prepare_workload(work, workload, params, noting, root.resolve())
+        dirs, failed[workload.name] = prepare_workload(work, workload, params, log, root.resolve())
         log(f"[{workload.name}] timing {2 * len(dirs)} models, interleaved")
         if workload.task == "causal_lm":
             rows[workload.name], predictions[workload.name] = measure_decoder_workload(work, workload, dirs, timing)
@@ -320,21 +324,11 @@ def run_benchmarks(
         if pick is not None:
             selected[workload.name] = pick
         seconds = round(time.monotonic() - started, 1)
+        reused = [f"{name}: stage '{stage}' not run" for name, d in dirs.items() for stage in read_json(d / NOT_RUN)]
         wall[workload.name] = {"seconds": seconds, "cached_runs_at_start": cached_before, "reused_stages": reused}
     out = root / config.out_dir
     reports = write_report(config, rows, selected, failed, timing, command, out, predictions, wall=wall, dirs=all_dirs)
     return BenchReport(rows, selected, failed, reports)
-
-
-def _noting_reuse(log: Callable[[str], None], reused: list[str]) -> Callable[[str], None]:
-    """`log`, also collecting the stages DVC did not run (run-cache or unchanged) into `reused`."""
-
-    def note(line: str) -> None:
-        if "skipping run" in line or "didn't change" in line:
-            reused.append(line.split("] ", 1)[-1])
-        log(line)
-
-    return note
 
 
 def select_runs(

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from pruneops.config.base import IMPORT_PATH
 from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.core.io import Layout, read_json
 from pruneops.core.params import read_params
+from pruneops.pipeline.runner import read_outcome
 from pruneops.pipeline.stages import STAGE_NAMES, load_configs, project_importable
 
 LOCK_FILE = "stages.lock"
@@ -186,6 +188,15 @@ class Experiment:
         """Each stage's metrics."""
         return {s: read_json(self.layout.metrics(s)) for s in STAGE_NAMES if self.layout.metrics(s).exists()}
 
+    def stages_run(self) -> list[str]:
+        """The stages that ran in it (each records how it ended); DVC restored or kept the others."""
+        return [s for s in STAGE_NAMES if read_outcome(self.root, s) is not None]
+
+    def failure(self) -> str | None:
+        """The error line of the stage that failed in it, as that stage printed it; None if none did."""
+        failed = [o for o in map(partial(read_outcome, self.root), STAGE_NAMES) if o is not None and o.exit_code]
+        return failed[-1].error if failed else None
+
     def remove(self) -> None:
         """Deletes the worktree (the experiment stays in git refs and its outputs in the cache)."""
         _remove_worktree(self.project, self.repo_root)
@@ -273,9 +284,8 @@ def run_experiment(
         if replace:  # absent is fine: the exit code is not checked
             subprocess.run(_dvc("exp", "remove", name), cwd=root, env=tool_env(), capture_output=True)
         code, tail = run_logged(_dvc("exp", "run", "--name", name), root, log, env=tool_env(pythonpath))
-        if code != 0:
-            errors = [line for line in tail if line.startswith("pruneops ") and "error" in line]
-            raise ExperimentFailed(f"experiment {name} failed: {(errors or tail or ['no output'])[-1]}")
+        if code != 0:  # the failing stage's own line, else DVC's last (it stopped before any stage failed)
+            raise ExperimentFailed(f"experiment {name} failed: {experiment.failure() or (tail or ['no output'])[-1]}")
     except BaseException:
         experiment.remove()
         raise

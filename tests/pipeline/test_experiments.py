@@ -92,3 +92,33 @@ def test_validating_a_user_factory_neither_imports_nor_calls_it(tmp_path, monkey
     assert config.model == "side_effects:build" and not marker.exists()
     create_model(ModelSpec(config.model, [4], 3))  # the stage imports it
     assert marker.exists()
+
+
+@pytest.mark.slow(reason="a DVC experiment in a git worktree (about 40 s on 2 cores)")
+def test_a_failed_experiment_names_the_failing_stage_s_own_error_line(tmp_path):
+    """The line comes from what the stage recorded, not from DVC's wording of the failure."""
+    pytest.importorskip("prefect", reason="the scratch project helper lives with the flow tests")
+    import numpy as np
+
+    from pruneops.pipeline.experiments import ExperimentFailed, run_experiment
+    from tests.flows.conftest import make_project
+
+    rng = np.random.default_rng(0)
+    x = rng.random((60, 4, 4)).astype(np.float32)
+    x[3, 1, 1] = np.nan  # validate refuses it when it runs, not when params load
+    (tmp_path / "p").mkdir()
+    data = tmp_path / "p" / "d.npz"
+    np.savez(
+        data,
+        x_train=x,
+        y_train=np.arange(60) % 3,
+        x_test=rng.random((20, 4, 4)).astype(np.float32),
+        y_test=np.arange(20) % 3,
+    )
+    project = make_project(tmp_path / "p", validate={"dataset": "npz", "path": "d.npz"})
+    with pytest.raises(ExperimentFailed) as failed:
+        run_experiment(project, {"prune.target.value": 0.4}, "broken", log=lambda line: None)
+    message = str(failed.value)
+    assert message.startswith("experiment broken failed: pruneops validate: error: data validation failed: 1 of 10 ")
+    assert "n_nonfinite" in message and "\n" not in message
+    assert not (project / "state" / "experiments" / "broken").exists()  # the worktree is removed
