@@ -126,10 +126,10 @@ def quantize_decoder(
             chosen, source = _choose(dense_candidates, config, metric), "dense"
             folders, forms = dense_folders, dense_forms
             candidates = {**{f"pruned {n}": c for n, c in candidates.items()}, **dense_candidates}
-        folders[chosen].rename(staged.path(out) / MODEL_DIR)
         precision, vocabulary = forms[chosen]
-        for kept in {"fp32", precision}:
+        for kept in {"fp32", precision}:  # before the move below: what ships may be one of these
             shutil.copytree(dense_folders[kept], staged.path(out) / "dense" / kept)
+        folders[chosen].rename(staged.path(out) / MODEL_DIR)
         shutil.rmtree(work)
         choice = {"precision": precision, "vocabulary": vocabulary, "metric": metric, "source": source,
                   "candidates": candidates}  # fmt: skip

@@ -1,0 +1,42 @@
+"""The decoder quantize stage: a pruned model outside the quality budget never ships."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+
+def test_a_pruned_decoder_outside_the_budget_backs_off_to_dense_in_its_fastest_form(tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    import json
+
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.core.quality import QualityBudget
+    from pruneops.runtimes.genai.generation import GenerationTiming, exported_block_losses
+    from pruneops.task.causal_lm import quantize as quantize_stage
+    from tests.decoder_helpers import tiny_decoder
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)
+    # What `finetune` holds is another random model: far outside any budget against the dense one.
+    tiny_decoder("llama", seed=99, hidden_size=64, head_dim=16).save_pretrained(layout.stage_dir("finetune") / "model")
+    tpot = {"dense int8": 2.0}  # injected: dense INT8 is the fastest form of dense
+
+    def timed(folders, vocab, batch, benchmark, seed=0):
+        return {n: GenerationTiming(9.0, tpot.get(n, 5.0), (tpot.get(n, 5.0),), 16, 8, batch) for n in folders}
+
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
+    config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
+    budget = QualityBudget(0.10, "perplexity")
+    report = quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout, budget)
+    choice = json.loads((layout.stage_dir("quantize") / "precision.json").read_text())
+    pruned = choice["candidates"]["pruned fp32"]["val_change"]
+    assert pruned["high"] > budget.limit  # the interval's far end: outside the budget
+    assert (report.source, report.precision, choice["source"]) == ("dense", "int8", "dense")
+    assert len(report.warnings) == 1 and "dense" in report.warnings[0]
+    out = layout.stage_dir("quantize")
+    assert all((out / "dense" / p / "genai_config.json").is_file() for p in ("fp32", "int8"))
+    losses = exported_block_losses(out / "model", np.load(layout.stage_dir("validate") / "corpus.npz")["val"])
+    assert np.exp(losses.mean()) == pytest.approx(choice["candidates"]["int8"]["val_perplexity"], rel=1e-5)
