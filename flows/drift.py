@@ -13,8 +13,8 @@ from prefect.events import emit_event
 
 from pruneops.pipeline.stages import load_section
 
-DRIFT_EVENT = "pruneops.data.drift.detected"
-DRIFT_RESOURCE = {"prefect.resource.id": "pruneops.data.drift"}
+DRIFT_EVENT = "pruneops.drift.detected"
+DRIFT_RESOURCE = {"prefect.resource.id": "pruneops.drift"}
 # A classifier's overall drift score, or a decoder's prompt token-frequency PSI.
 DRIFT_QUERY = "max(pruneops_drift_score) or max(pruneops_prompt_drift_psi)"
 
@@ -33,7 +33,7 @@ def read_drift_score(source: str) -> float | None:
 
 @flow(name="drift-check")
 def drift_check(project_dir: str = ".", periodic: bool = False) -> dict[str, Any]:
-    """Emits `pruneops.data.drift.detected` when drift exceeds `reprune.drift_threshold`.
+    """Emits `pruneops.drift.detected` when drift exceeds `reprune.drift_threshold`.
 
     Args:
         project_dir: The PruneOps project (its params.yaml has the threshold and the source).

@@ -10,7 +10,7 @@ def test_deployments_schedule_trigger_and_concurrency(tmp_path):
     assert (pipeline.name, drift.name, reprune.name) == ("pipeline", "drift-check", "reprune")
     assert drift.schedules[0].schedule.cron == "*/15 * * * *"
     (trigger,) = reprune.triggers
-    assert trigger.expect == {"pruneops.data.drift.detected"}
+    assert trigger.expect == {"pruneops.drift.detected"}
     assert trigger.parameters == {"project_dir": str(project), "reason": "drift alert"}
     for deployment in (pipeline, reprune):
         assert deployment.concurrency_limit == 1
