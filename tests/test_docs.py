@@ -102,6 +102,15 @@ def test_the_guides_have_runnable_blocks_of_known_kinds():
     assert len(RECIPES) >= 4
 
 
+README_MAX_LINES = 250  # the first screen is the two set-up commands and the library example
+
+
+def test_the_readme_stays_a_readme():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; the rest belongs in docs/"
+    assert any("make run" in line for line in lines[:20]) and any("make test" in line for line in lines[:20])
+
+
 def _project(recipe: Recipe, root: Path, tiny: bool, extra: dict | None = None) -> Path:
     """Writes the recipe's files and params (over the tiny params, then `extra`) into `root`."""
     for name, text in recipe.files.items():
