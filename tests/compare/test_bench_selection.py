@@ -1,5 +1,7 @@
 """`pruneops bench --only/--variants/--out-dir`: a part of a benchmark measures what the whole does."""
 
+import json
+
 import pytest
 import yaml
 
@@ -161,3 +163,16 @@ def test_a_latency_match_in_an_int8_form_is_timed_against_the_deployed_export(tm
     assert lines == ["ours: matching tp's latency as its prune stage measured it (not deployed in dynamic)"]
     with pytest.raises(ConfigError, match="timed in fp32 by its prune stage"):
         variant_overrides(dynamic, done)
+
+
+def test_a_decoder_row_on_the_results_page_gives_its_speed_up_against_dense_as_deployed(tmp_path):
+    from pruneops.compare.results import headline_table
+
+    report = tmp_path / "results" / "llm" / "w"
+    report.mkdir(parents=True)
+    pick = {"name": "ours deployed", "speedup_b1": 3.9, "test_ratio": 1.04, "test_ratio_ci": [1.0, 1.09]}
+    rows = [{"name": "dense fp32", "speedup_b1_vs_dense_deployed": 0.4}, {**pick, "speedup_b1_vs_dense_deployed": 1.6}]
+    machine = {"cpu": "AMD EPYC 7B13", "date": "2026-12-05"}
+    (report / "results.json").write_text(json.dumps({"decoder_selected": pick, "rows": rows, "machine": machine}))
+    (report / "report.md").write_text("# w\n")
+    assert "3.90× per generated token (1.60× vs dense INT8)" in headline_table(tmp_path)
