@@ -63,9 +63,11 @@ def _decoder_pick(data: dict) -> dict | None:
     """A decoder report's pick with its row's speed-up against dense as deployed (None for a classifier's report)."""
     if "decoder_selected" not in data:
         return None
-    pick = data.get("decoder_selected") or {}
-    row = next((r for r in data.get("rows", []) if pick and r.get("name") == pick["name"]), {})
-    return {"speedup_b1_vs_dense_deployed": row.get("speedup_b1_vs_dense_deployed"), **pick} if pick else pick
+    pick = data.get("decoder_selected")
+    if not pick:  # none within the budget
+        return {}
+    row = next((r for r in data.get("rows", []) if r.get("name") == pick["name"]), {})
+    return {"speedup_b1_vs_dense_deployed": row.get("speedup_b1_vs_dense_deployed"), **pick}
 
 
 def _decoder_cells(pick: dict) -> list[str]:
