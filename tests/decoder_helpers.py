@@ -13,16 +13,27 @@ SPECIALS = ["<unk>", "<eos>", "<pad>"]
 VOCAB = len(SPECIALS) + len(WORDS)
 
 
-def tiny_tokenizer():
-    """A word-level fast tokenizer with <eos> and <unk> (what a corpus and a zero-shot check need)."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+BOS_ID = VOCAB  # `tiny_tokenizer(bos=True)` only: one id past the others (its models take VOCAB + 1)
+
+
+def tiny_tokenizer(bos: bool = False):
+    """A word-level fast tokenizer with <eos> and <unk> (what a corpus and a zero-shot check need).
+
+    With `bos`, it also prepends <bos> (id `BOS_ID`) to every text, as Llama's and Gemma's do.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate([*SPECIALS, *WORDS])}
+    vocab = {t: i for i, t in enumerate([*SPECIALS, *WORDS, *(["<bos>"] if bos else [])])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", BOS_ID)]
+        )
+    specials = {"unk_token": "<unk>", "eos_token": "<eos>", "pad_token": "<pad>"}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **specials, **({"bos_token": "<bos>"} if bos else {}))
 
 
 def _config(family: str):
@@ -152,3 +163,55 @@ def decoder_params(model: Path, corpus: Path, **overrides: dict) -> dict:
     for section, values in overrides.items():
         params[section] = {**params[section], **values}
     return params
+
+
+# Every decoder family of transformers 5 that decoder pruning is tested on, by `model_type`: the
+# onnxruntime-genai builder here (0.18) exports the first group and gives the torch model's greedy
+# tokens; the second is cut and reloaded in torch only (the builder refuses them, or for OLMo gives
+# other tokens than transformers: see docs/reference/decoder-families.md).
+SERVED_FAMILIES = (
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "granite", "smollm3", "ernie4_5",
+    "hunyuan_v1_dense", "phi", "nemotron", "gemma3_text",
+)  # fmt: skip
+TORCH_ONLY_FAMILIES = (
+    "phi3", "olmo", "olmo2", "cohere", "starcoder2", "stablelm", "glm", "exaone4",
+    "gpt2", "gpt_neox", "gptj", "opt", "bloom",
+)  # fmt: skip
+
+
+def family_decoder(model_type: str, layers: int = 3, seed: int = 0) -> torch.nn.Module:
+    """A tiny random causal LM of any family transformers builds (hidden 128, 4 query heads in 2 KV groups).
+
+    Head size 32: onnxruntime-genai's attention needs a multiple of 16 and a rotary half that is a
+    multiple of 8 under partial rotary embeddings (Phi, Nemotron).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=2,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+    if "head_dim" in config.to_dict():  # Qwen3, Gemma: their own defaults, not hidden / heads
+        config.head_dim = 32
+    if getattr(config, "rotary_dim", None):  # GPT-J: 64 by default, more than a head here
+        config.rotary_dim = 16
+    if getattr(config, "sliding_window", None):
+        # onnxruntime-genai wants the window within the KV cache (prompt + new tokens); Mistral's
+        # window edge differs between runtimes, so it gets none where its config allows it.
+        config.sliding_window = None if model_type == "mistral" else 8
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name and "ln" not in name:
+                param.normal_(0.0, 0.2)
+    return model.eval()

@@ -3,8 +3,9 @@
 A corpus is plain text (documents separated by blank lines), JSONL, CSV/TSV or Parquet
 (one document per row in `text_column`), optionally .gz/.bz2. Documents are split into train,
 validation and test by a seeded permutation of whole documents (no document straddles two
-splits), then each split's documents are tokenised by the model's own tokenizer, joined with the
-end-of-sequence token and cut into blocks of `block_length` tokens (the tail is dropped).
+splits), then each split's documents are tokenised by the model's own tokenizer with the special
+tokens it adds itself (BOS), joined with the end-of-sequence token and cut into blocks of
+`block_length` tokens that each start as the model's training sequences did (the tail is dropped).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import bz2
 import gzip
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,16 +109,65 @@ def split_documents(documents: list[str], val_fraction: float, test_fraction: fl
     return {name: [documents[i] for i in sorted(index)] for name, index in parts.items()}
 
 
+@dataclass(frozen=True)
+class Affixes:
+    """The ids a tokenizer adds around a text of its own accord: BOS before (Llama, Gemma), EOS after for some."""
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+
+
+Encode = Callable[[str, bool], list[int]]  # (text, add the tokenizer's own special tokens) -> ids
+
+
+def hf_encode(tokenizer: object) -> Encode:
+    """The encode function of a transformers tokenizer."""
+    return lambda text, special: list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def affixes_of(encode: Encode) -> Affixes:
+    """What `encode` adds around a text when asked for its special tokens (read from the tokenizer, not assumed)."""
+    plain, full = encode(_PROBE, False), encode(_PROBE, True)
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return Affixes(tuple(full[:start]), tuple(full[start + len(plain) :]))
+    return Affixes((), ())  # a tokenizer that rewrites the text itself: nothing it adds can be told apart
+
+
+_PROBE = "The quick brown fox."
+
+
 def to_blocks(documents: list[str], tokenizer: object, block_length: int) -> tuple[np.ndarray, int]:
-    """Token blocks of the documents joined by end-of-sequence; returns (blocks, tokens)."""
+    """Token blocks of the documents as the model was trained on them; returns (blocks, tokens).
+
+    Each document is tokenised as its tokenizer does on its own (with its BOS, where it adds one)
+    and followed by end-of-sequence (or the suffix the tokenizer adds itself); documents are joined,
+    and every block starts with the tokenizer's prefix: a block that begins mid-document gets the
+    BOS a model trained with one always saw first (SmolLM2's and GPT-2's tokenizers add none).
+    """
+    encode = hf_encode(tokenizer)
+    affixes = affixes_of(encode)
     eos = tokenizer.eos_token_id
-    ids: list[int] = []
+    separator = list(affixes.suffix) or ([eos] if eos is not None else [])
+    stream: list[int] = []
     for document in documents:
-        ids.extend(tokenizer(document, add_special_tokens=False)["input_ids"])
-        if eos is not None:
-            ids.append(eos)
-    n = len(ids) // block_length
-    return np.asarray(ids[: n * block_length], dtype=np.int64).reshape(n, block_length), len(ids)
+        stream.extend([*affixes.prefix, *encode(document, False), *separator])
+    blocks = _blocks(stream, list(affixes.prefix), block_length)
+    return np.asarray(blocks, dtype=np.int64).reshape(len(blocks), block_length), len(stream)
+
+
+def _blocks(stream: list[int], prefix: list[int], length: int) -> list[list[int]]:
+    """Consecutive blocks of `length` ids, each starting with `prefix` (the tail is dropped)."""
+    blocks, position, width = [], 0, len(prefix)
+    while True:
+        if stream[position : position + width] == prefix:  # at a document's start, or no prefix at all
+            block, step = stream[position : position + length], length
+        else:
+            block, step = prefix + stream[position : position + length - width], length - width
+        if len(block) < length or step <= 0:
+            return blocks
+        blocks.append(block)
+        position += step
 
 
 def unknown_token_rate(blocks: np.ndarray, tokenizer: object) -> float:

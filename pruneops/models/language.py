@@ -16,6 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from pruneops.core.progress import Progress
+from pruneops.data.corpus import affixes_of, hf_encode
+
 
 @dataclass(frozen=True)
 class Perplexity:
@@ -36,12 +39,13 @@ def block_losses(model: nn.Module, blocks: torch.Tensor | np.ndarray, batch_size
     blocks = torch.as_tensor(blocks)
     device = next(model.parameters(), torch.empty(0)).device  # a model without weights runs on the CPU
     out = []
-    with torch.inference_mode():
+    with torch.inference_mode(), Progress("scoring perplexity", len(blocks), "blocks") as counter:
         for start in range(0, len(blocks), batch_size):
             ids = blocks[start : start + batch_size].to(device)
             logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
             nll = nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
             out.append(nll.mean(1).double().cpu().numpy())
+            counter.update(len(ids))
     return np.concatenate(out)
 
 
@@ -86,9 +90,10 @@ def zero_shot_accuracy(
         labels: The answers compared (e.g. ["negative", "positive"]).
     """
     correct = 0
+    prefix = list(affixes_of(hf_encode(tokenizer)).prefix)  # the BOS a model trained with one always saw first
     with torch.inference_mode():
         for text, label in examples:
-            context = tokenizer(prompt.format(text=text), add_special_tokens=False)["input_ids"]
+            context = prefix + tokenizer(prompt.format(text=text), add_special_tokens=False)["input_ids"]
             scores = []
             for answer in labels:
                 target = tokenizer(" " + answer, add_special_tokens=False)["input_ids"]

@@ -26,15 +26,9 @@ from torch import nn
 
 from pruneops.core.errors import ConfigError
 from pruneops.core.plugins import Registry
-from pruneops.models.decoders import (
-    DecoderLayout,
-    keep_inputs_,
-    keep_outputs_,
-    layout_of,
-    remove_layers_,
-    set_weight_out_in_,
-    weight_out_in,
-)
+from pruneops.core.progress import Progress
+from pruneops.models.decoder_layout import DecoderLayout, get_module, layout_of, weight_out_in
+from pruneops.models.decoders import keep_inputs_, keep_outputs_, remove_layers_, set_weight_out_in_
 from pruneops.models.decoders import mlp_width as current_mlp_width
 
 RIDGE = 1e-3  # ridge of the least-squares solve, relative to the mean input energy
@@ -113,9 +107,10 @@ def calibrate(model: nn.Module, blocks: torch.Tensor, batch_size: int = 4, atten
             stats.attention_output.append(None)
         handles.append(layer.register_forward_hook(_similarity(similarity, index), with_kwargs=True))
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), Progress("calibration", len(blocks), "blocks") as counter:
             for start in range(0, len(blocks), batch_size):
                 model(input_ids=blocks[start : start + batch_size], use_cache=False)
+                counter.update(len(blocks[start : start + batch_size]))
     finally:
         for handle in handles:
             handle.remove()
@@ -211,6 +206,10 @@ def prune_mlp_(
         ConfigError: The width is out of range, or data-driven choices lack a calibration.
     """
     layout = layout_of(model)
+    if layout.mlp_width_key is None:  # refused before anything is sliced
+        raise ConfigError(
+            f"prune: MLP neurons of {layout.name} models cannot be cut: no config key expresses the width"
+        )
     score = NEURON_IMPORTANCES.get(importance)
     if (importance != "magnitude" or reconstruct) and calibration is None:
         raise ConfigError(f"prune: importance {importance!r} and reconstruction need a calibration pass")
@@ -220,15 +219,15 @@ def prune_mlp_(
         if not 0 < keep_width <= width:
             raise ConfigError(f"prune: MLP width {keep_width} is outside 1..{width}")
         stats = calibration.mlp[index] if calibration is not None else None
-        scores = score([weight_out_in(m) for m in inputs], weight_out_in(down), stats)
+        producers = [chunk for m in inputs for chunk in weight_out_in(m).split(width)]  # a fused gate_up: 2 chunks
+        scores = score(producers, weight_out_in(down), stats)
         keep = scores.topk(keep_width).indices.sort().values
         if reconstruct:
             least_squares_(down, stats, keep)
+        stacked = torch.cat([keep + chunk * width for chunk in range(layout.mlp_chunks)])
         for module in inputs:
-            keep_outputs_(module, keep)
+            keep_outputs_(module, stacked)
         keep_inputs_(down, keep)
-    if layout.mlp_width_key is None:
-        raise ConfigError(f"prune: the {layout.name} layout has no config key for the MLP width")
     setattr(model.config, layout.mlp_width_key, keep_width)
 
 
@@ -264,7 +263,7 @@ def prune_heads_(
     config = model.config
     heads = getattr(config, layout.heads_key)
     kv = getattr(config, layout.kv_heads_key) if layout.kv_heads_key else heads
-    head_dim = getattr(config, layout.head_dim_key, None) or config.hidden_size // heads
+    head_dim = weight_out_in(layout.attention_modules(layout.decoder_layers(model)[0])[0]).shape[0] // heads
     per_group = heads // kv
     if not (0 < keep_kv_groups <= kv and 0 < keep_queries_per_group <= per_group):
         raise ConfigError(
@@ -285,10 +284,23 @@ def prune_heads_(
         keep_outputs_(k, kv_rows)
         keep_outputs_(v, kv_rows)
         keep_inputs_(o, q_rows)
+        for path in layout.query_norms:  # norms over the whole query (OLMo-2): sliced with it
+            _keep_norm_(get_module(layer, path), q_rows)
+        for path in layout.key_norms:
+            _keep_norm_(get_module(layer, path), kv_rows)
     setattr(config, layout.heads_key, keep_kv_groups * keep_queries_per_group)
     if layout.kv_heads_key:
         setattr(config, layout.kv_heads_key, keep_kv_groups)
     setattr(config, layout.head_dim_key, head_dim)  # explicit: hidden / heads no longer gives it
+
+
+def _keep_norm_(norm: nn.Module, index: torch.Tensor) -> None:
+    norm.weight = nn.Parameter(norm.weight.data[index].contiguous())
+    if getattr(norm, "bias", None) is not None:
+        norm.bias = nn.Parameter(norm.bias.data[index].contiguous())
+    for attr in ("normalized_shape", "hidden_size"):
+        if isinstance(getattr(norm, attr, None), tuple):
+            setattr(norm, attr, (len(index),))
 
 
 def least_influential_layers(calibration: Calibration, count: int) -> list[int]:

@@ -51,6 +51,14 @@ class Runtime(ABC):
     def versions(self) -> dict[str, str]:
         """The runtime's library versions, recorded beside every figure it timed."""
 
+    def cannot_serve(self, model: Any, **options: Any) -> str | None:
+        """Why this runtime cannot export and run `model`'s family, in one phrase (None: it can).
+
+        Asked by the first stage that loads a model, so a family the runtime cannot serve stops
+        there and not hours later at export. A runtime that serves every model it is given says None.
+        """
+        return None
+
     def check_precisions(self, precisions: Sequence[str]) -> None:
         """Refuses a precision this runtime has not.
 

@@ -35,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Field
 
 from pruneops.core.errors import ConfigError
+from pruneops.data.corpus import affixes_of
 from pruneops.data.drift import psi
 from pruneops.runtimes import get_runtime
 
@@ -182,6 +183,8 @@ class DecoderService:
             raise ConfigError(f"serve-decoder: {exc}") from None
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.folder, self.model, self.vocab, self.tokenizer = folder, model, model.vocab_size, tokenizer
+        # The ids the tokenizer puts before a text of its own accord (a BOS): every prompt starts with them.
+        self.prefix = list(affixes_of(lambda t, special: tokenizer.encode(t, add_special_tokens=special).ids).prefix)
         self.drift = PromptDrift(reference, self.drift_window) if reference else None
         self.metrics.version = folder.name
 
@@ -212,7 +215,7 @@ class DecoderService:
         self.drift = PromptDrift(reference, self.drift_window)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of a text (no special tokens added), as the corpus blocks were made."""
+        """Token ids of a text (no special tokens added)."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
@@ -220,7 +223,7 @@ class DecoderService:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
-        """The prompt's token ids.
+        """The prompt's token ids after the tokenizer's own prefix (its BOS), as the corpus blocks start.
 
         Raises:
             EmptyText: The prompt holds no token.
@@ -228,7 +231,7 @@ class DecoderService:
         prompt = self.encode(request.prompt)
         if not prompt:
             raise EmptyText("the prompt holds no tokens")
-        return prompt
+        return [*self.prefix, *prompt]
 
     def generate(self, request: GenerateRequest) -> GenerateResponse:
         """Decodes one continuation, timing its first and every further token."""
@@ -309,6 +312,7 @@ class DecoderService:
         prompt, continuation = self.encode(request.prompt), self.encode(request.continuation)
         if not prompt or not continuation:
             raise EmptyText("the prompt and the continuation must each hold a token")
+        prompt = [*self.prefix, *prompt]
         with self.lock:
             losses = self.model.token_losses(np.asarray(prompt + continuation))[len(prompt) - 1 :]
             if self.feedback_file is not None:  # the text a re-prune is run on

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from pruneops.core.errors import ConfigError
+from pruneops.core.progress import Progress
 from pruneops.timing.machine import cpu_flags
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,10 @@ def progress_marks(
     """
     every = max(1, max_tokens // points)
     last = [-every]
+    counter = Progress("recovery", max_tokens, "tokens")  # the rate and the time left, every 10 s
 
     def progress(used: int, loss: float) -> None:
+        counter.update(used - counter.done)
         if used - last[0] >= every:
             last[0] = used
             log.info("recovery: %d / %d tokens, loss %.4f", used, max_tokens, loss)
@@ -215,7 +218,7 @@ class AttachedLoRA:
 
 def _projections(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, module) of every projection inside the decoder layers."""
-    from pruneops.models.decoders import layout_of
+    from pruneops.models.decoder_layout import layout_of
 
     found = []
     for layer in layout_of(model).decoder_layers(model):

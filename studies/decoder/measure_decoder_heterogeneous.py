@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
-from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm, weight_out_in
+from pruneops.models.decoder_layout import layout_of, weight_out_in
+from pruneops.models.decoders import keep_inputs_, keep_outputs_, load_causal_lm
 from pruneops.models.language import block_losses, paired_ratio_interval, perplexity_from_losses
 from pruneops.planning.decode_cost import shape_of
 from pruneops.pruning.decoder_cuts import NEURON_IMPORTANCES, calibrate, least_squares_

@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
-from pruneops.models.decoders import keep_inputs_, keep_outputs_, layout_of, load_causal_lm
+from pruneops.models.decoder_layout import layout_of
+from pruneops.models.decoders import keep_inputs_, keep_outputs_, load_causal_lm
 from pruneops.models.language import paired_ratio_interval, perplexity, perplexity_from_losses
 from pruneops.planning.decode_cost import shape_of, width_step
 from pruneops.pruning.decoder_cuts import calibrate, prune_to_shape_, rebuild

@@ -115,6 +115,12 @@ class GenaiRuntime(Runtime):
     def open(self, artefact: Path, threads: int = 1) -> GenaiModel:
         return GenaiModel(artefact, threads)
 
+    def cannot_serve(self, model: Any, *, tokenizer: object) -> str | None:
+        """Builds a two-layer random copy of the model's family and checks its tokens and losses against torch's."""
+        from pruneops.runtimes.genai.export import family_problem  # torch and transformers: not for serving
+
+        return family_problem(model, tokenizer)
+
     def time(self, artefacts: Mapping[str, Path], workload: DecodeWorkload) -> dict[str, GenerationTiming]:
         return time_generation(dict(artefacts), workload.prompt, workload.new_tokens, workload.rounds, workload.warmup)
 

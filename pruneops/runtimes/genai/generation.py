@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pruneops.core.errors import PruneOpsError
+from pruneops.runtimes.genai import builder_main
 from pruneops.timing.generation import GenerationTiming
 
 PRECISIONS = ("fp32", "int8", "int4")
@@ -35,7 +36,8 @@ def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "build.log"
-    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_folder), "-o", str(out)]
+    # The builder's command line, through the adapter (imported, so it is in every export stage's DVC deps).
+    command = [sys.executable, "-m", builder_main.__name__, "-i", str(hf_folder), "-o", str(out)]
     command += ["-p", precision, "-e", "cpu"]
     with log.open("w") as handle:
         done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)

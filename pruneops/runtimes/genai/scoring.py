@@ -25,12 +25,17 @@ def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarra
     """
     ids = np.asarray(ids, dtype=np.int64)[None, :]
     feed: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    # Sliding-window attention (Gemma 2 and 3) wants a cache buffer at least a window long; it stays
+    # empty (the mask covers the sequence only), so the logits are those of an empty cache.
+    window = (decoder.get("sliding_window") or {}).get("window_size", 0)
+    capacity = max(window, ids.shape[1]) if window else 0
     for spec in session.get_inputs():
         if spec.name == "position_ids":
             feed["position_ids"] = np.arange(ids.shape[1], dtype=np.int64)[None, :]
         elif spec.name.startswith("past_key_values"):
             dtype = np.float16 if "float16" in spec.type else np.float32
-            feed[spec.name] = np.zeros((1, decoder["num_key_value_heads"], 0, decoder["head_size"]), dtype=dtype)
+            shape = (1, decoder["num_key_value_heads"], capacity, decoder["head_size"])
+            feed[spec.name] = np.zeros(shape, dtype=dtype)
     logits = session.run(["logits"], feed)[0][0, :-1].astype(np.float64)
     logits -= logits.max(-1, keepdims=True)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))

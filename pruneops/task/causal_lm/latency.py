@@ -10,6 +10,7 @@ import torch
 
 from pruneops.config import BenchmarkConfig, LatencyConfig
 from pruneops.core.io import Layout, dump_json, staged_output_paths
+from pruneops.models.decoder_layout import layout_of
 from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
 from pruneops.planning.decode_cost import shape_of
@@ -51,6 +52,7 @@ def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout:
     """
     torch.set_num_threads(config.threads)
     dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    layout_of(dense)  # run on its own, the stage refuses what cannot be cut before timing anything
     base = shape_of(dense.config)
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-table-") as work:
         table = time_shapes(

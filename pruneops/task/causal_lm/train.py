@@ -8,13 +8,15 @@ from pathlib import Path
 import torch
 
 from pruneops.config import TrainConfig
+from pruneops.core.errors import ConfigError
 from pruneops.core.io import Layout, dump_json, staged_output_paths
+from pruneops.models.decoder_layout import layout_of
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
 from pruneops.models.language import block_losses, perplexity_from_losses
 from pruneops.pipeline.stages import StageReport
 from pruneops.planning.decode_cost import shape_of
 from pruneops.reports.decoder_plots import plot_note
-from pruneops.task.causal_lm.common import MODEL_DIR, load_blocks
+from pruneops.task.causal_lm.common import GENAI, MODEL_DIR, load_blocks
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class AdoptedDecoderReport(StageReport):
     layers: int
     mlp_width: int
     kv_groups: int
+    cuts: str  # what decoder pruning can cut in this model, and what its config cannot express
     val_perplexity: float
     val_perplexity_ci: list
     checkpoint: Path
@@ -33,7 +36,7 @@ class AdoptedDecoderReport(StageReport):
     def summary(self) -> str:
         return (
             f"{self.model}: {self.params:,} params, {self.layers} layers, validation perplexity "
-            f"{self.val_perplexity:.2f} -> {self.checkpoint}"
+            f"{self.val_perplexity:.2f} -> {self.checkpoint}\n{self.cuts}"
         )
 
 
@@ -41,9 +44,19 @@ def adopt_causal_lm(config: TrainConfig, layout: Layout) -> AdoptedDecoderReport
     """Loads the user's decoder (folder or GGUF) as it is, scores it, and saves a plain folder.
 
     Writes `artifacts/train/model/` (safetensors, config, tokenizer: what every runtime loads).
+
+    Raises:
+        ConfigError: The model has what decoder pruning cannot handle (named), before it is scored.
     """
     torch.set_num_threads(config.threads)
     model, tokenizer = load_causal_lm(config.pretrained)
+    cuts = layout_of(model).describe()  # the first stage that loads the model refuses what cannot be cut
+    problem = GENAI.cannot_serve(model, tokenizer=tokenizer)  # and what its runtime cannot serve
+    if problem is not None:
+        raise ConfigError(
+            f"train.pretrained: onnxruntime-genai cannot serve {model.config.model_type} models: {problem} "
+            "(docs/reference/decoder-families.md)"
+        )
     losses = block_losses(model, load_blocks(layout)["val"])
     ppl = perplexity_from_losses(losses, 0)
     shape = shape_of(model.config)
@@ -57,6 +70,7 @@ def adopt_causal_lm(config: TrainConfig, layout: Layout) -> AdoptedDecoderReport
             layers=shape.layers,
             mlp_width=shape.mlp_width,
             kv_groups=shape.kv_groups,
+            cuts=cuts,
             val_perplexity=ppl.value,
             val_perplexity_ci=[ppl.low, ppl.high],
             checkpoint=out / MODEL_DIR,

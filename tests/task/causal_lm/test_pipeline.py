@@ -289,3 +289,35 @@ def test_finetune_on_a_cuda_device_torch_does_not_see_stops_in_one_line_before_l
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recovery device 'cuda'" in err[0] and "use cpu" in err[0], err
     assert not (tmp_path / "artifacts" / "finetune").exists()
+
+
+@pytest.mark.parametrize(
+    ("family", "reason"),
+    [
+        ("mixtral", "routes tokens to experts"),  # decoder pruning cannot cut it
+        ("olmo", "generates other tokens than transformers"),  # the builder builds it, wrongly
+        ("cohere", "not currently supported"),  # the builder refuses it
+    ],
+)
+def test_train_refuses_a_family_it_cannot_cut_or_serve_in_one_line(family, reason, corpus_params, tmp_path, capsys):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.decoder_helpers import VOCAB, family_decoder, tiny_tokenizer
+
+    if family == "mixtral":
+        config = AutoConfig.for_model(family, vocab_size=VOCAB, hidden_size=64, intermediate_size=32,
+                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                      num_local_experts=2, pad_token_id=2, bos_token_id=1, eos_token_id=1)  # fmt: skip
+        model = AutoModelForCausalLM.from_config(config)
+    else:
+        model = family_decoder(family)
+    model.save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    write_params(tmp_path, corpus_params)
+    project = ["--root", str(tmp_path), "--params", str(tmp_path / "params.yaml")]
+    assert main([*project, "validate"]) == 0
+    capsys.readouterr()
+    assert main([*project, "train"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "%|" not in line]  # no bars
+    assert len(err) == 1 and reason in err[0] and family in err[0], err
+    assert not (tmp_path / "artifacts" / "train").exists()

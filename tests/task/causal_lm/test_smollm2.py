@@ -38,7 +38,8 @@ def test_exported_smollm2_decodes_greedy_tokens_identical_to_torch_for_64_steps(
 @pytest.mark.slow
 @pytest.mark.skipif(not GGUF.is_file(), reason="run `make llm-assets` first")
 def test_the_gguf_file_loads_to_the_same_weights_as_the_saved_folder():
-    from pruneops.models.decoders import layout_of, load_causal_lm
+    from pruneops.models.decoder_layout import layout_of
+    from pruneops.models.decoders import load_causal_lm
 
     from_gguf, tokenizer = load_causal_lm(GGUF)
     from_folder, _ = load_causal_lm(SMOLLM2)
