@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+import pruneops.runtimes.genai.builder_main as builder_main
 from pruneops.core.errors import PruneOpsError
-from pruneops.runtimes.genai import builder_main
 from pruneops.timing.generation import GenerationTiming
 
 PRECISIONS = ("fp32", "int8", "int4")
