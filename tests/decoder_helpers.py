@@ -105,7 +105,11 @@ def tiny_decoder(family: str, seed: int = 0, std: float = 0.2, **sizes: int) -> 
     config = _config(family)
     for key, value in sizes.items():
         setattr(config, key, value)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return _randomised(AutoModelForCausalLM.from_config(config, dtype=torch.float32), std)
+
+
+def _randomised(model: torch.nn.Module, std: float) -> torch.nn.Module:
+    """Every weight but the norms drawn with `std` (biases non-zero, so reconstruction shows), in eval mode."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" not in name and "ln" not in name:
@@ -209,9 +213,4 @@ def family_decoder(model_type: str, layers: int = 3, seed: int = 0) -> torch.nn.
         # window edge differs between runtimes, so it gets none where its config allows it.
         config.sliding_window = None if model_type == "mistral" else 8
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name and "ln" not in name:
-                param.normal_(0.0, 0.2)
-    return model.eval()
+    return _randomised(AutoModelForCausalLM.from_config(config, dtype=torch.float32), 0.2)

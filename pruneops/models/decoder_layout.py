@@ -344,6 +344,16 @@ def _probe_config(model: nn.Module, layout: DecoderLayout, width: int, cannot: l
     return _replace(layout, mlp_width_key=width_key, head_dim_key=head_dim_key, cannot_cut=tuple(cannot))
 
 
+def first_layers(config: object, count: int) -> dict:
+    """Config changes that keep the first `count` decoder layers: every per-layer list, then the count."""
+    changes: dict = {}
+    for key in PER_LAYER_KEYS:
+        values = getattr(config, key, None)
+        if isinstance(values, list) and len(values) == config.num_hidden_layers:
+            changes[key] = values[:count]
+    return {**changes, "num_hidden_layers": count}
+
+
 def _replace(layout: DecoderLayout, **changes: object) -> DecoderLayout:
     from dataclasses import replace
 
@@ -372,12 +382,7 @@ def _probe_layers(model: nn.Module, layout: DecoderLayout) -> bool:
     count = model.config.num_hidden_layers
     if count < 2:
         return True
-    changes: dict = {"num_hidden_layers": count - 1}
-    for key in PER_LAYER_KEYS:
-        values = getattr(model.config, key, None)
-        if isinstance(values, list) and len(values) == count:
-            changes[key] = values[: count - 1]
-    probe = _build_on_meta(model, model.config, changes)
+    probe = _build_on_meta(model, model.config, first_layers(model.config, count - 1))
     return probe is not None and len(layout.decoder_layers(probe)) == count - 1
 
 

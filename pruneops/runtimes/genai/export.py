@@ -63,15 +63,11 @@ def family_problem(model: torch.nn.Module, tokenizer: object) -> str | None:
 
     from transformers import AutoModelForCausalLM
 
-    from pruneops.models.decoder_layout import PER_LAYER_KEYS
+    from pruneops.models.decoder_layout import first_layers
 
     config = copy.deepcopy(model.config)
-    layers = min(config.num_hidden_layers, 2)
-    for key in PER_LAYER_KEYS:
-        values = getattr(config, key, None)
-        if isinstance(values, list) and len(values) == config.num_hidden_layers:
-            setattr(config, key, values[:layers])
-    config.num_hidden_layers = layers
+    for key, value in first_layers(config, min(config.num_hidden_layers, 2)).items():
+        setattr(config, key, value)
     config.vocab_size = max(512, *(_special_ids(config) or [0])) + 1
     torch.manual_seed(0)
     probe = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
