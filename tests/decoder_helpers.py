@@ -183,7 +183,7 @@ TORCH_ONLY_FAMILIES = (
 )  # fmt: skip
 
 
-def family_decoder(model_type: str, layers: int = 3, seed: int = 0) -> torch.nn.Module:
+def family_decoder(model_type: str, layers: int = 3, seed: int = 0, vocab_size: int = VOCAB) -> torch.nn.Module:
     """A tiny random causal LM of any family transformers builds (hidden 128, 4 query heads in 2 KV groups).
 
     Head size 32: onnxruntime-genai's attention needs a multiple of 16 and a rotary half that is a
@@ -193,7 +193,7 @@ def family_decoder(model_type: str, layers: int = 3, seed: int = 0) -> torch.nn.
 
     config = AutoConfig.for_model(
         model_type,
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=96,
         num_hidden_layers=layers,

@@ -33,6 +33,7 @@ class RuntimeEntry(NamedTuple):
 RUNTIMES: dict[str, RuntimeEntry] = {
     "onnxruntime": RuntimeEntry("pruneops.runtimes.onnxruntime:RUNTIME", library="onnxruntime"),
     "genai": RuntimeEntry("pruneops.runtimes.genai:RUNTIME", library="onnxruntime_genai"),
+    "llamacpp": RuntimeEntry("pruneops.runtimes.llamacpp:RUNTIME", library="llama_cpp"),
 }
 LIBRARIES: dict[str, str] = {name: entry.library for name, entry in RUNTIMES.items()}
 

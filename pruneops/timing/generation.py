@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -43,3 +43,41 @@ class GenerationTiming:
     def milliseconds(self, metric: DecoderMetric) -> float:
         """The time a latency target names: per output token (`decode`) or to the first token (`prefill`)."""
         return self.tpot_ms if metric == "decode" else self.ttft_ms
+
+
+class TimedGenerator(Protocol):
+    """An opened model of any runtime that can run one timed greedy generation."""
+
+    def generate_timed(self, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
+        """(time to first token in s, each further step's time in s, the (batch, new_tokens) tokens)."""
+
+
+def time_interleaved(models: dict[str, TimedGenerator], workload: DecodeWorkload) -> dict[str, GenerationTiming]:
+    """Times every model interleaved, of one runtime or several: per round, one generation of each in turn.
+
+    After `workload.warmup` untimed short generations of each, every round runs each model once;
+    the medians are over rounds (per-step times are first reduced to a median within the run), so
+    machine drift falls on every model alike.
+    """
+    prompt = np.ascontiguousarray(workload.prompt, dtype=np.int32)
+    for model in models.values():
+        for _ in range(workload.warmup):
+            model.generate_timed(prompt, min(workload.new_tokens, 4))
+    firsts: dict[str, list[float]] = {name: [] for name in models}
+    steps: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(workload.rounds):
+        for name, model in models.items():
+            first, step, _ = model.generate_timed(prompt, workload.new_tokens)
+            firsts[name].append(first)
+            steps[name].append(float(np.median(step)) if step else float("nan"))
+    return {
+        name: GenerationTiming(
+            ttft_ms=1000 * float(np.median(firsts[name])),
+            tpot_ms=1000 * float(np.median(steps[name])),
+            tpot_rounds_ms=tuple(1000 * s for s in steps[name]),
+            prompt_length=prompt.shape[1],
+            new_tokens=workload.new_tokens,
+            batch=prompt.shape[0],
+        )
+        for name in models
+    }

@@ -77,7 +77,7 @@ def test_every_registered_runtime_keeps_the_protocol():
         assert runtime.precisions[0] == "fp32" and (PACKAGE / "runtimes" / name / "__init__.py").is_file()
         assert runtime.versions()
     assert [r.name for r in runtimes_for("classification")] == ["onnxruntime"]
-    assert [r.name for r in runtimes_for("causal_lm")] == ["genai"]
+    assert [r.name for r in runtimes_for("causal_lm")] == ["genai", "llamacpp"]
 
 
 def test_an_unknown_runtime_or_precision_is_refused_in_one_line():

@@ -17,7 +17,13 @@ import numpy as np
 from pruneops.core.errors import ConfigError
 from pruneops.core.integrity import file_sha256
 from pruneops.runtimes.base import Runtime
-from pruneops.runtimes.genai.generation import PRECISIONS, exported_block_losses, greedy_tokens, time_generation
+from pruneops.runtimes.genai.generation import (
+    PRECISIONS,
+    exported_block_losses,
+    generate_once,
+    greedy_tokens,
+    time_generation,
+)
 from pruneops.timing.generation import DecodeWorkload, GenerationTiming
 
 CONFIG_FILE = "genai_config.json"
@@ -77,6 +83,10 @@ class GenaiModel:
     def greedy(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
         """Greedy continuation of a (batch, length) prompt: (batch, new_tokens) token ids."""
         return greedy_tokens(self.folder, prompt, new_tokens)
+
+    def generate_timed(self, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
+        """One timed greedy generation of a (batch, length) prompt (`time_interleaved`'s protocol)."""
+        return generate_once(self.load()._model, np.ascontiguousarray(prompt, dtype=np.int32), new_tokens)
 
     def start(self, prompt: Sequence[int], max_length: int, sampling: Mapping[str, Any] | None = None) -> Generation:
         """A generation of one sequence up to `max_length` tokens (prompt included).

@@ -20,7 +20,7 @@ import numpy as np
 
 import pruneops.runtimes.genai.builder_main as builder_main
 from pruneops.core.errors import PruneOpsError
-from pruneops.timing.generation import GenerationTiming
+from pruneops.timing.generation import DecodeWorkload, GenerationTiming, time_interleaved
 
 PRECISIONS = ("fp32", "int8", "int4")
 
@@ -53,7 +53,7 @@ def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "
     return out
 
 
-def _generate_once(model: object, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
+def generate_once(model: object, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
     """One greedy generation; returns (time to first token, per-step times, generated tokens)."""
     import onnxruntime_genai as og
 
@@ -93,38 +93,28 @@ def time_generation(
         rounds: Timed rounds (the medians are over them).
         warmup: Untimed generations of each model first.
     """
-    import onnxruntime_genai as og
+    opened = {name: GenaiTimed(path) for name, path in models.items()}
+    return time_interleaved(opened, DecodeWorkload(np.asarray(prompt), new_tokens, rounds, warmup))
 
-    loaded = {name: og.Model(str(path)) for name, path in models.items()}
-    prompt = np.ascontiguousarray(prompt, dtype=np.int32)
-    for model in loaded.values():
-        for _ in range(warmup):
-            _generate_once(model, prompt, min(new_tokens, 4))
-    firsts: dict[str, list[float]] = {name: [] for name in loaded}
-    steps: dict[str, list[float]] = {name: [] for name in loaded}
-    for _ in range(rounds):
-        for name, model in loaded.items():
-            first, step, _ = _generate_once(model, prompt, new_tokens)
-            firsts[name].append(first)
-            steps[name].append(float(np.median(step)) if step else float("nan"))
-    return {
-        name: GenerationTiming(
-            ttft_ms=1000 * float(np.median(firsts[name])),
-            tpot_ms=1000 * float(np.median(steps[name])),
-            tpot_rounds_ms=tuple(1000 * s for s in steps[name]),
-            prompt_length=prompt.shape[1],
-            new_tokens=new_tokens,
-            batch=prompt.shape[0],
-        )
-        for name in loaded
-    }
+
+class GenaiTimed:
+    """An onnxruntime-genai folder loaded for timed greedy generations (`time_interleaved`'s protocol)."""
+
+    def __init__(self, folder: str | Path):
+        import onnxruntime_genai as og
+
+        self.model = og.Model(str(folder))
+
+    def generate_timed(self, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
+        """One greedy generation: time to first token, per-step times, tokens."""
+        return generate_once(self.model, np.ascontiguousarray(prompt, dtype=np.int32), new_tokens)
 
 
 def greedy_tokens(model_folder: str | Path, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
     """Greedy continuation of a prompt by an onnxruntime-genai model, (batch, new_tokens)."""
     import onnxruntime_genai as og
 
-    return _generate_once(og.Model(str(model_folder)), np.ascontiguousarray(prompt, dtype=np.int32), new_tokens)[2]
+    return generate_once(og.Model(str(model_folder)), np.ascontiguousarray(prompt, dtype=np.int32), new_tokens)[2]
 
 
 def exported_block_losses(model_folder: str | Path, blocks: np.ndarray, threads: int = 2) -> np.ndarray:
