@@ -142,23 +142,32 @@ class GateConfig(StageConfig):
     slower at the benchmark's largest batch (null: measured and reported, not gated). The quality
     budget, against dense fp32 on validation and judged at the far end of its 95 % paired
     interval: `max_accuracy_drop` accuracy points (classifiers), `max_perplexity_increase` relative
-    perplexity (causal LMs); null: measured and reported, not gated. Both gates back off the same
-    way: a plan that misses the speed floor, or a model whose every form misses the budget, ships
-    nothing pruned (dense passes on, in the fastest form within the budget), and the report and
-    the stage's warnings give the figures.
+    perplexity (causal LMs); null: measured and reported, not gated. A causal LM with
+    `validate.general_text` is also held to `max_general_perplexity_increase` on the general text's
+    validation half: a model fitted to the user's corpus that forgets text beyond it does not ship.
+    Both gates back off the same way: a plan that misses the speed floor, or a model whose every
+    form misses the budget, ships nothing pruned (dense passes on, in the fastest form within the
+    budget), and the report and the stage's warnings give the figures.
     """
 
-    TASK_KEYS = task_keys(classification="max_accuracy_drop", causal_lm="max_perplexity_increase")
+    TASK_KEYS = task_keys(
+        classification="max_accuracy_drop", causal_lm="max_perplexity_increase max_general_perplexity_increase"
+    )
 
     min_speedup: Annotated[float, Field(ge=1.0, le=100.0)] | None = 1.05
     max_accuracy_drop: Annotated[float, Field(ge=0.0, le=100.0)] | None = 1.0
     max_perplexity_increase: Annotated[float, Field(ge=0.0, le=100.0)] | None = 0.10
+    max_general_perplexity_increase: Annotated[float, Field(ge=0.0, le=100.0)] | None = 0.15
 
     def budget(self, task: str) -> QualityBudget:
         """The quality budget of `task`'s models."""
         if task == "causal_lm":
             return QualityBudget(self.max_perplexity_increase, "perplexity")
         return QualityBudget(self.max_accuracy_drop, "points")
+
+    def general_budget(self) -> QualityBudget:
+        """A causal LM's budget on general text beyond its corpus (`validate.general_text`)."""
+        return QualityBudget(self.max_general_perplexity_increase, "perplexity")
 
 
 class TrialsConfig(StageConfig):

@@ -152,6 +152,32 @@ def layout_of(model: nn.Module) -> DecoderLayout:
     return layout
 
 
+_MLP_MATRICES: dict[str, int] = {}
+
+
+def mlp_matrices(config: object) -> int:
+    """Weight matrices a decoder layer's MLP holds per neuron, read from the layout a config builds.
+
+    Gate, up and down (Llama, Qwen; Phi-3's fused gate_up counts two): 3; a plain MLP (GPT-2,
+    GPT-NeoX, Phi, Nemotron): 2. Read once per config from a one-layer copy built on the meta device.
+
+    Raises:
+        ConfigError: The config builds a layout decoder pruning cannot handle.
+    """
+    key = config.to_json_string()
+    if key not in _MLP_MATRICES:
+        from transformers import AutoModelForCausalLM
+
+        probe = copy.deepcopy(config)
+        for name, value in first_layers(config, 1).items():
+            setattr(probe, name, value)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(probe)
+        layout = derive_layout(model)
+        _MLP_MATRICES[key] = len(layout.mlp_inputs) * layout.mlp_chunks + 1
+    return _MLP_MATRICES[key]
+
+
 def derive_layout(model: nn.Module) -> DecoderLayout:
     """Reads the layout from the model (see the module docstring).
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from pruneops.core.errors import ConfigError
+from pruneops.models.decoder_layout import mlp_matrices
 from pruneops.planning.closed_loop import LoopOptions, close_loop
 
 
@@ -62,14 +63,18 @@ class DecoderShape:
 
 
 def shape_of(config: object) -> DecoderShape:
-    """The shape a HuggingFace config describes (Llama-style keys; GPT-2's and GPT-NeoX's too)."""
+    """The shape a HuggingFace config describes (Llama-style keys; GPT-2's and GPT-NeoX's too).
+
+    Its MLP matrices per neuron are read from the layout the config builds (`mlp_matrices`): 3
+    for a gated MLP, 2 for a plain one (GPT-2, GPT-NeoX, Phi, Nemotron).
+    """
     hidden = getattr(config, "hidden_size", None) or config.n_embd
     heads = getattr(config, "num_attention_heads", None) or config.n_head
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     layers = getattr(config, "num_hidden_layers", None) or config.n_layer
     width = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
-    projections = 3 if config.model_type not in ("gpt2", "gpt_neox") else 2
+    projections = mlp_matrices(config)
     return DecoderShape(layers, width, kv, heads // kv, hidden, head_dim, config.vocab_size, projections)
 
 

@@ -88,6 +88,19 @@ def test_shape_of_reads_every_family_config():
         assert shape.mlp_projections == (2 if family in ("gpt2", "gpt_neox") else 3)
 
 
+@pytest.mark.parametrize(
+    ("family", "matrices"),
+    [("phi", 2), ("nemotron", 2), ("starcoder2", 2), ("phi3", 3), ("qwen3", 3), ("gemma3_text", 3)],
+)
+def test_a_plain_mlp_holds_two_matrices_a_neuron_and_a_gated_or_fused_one_three(family, matrices):
+    from tests.decoder_helpers import family_decoder
+
+    model = family_decoder(family, layers=2)
+    assert shape_of(model.config).mlp_projections == matrices
+    weights = sum(p.numel() for p in model.model.layers[0].mlp.parameters() if p.dim() == 2)
+    assert weights == matrices * 128 * 96  # hidden 128, MLP width 96: what the cost model counts
+
+
 # The cost model the loop plans by, and the machine it measures on: `untouched_ms` more per token than the fit
 # holds, which no layer cut removes (the machine's overhead grew after the fit), so a plan predicted to meet a
 # target measures slower, as a fraction of dense, than predicted.

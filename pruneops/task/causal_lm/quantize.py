@@ -43,6 +43,7 @@ class PrecisionReport(StageReport):
     source: str = "pruned"
     budget: str = "none"  # prune.gate's quality budget, as text
     val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
+    general_change: dict | None = None  # the same on the general text's validation half (`general_text`)
     warnings: tuple[str, ...] = ()
 
     def summary(self) -> str:
@@ -77,6 +78,7 @@ def quantize_decoder(
     metric: DecoderMetric,
     layout: Layout,
     budget: QualityBudget | None = None,
+    general_budget: QualityBudget | None = None,
 ) -> PrecisionReport:
     """Exports the recovered decoder in fp32 and each of `decoder_precisions`; the fastest within tolerance ships.
 
@@ -87,19 +89,21 @@ def quantize_decoder(
     `perplexity_tolerance` (relative) is out, fp32 always in. Fastest is in `metric` (the prune
     target's: weight-only INT4 speeds decoding and can slow a long prefill).
 
-    The quality budget (`prune.gate.max_perplexity_increase`, None: not gated): a candidate ships
-    only if its validation perplexity against dense fp32 is within it at the far end of its 95 %
-    paired interval; where no form of the pruned model is, dense in the fastest precision within
+    The quality budgets (`prune.gate.max_perplexity_increase`, and `max_general_perplexity_increase`
+    on the general text's validation half where `validate.general_text` gives one; None: not gated):
+    a candidate ships only if its perplexity against dense fp32 is within each at the far end of its
+    95 % paired interval; where no form of the pruned model is, dense in the fastest precision within
     the budget ships instead, and a warning gives every form's figures. Dense is exported and
     timed in every precision beside the candidates (`artifacts/quantize/dense/<precision>`: the
     benchmark's rows of dense fp32 and of dense in the precision that ships). Writes
     `artifacts/quantize/model` (an onnxruntime-genai folder) and every candidate's figures.
     """
-    budget = budget or QualityBudget(None, "perplexity")
+    budgets = Budgets(budget or QualityBudget(None, "perplexity"), general_budget or QualityBudget(None, "perplexity"))
     torch.set_num_threads(config.threads)
     model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
     dense, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
-    val = load_blocks(layout)["val"]
+    blocks = load_blocks(layout)
+    splits = {"val": blocks["val"], **({"general_val": blocks["general_val"]} if "general_val" in blocks else {})}
     out = layout.stage_dir("quantize")
     precisions = ["fp32", *config.decoder_precisions]
     with staged_output_paths(out, layout.metrics("quantize")) as staged:
@@ -114,15 +118,15 @@ def quantize_decoder(
         dense_folders = GENAI.export(dense, work / "dense", precisions, tokenizer=tokenizer, threads=benchmark.threads)
         timings = _timed({**folders, **{f"dense {p}": f for p, f in dense_folders.items()}}, model.config.vocab_size,
                          1, benchmark)  # fmt: skip
-        dense_losses = GENAI.open(dense_folders["fp32"], threads=2).losses(val)
-        candidates = _judged(folders, forms, timings, val, dense_losses, budget)
+        dense_losses = _losses(dense_folders["fp32"], splits)
+        candidates = _judged(folders, forms, timings, splits, dense_losses, budgets)
         source, warnings = "pruned", []
         chosen = _choose(candidates, config, metric)
         if chosen is None:  # within tolerance, none within the budget: dense ships
-            warnings.append(_backed_off(candidates, budget))
+            warnings.append(_backed_off(candidates, budgets))
             dense_forms = {p: (p, None) for p in dense_folders}
             dense_timings = {p: timings[f"dense {p}"] for p in dense_folders}
-            dense_candidates = _judged(dense_folders, dense_forms, dense_timings, val, dense_losses, budget)
+            dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, dense_losses, budgets)
             chosen, source = _choose(dense_candidates, config, metric), "dense"
             folders, forms = dense_folders, dense_forms
             candidates = {**{f"pruned {n}": c for n, c in candidates.items()}, **dense_candidates}
@@ -146,30 +150,59 @@ def quantize_decoder(
             fp32_ttft_b1_ms=candidates["fp32"]["ttft_b1_ms"],
             candidates=candidates,
             source=source,
-            budget=budget.text(),
+            budget=budgets.text(),
             val_change=candidates[chosen]["val_change"],
+            general_change=candidates[chosen].get("general_change"),
             warnings=tuple(warnings),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("quantize")))
     return report
 
 
-def _judged(folders: dict, forms: dict, timings: dict, val, dense_losses, budget: QualityBudget) -> dict[str, dict]:
-    """Each candidate's validation perplexity (its own exported logits), change against dense fp32, times."""
+@dataclass(frozen=True)
+class Budgets:
+    """The quality budgets a candidate is held to: on the corpus's validation blocks, and on general text."""
+
+    val: QualityBudget
+    general: QualityBudget
+
+    def text(self) -> str:
+        """`+10 % perplexity` and, where gated, `; general text +15 % perplexity`."""
+        general = f"; general text {self.general.text()}" if self.general.limit is not None else ""
+        return f"{self.val.text()}{general}"
+
+
+def _losses(folder, splits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An exported model's per-block losses on each split, by its own logits."""
+    opened = GENAI.open(folder, threads=2)
+    return {name: opened.losses(blocks) for name, blocks in splits.items()}
+
+
+def _judged(folders: dict, forms: dict, timings: dict, splits, dense_losses, budgets: Budgets) -> dict[str, dict]:
+    """Each candidate's perplexity (its own exported logits) and change against dense fp32 on each split, times.
+
+    Within the budget means within it on validation and, where the corpus has general text, on its
+    validation half too.
+    """
     candidates = {}
     for name, folder in folders.items():
-        losses = GENAI.open(folder, threads=2).losses(val)
-        change = perplexity_change(losses, dense_losses)
+        losses = _losses(folder, splits)
+        change = perplexity_change(losses["val"], dense_losses["val"])
+        within = budgets.val.holds(change)
         precision, vocabulary = forms[name]
         candidates[name] = {
             "precision": precision,
             "vocabulary": vocabulary,
-            "val_perplexity": float(np.exp(losses.mean())),
+            "val_perplexity": float(np.exp(losses["val"].mean())),
             "val_change": change.record(),
-            "within_budget": budget.holds(change),
             "tpot_b1_ms": timings[name].tpot_ms,
             "ttft_b1_ms": timings[name].ttft_ms,
         }
+        if "general_val" in losses:
+            general = perplexity_change(losses["general_val"], dense_losses["general_val"])
+            within = within and budgets.general.holds(general)
+            candidates[name]["general_change"] = general.record()
+        candidates[name]["within_budget"] = within
     return candidates
 
 
@@ -181,13 +214,21 @@ def _choose(candidates: dict[str, dict], config: QuantizeConfig, metric: Decoder
     return min(within, key=lambda n: candidates[n][key]) if within else None
 
 
-def _backed_off(candidates: dict[str, dict], budget: QualityBudget) -> str:
-    """The warning of a back-off to dense: what each form of the pruned model measured against the budget."""
-    figures = ", ".join(f"{n} {QualityChange(**c['val_change']).text()}" for n, c in candidates.items())
+def _backed_off(candidates: dict[str, dict], budgets: Budgets) -> str:
+    """The warning of a back-off to dense: what each form of the pruned model measured against the budgets."""
+
+    def figures(c: dict) -> str:
+        general = c.get("general_change")
+        return QualityChange(**c["val_change"]).text() + (
+            f" (general text {QualityChange(**general).text()})" if general else ""
+        )
+
+    listed = ", ".join(f"{n} {figures(c)}" for n, c in candidates.items())
     return (
-        f"prune.gate.max_perplexity_increase: no form of the pruned model is within the {budget.text()} budget "
-        f"against dense on validation, judged at the far end of its 95 % interval ({figures}); the dense model "
-        "ships instead (a milder prune.target, more finetune.max_tokens, or a larger budget would let one through)"
+        "prune.gate: no form of the pruned model is within the budget against dense on validation "
+        f"({budgets.text()}), judged at the far end of its 95 % interval ({listed}); the dense model ships instead "
+        "(a milder prune.target, more finetune.max_tokens, general text in the recovery, or a larger budget "
+        "would let one through)"
     )
 
 
@@ -195,4 +236,7 @@ def quantize_stage(
     config: QuantizeConfig, benchmark: BenchmarkConfig, prune: PruneConfig, layout: Layout
 ) -> PrecisionReport:
     """The stage: `quantize_decoder` in the prune target's metric (time per output token, or to the first token)."""
-    return quantize_decoder(config, benchmark, prune.target.decoder_metric, layout, prune.gate.budget("causal_lm"))
+    gate = prune.gate
+    return quantize_decoder(
+        config, benchmark, prune.target.decoder_metric, layout, gate.budget("causal_lm"), gate.general_budget()
+    )

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pruneops.config import ValidateConfig
+from pruneops.core.errors import DataError
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.data.corpus import read_documents, split_documents, to_blocks
 from pruneops.data.drift import prompt_reference
@@ -51,11 +52,41 @@ def _drop_repeats(documents: list[str]) -> tuple[list[str], int]:
     return kept, len(documents) - len(kept)
 
 
+GENERAL_SPLITS = ("general_val", "general")  # the budget's half, the benchmark's half
+
+
+def _general_halves(config: ValidateConfig, tokenizer: object) -> dict[str, np.ndarray]:
+    """The general text's blocks in two halves: documents alternate, each half capped at `general_blocks`.
+
+    `general_val` is what `quantize` holds to `prune.gate.max_general_perplexity_increase`;
+    `general`, what the benchmark reports, so a model is judged on other text than it was chosen on.
+
+    Raises:
+        DataError: The general text gives fewer than two blocks a half.
+    """
+    documents = read_documents(config.general_text, config.text_column, config.encoding)
+    halves = {}
+    for offset, name in enumerate(GENERAL_SPLITS):
+        part = documents[offset::2] if len(documents) > 1 else []
+        halves[name] = to_blocks(part, tokenizer, config.block_length)[0][: config.general_blocks]
+    if len(documents) == 1:  # one long text: its blocks alternate instead
+        every, _ = to_blocks(documents, tokenizer, config.block_length)
+        halves = {name: every[offset::2][: config.general_blocks] for offset, name in enumerate(GENERAL_SPLITS)}
+    short = [name for name, b in halves.items() if len(b) < 2]
+    if short:
+        raise DataError(
+            f"validate.general_text: {config.general_text} gives fewer than 2 blocks of {config.block_length} "
+            f"tokens for {short[0]} (it is halved: one half gates, the other is reported); give a longer text"
+        )
+    return halves
+
+
 def validate_corpus(config: ValidateConfig, layout: Layout) -> CorpusReport:
     """Reads, splits by document, checks (Great Expectations) and blocks a causal LM's corpus.
 
     Writes `artifacts/validate/corpus.npz` (train/val/test token blocks, the model's own tokenizer;
-    with `general_text`, up to `general_blocks` blocks of it as `general`),
+    with `general_text`, up to `general_blocks` blocks of each of its halves as `general_val` and
+    `general`),
     the prompt-drift reference (the most frequent training tokens and their shares) and a summary.
 
     Raises:
@@ -81,10 +112,9 @@ def validate_corpus(config: ValidateConfig, layout: Layout) -> CorpusReport:
         max_unknown_token_rate=config.max_unknown_token_rate,
     )
     raise_if_failed(suite)
-    if config.general_text:  # text beyond the user's domain: the benchmark reports perplexity on it too
-        general = read_documents(config.general_text, config.text_column, config.encoding)
-        blocks["general"], tokens["general"] = to_blocks(general, tokenizer, config.block_length)
-        blocks["general"] = blocks["general"][: config.general_blocks]
+    if config.general_text:  # text beyond the user's domain: gated on one half, reported on the other
+        blocks.update(_general_halves(config, tokenizer))
+        tokens.update({name: int(blocks[name].size) for name in GENERAL_SPLITS})
     out = layout.stage_dir("validate")
     with staged_output_paths(out, layout.metrics("validate")) as staged:
         folder = staged.path(out)

@@ -40,3 +40,41 @@ def test_a_pruned_decoder_outside_the_budget_backs_off_to_dense_in_its_fastest_f
     assert all((out / "dense" / p / "genai_config.json").is_file() for p in ("fp32", "int8"))
     losses = exported_block_losses(out / "model", np.load(layout.stage_dir("validate") / "corpus.npz")["val"])
     assert np.exp(losses.mean()) == pytest.approx(choice["candidates"]["int8"]["val_perplexity"], rel=1e-5)
+
+
+@pytest.mark.parametrize("general_limit", [0.15, None])
+def test_a_pruned_decoder_that_forgets_general_text_backs_off_unless_that_budget_is_off(
+    general_limit, tmp_path, monkeypatch
+):
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.core.quality import QualityBudget
+    from pruneops.runtimes.genai.generation import GenerationTiming
+    from pruneops.task.causal_lm import quantize as quantize_stage
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)
+    corpus = layout.stage_dir("validate") / "corpus.npz"
+    blocks = dict(np.load(corpus))
+    np.savez(corpus, **blocks, general_val=blocks["val"][:12])
+
+    def timed(folders, vocab, batch, benchmark, seed=0):  # injected: the pruned forms are the faster ones
+        return {n: GenerationTiming(9.0, 5.0 if n.startswith("dense") else 2.0, (2.0,), 16, 8, batch) for n in folders}
+
+    noise = np.random.default_rng(0).normal(0.0, 0.01, 12)
+
+    def losses(folder, splits):  # injected: equal on the corpus; pruned loses 0.5 nats a token on general text
+        worse = 0.0 if "dense" in str(folder) else 0.5
+        return {"val": np.full(20, 3.0) + noise[0], "general_val": 4.0 + noise + worse}
+
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
+    monkeypatch.setattr(quantize_stage, "_losses", losses)
+    config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
+    budget, general = QualityBudget(0.10, "perplexity"), QualityBudget(general_limit, "perplexity")
+    report = quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout, budget, general)
+    assert report.general_change["value"] == pytest.approx(0.0 if general_limit else np.exp(0.5) - 1, abs=1e-9)
+    if general_limit is None:
+        assert report.source == "pruned" and not report.warnings
+    else:
+        assert report.source == "dense" and "general text" in report.warnings[0]
+        assert "general text +15 % perplexity" in report.budget
