@@ -79,7 +79,7 @@ def main() -> None:
         print(f"  llama.cpp {gguf} gain / onnxruntime-genai {genai} gain: {ratio:.3f} ({100 * (ratio - 1):+.1f} %)")
     if args.out:
         versions = {**get_runtime("genai").versions(), **get_runtime("llamacpp").versions()}
-        record = {"rows": rows, "gains": gains, "machine": machine_info(1, "genai+llamacpp"), "versions": versions,
+        record = {"rows": rows, "gains": gains, "machine": machine_info(1, "genai"), "versions": versions,
                   "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
         args.out.write_text(json.dumps(record, indent=2))
 

@@ -61,7 +61,8 @@ CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figure
 def load_blocks(layout: Layout) -> dict[str, np.ndarray]:
     """The corpus blocks `validate` wrote: train, val, test and, with `general_text`, general (int64, (n, length))."""
     with np.load(layout.stage_dir("validate") / CORPUS_FILE) as npz:
-        return {name: npz[name].astype(np.int64) for name in ("train", "val", "test", "general") if name in npz}
+        splits = ("train", "val", "test", "general_val", "general")
+        return {name: npz[name].astype(np.int64) for name in splits if name in npz}
 
 
 def read_stage_json(layout: Layout, stage: str, name: str) -> dict:
