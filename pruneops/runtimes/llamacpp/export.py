@@ -23,12 +23,11 @@ from pruneops.core.errors import PruneOpsError
 from pruneops.core.progress import progress
 from pruneops.models.decoders import save_causal_lm
 from pruneops.pruning.decoder_vocabulary import OutputHead
+from pruneops.runtimes.llamacpp.model import MODEL_FILE, LlamaCppModel
 
-MODEL_FILE = "model.gguf"
 # Precision -> the converter's --outtype, or the llama.cpp file type a quantizer makes from fp32.
 CONVERTED = {"fp32": "f32", "f16": "f16", "q8_0": "q8_0"}
 QUANTIZED = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
-PRECISIONS = ("fp32", "f16", "q8_0", "q4_k_m")
 CONVERTER_FILE = "convert_hf_to_gguf.py"
 
 
@@ -212,8 +211,6 @@ def _read_back(model: torch.nn.Module, file: Path, ids: torch.Tensor, precision:
         with torch.inference_mode():
             return loaded(ids).logits[0], "transformers"
     try:
-        from pruneops.runtimes.llamacpp import LlamaCppModel
-
         logits = LlamaCppModel(file.parent, threads=1, context=max(64, ids.shape[1])).logits(ids[0].numpy())
     except PruneOpsError as exc:
         raise PruneOpsError(
