@@ -292,10 +292,10 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--reference-stats", default=None, help="drift reference until a model brings its own")
     serve_decoder = sub.add_parser(
         "serve-decoder",
-        help="serve a decoder LLM (onnxruntime-genai folder): /generate, /feedback, /metrics (llm, serve extras)",
+        help="serve a decoder LLM (genai or GGUF folder): /generate, /feedback, /metrics (llm, serve extras)",
     )
     source = serve_decoder.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="an onnxruntime-genai model folder")
+    source.add_argument("--model", help="an export folder: onnxruntime-genai's, or llama.cpp's GGUF (export stage)")
     source.add_argument("--registry", help="a model registry: serve its production decoder, follow promotions")
     serve_decoder.add_argument(
         "--reference",

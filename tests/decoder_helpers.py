@@ -162,7 +162,7 @@ def decoder_params(model: Path, corpus: Path, **overrides: dict) -> dict:
                   "decoder": {"calibration_blocks": 4, "search_blocks": 2, "depth_step": 1}},
         "finetune": {"max_tokens": 256, "batch_size": 2, "lr": 1e-3},
         "quantize": {"decoder_precisions": ["int8"]},
-        "export": {"greedy_tokens": 16},
+        "export": {"greedy_tokens": 16, "runtime": "genai"},  # auto: tests/task/causal_lm/test_runtimes.py
         "benchmark": {"batch_sizes": [1, 2], "prompt_length": 16, "new_tokens": 8, "rounds": 2},
     }  # fmt: skip
     for section, values in overrides.items():
@@ -184,7 +184,14 @@ TORCH_ONLY_FAMILIES = (
 )  # fmt: skip
 
 
-def family_decoder(model_type: str, layers: int = 3, seed: int = 0, vocab_size: int = VOCAB) -> torch.nn.Module:
+def family_decoder(
+    model_type: str,
+    layers: int = 3,
+    seed: int = 0,
+    vocab_size: int = VOCAB,
+    hidden_size: int = 128,
+    intermediate_size: int = 96,
+) -> torch.nn.Module:
     """A tiny random causal LM of any family transformers builds (hidden 128, 4 query heads in 2 KV groups).
 
     Head size 32: onnxruntime-genai's attention needs a multiple of 16 and a rotary half that is a
@@ -195,8 +202,8 @@ def family_decoder(model_type: str, layers: int = 3, seed: int = 0, vocab_size: 
     config = AutoConfig.for_model(
         model_type,
         vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=96,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -462,7 +462,7 @@ class QuantizeConfig(StageConfig):
             "method calibration_samples per_channel activation_type accuracy_tolerance latency_repeats "
             "opset exporter reduce_range"
         ),
-        causal_lm="decoder_precisions perplexity_tolerance decoder_vocabulary decoder_tail_groups",
+        causal_lm="decoder_precisions gguf_precisions perplexity_tolerance decoder_vocabulary decoder_tail_groups",
     )
 
     method: str = "auto"
@@ -479,6 +479,8 @@ class QuantizeConfig(StageConfig):
     # Causal LMs: the weight precisions tried beside fp32 (onnxruntime-genai), and the most
     # validation perplexity a precision may add (relative) to ship.
     decoder_precisions: list[Literal["int8", "int4"]] = Field(default_factory=lambda: ["int8", "int4"])
+    # Causal LMs served by llama.cpp (`export.runtime`): the GGUF types tried beside fp32.
+    gguf_precisions: list[Literal["f16", "q8_0", "q4_k_m"]] = Field(default_factory=lambda: ["q8_0", "q4_k_m"])
     perplexity_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = 0.05
     # Causal LMs: output vocabulary sizes tried beside the full one, each in every precision: that
     # many tokens keep their row of the output projection, the rest are scored through
@@ -503,7 +505,7 @@ class ExportConfig(StageConfig):
 
     TASK_KEYS = task_keys(
         classification="opset exporter parity_atol parity_samples tensorrt",
-        causal_lm="greedy_tokens",
+        causal_lm="greedy_tokens runtime",
     )
 
     opset: Annotated[int, Field(ge=13, le=23)] = 18
@@ -513,6 +515,19 @@ class ExportConfig(StageConfig):
     tensorrt: bool = True
     # Causal LMs: greedy tokens the exported fp32 model must generate exactly as torch does.
     greedy_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
+    # Causal LMs: the runtime that serves (`genai`, `llamacpp`), or `auto`: every runtime that can
+    # serve the model's family here is a candidate, and the fastest measured within the budgets ships.
+    runtime: str = "auto"
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, v: str) -> str:
+        from pruneops.runtimes import runtime_names
+
+        names = runtime_names("causal_lm")
+        if v != "auto" and v not in names:
+            raise ValueError(f"unknown runtime {v!r}; choose auto or one of {', '.join(names)}")
+        return v
 
     @field_validator("exporter")
     @classmethod

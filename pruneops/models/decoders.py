@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -149,3 +150,75 @@ def set_config_width(model: nn.Module, key: str | None, value: int, what: str) -
 
 
 LayerHook = Callable[[int, nn.Module], None]
+
+
+PROBE_TOKENS = 8  # greedy tokens a family probe compares
+
+
+class FamilyProbe(NamedTuple):
+    """A small random copy of a model's family, the blocks its export is checked on, and torch's answers.
+
+    Attributes:
+        model: The copy: the family, the attention geometry and every per-layer setting of the
+            model's first two layers, a vocabulary of 512 tokens (at least its special ids), random weights.
+        blocks: (2, 24) token ids; the first 8 of the first block are the greedy prompt.
+        greedy: torch's `PROBE_TOKENS` greedy tokens after that prompt, end of sequence never chosen.
+        losses: torch's mean next-token loss of each block.
+    """
+
+    model: nn.Module
+    blocks: torch.Tensor
+    greedy: list[int]
+    losses: torch.Tensor
+
+
+def family_probe(model: nn.Module, full_vocabulary: bool = False) -> FamilyProbe:
+    """A small random copy of `model`'s family with torch's greedy tokens and losses (`FamilyProbe`).
+
+    What a runtime's `cannot_serve` exports and compares: a runtime that refuses the config, and one
+    that builds it but computes something else, both show in seconds. `full_vocabulary` keeps the
+    model's vocabulary (for a converter that writes the tokenizer beside the weights and checks one
+    against the other); otherwise 512 tokens.
+    """
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from pruneops.models.decoder_layout import first_layers
+    from pruneops.models.language import block_losses
+
+    config = copy.deepcopy(model.config)
+    for key, value in first_layers(config, min(config.num_hidden_layers, 2)).items():
+        setattr(config, key, value)
+    if not full_vocabulary:
+        config.vocab_size = max(512, *(special_ids(config) or [0])) + 1
+    torch.manual_seed(0)
+    probe = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in probe.named_parameters():
+            if "norm" not in name and param.dim() > 1:
+                param.normal_(0.0, 0.2)
+    blocks = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(1))
+    greedy = _greedy(probe, blocks[:1, :8], PROBE_TOKENS, special_ids(config, eos_only=True))
+    return FamilyProbe(probe, blocks, greedy[0].tolist(), torch.as_tensor(block_losses(probe, blocks)))
+
+
+def special_ids(config: object, eos_only: bool = False) -> list[int]:
+    """The config's BOS, EOS and pad ids (EOS alone with `eos_only`), lists flattened."""
+    keys = ("eos_token_id",) if eos_only else ("bos_token_id", "eos_token_id", "pad_token_id")
+    ids: list[int] = []
+    for key in keys:
+        value = getattr(config, key, None)
+        ids += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int)]
+    return ids
+
+
+def _greedy(model: nn.Module, prompt: torch.Tensor, new: int, eos: list[int]) -> torch.Tensor:
+    """Greedy tokens by full recomputation, end-of-sequence never chosen (as the runtimes' timing runs)."""
+    ids = prompt
+    with torch.inference_mode():
+        for _ in range(new):
+            logits = model(input_ids=ids, use_cache=False).logits[:, -1].clone()
+            logits[:, eos] = -torch.inf
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    return ids[:, prompt.shape[1] :]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pruneops.core.io import Layout, read_json
-from pruneops.runtimes import get_runtime
+from pruneops.runtimes import runtime_of
 
 DECODER_TASK = "causal_lm"
 SERVED_FILE = "served.json"  # written by the export stage of a causal LM: the served precision
@@ -41,7 +41,7 @@ def decoder_export(layout: Layout) -> tuple[Path, Path, dict[str, Any]]:
 
 def decoder_contract(path: Path) -> dict[str, Any]:
     """What requests a decoder version serves: its vocabulary and tokenizer (its runtime's contract)."""
-    return get_runtime("genai").contract(Path(path), {})
+    return runtime_of(Path(path), DECODER_TASK).contract(Path(path), {})
 
 
 def check_decoder_runs(path: Path) -> tuple[object, int]:
@@ -50,7 +50,7 @@ def check_decoder_runs(path: Path) -> tuple[object, int]:
     Raises:
         ValueError: Non-finite or missing logits.
     """
-    model = get_runtime("genai").open(Path(path))
+    model = runtime_of(Path(path), DECODER_TASK).open(Path(path))
     losses = model.token_losses(np.arange(4, dtype=np.int64) % model.vocab_size)
     if not np.isfinite(losses).all():
         raise ValueError("non-finite logits")

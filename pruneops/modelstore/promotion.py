@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pruneops.data.splits import Split
-from pruneops.runtimes import get_runtime
+from pruneops.runtimes import runtime_of, time_together
 from pruneops.runtimes.onnxruntime.files import make_session, median_latency_ms, ort_accuracy
 
 
@@ -98,16 +98,18 @@ class DecoderEvaluation:
 def evaluate_decoders(
     folders: dict[str, Path], datasets: dict[str, np.ndarray], prompt_length: int, new_tokens: int, rounds: int
 ) -> dict[str, DecoderEvaluation]:
-    """Scores each genai folder on each set of token blocks and times them interleaved at batch 1."""
+    """Scores each export folder (any decoder runtime's) on each set of blocks and times them interleaved at batch 1."""
     from pruneops.timing.generation import DecodeWorkload
 
-    runtime = get_runtime("genai")
-    vocab = runtime.open(next(iter(folders.values()))).vocab_size
+    runtimes = {name: runtime_of(folder, "causal_lm") for name, folder in folders.items()}
+    first = next(iter(folders))
+    vocab = runtimes[first].open(folders[first]).vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, (1, prompt_length))
-    timings = runtime.time(folders, DecodeWorkload(prompt, new_tokens, rounds))
+    workload = DecodeWorkload(prompt, new_tokens, rounds)
+    timings = time_together({name: (runtimes[name], folder) for name, folder in folders.items()}, workload)
     return {
         name: DecoderEvaluation(
-            {d: float(np.exp(runtime.open(folder).losses(blocks).mean())) for d, blocks in datasets.items()},
+            {d: float(np.exp(runtimes[name].open(folder).losses(blocks).mean())) for d, blocks in datasets.items()},
             timings[name].tpot_ms,
             timings[name].ttft_ms,
         )

@@ -205,7 +205,12 @@ STAGES: tuple[Stage, ...] = (
                 plots=_HISTORY,
                 builds_model=True,
             ),
-            "causal_lm": Impl(f"{_LM}.train:adopt_causal_lm", files=(UserFile("train.pretrained"),), plots=_HISTORY),
+            "causal_lm": Impl(
+                f"{_LM}.train:adopt_causal_lm",
+                reads=("export.runtime",),
+                files=(UserFile("train.pretrained"),),
+                plots=_HISTORY,
+            ),
         },
         upstream=("validate",),
     ),

@@ -19,7 +19,7 @@ from pruneops.core.quality import QualityChange
 from pruneops.pipeline.stages import StageReport
 
 Column = tuple[str, Callable[[dict], str]]
-ROW_ORDER = ("dense_fp32", "dense_deployed", "pruned_fp32", "pruned_deployed")
+ROW_ORDER = ("dense_fp32", "dense_deployed", "dense_fastest", "pruned_fp32", "pruned_deployed")
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,15 @@ dependencies include the runtime code it runs; what serves any task (the model s
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from pruneops.core.errors import ConfigError
+from pruneops.core.errors import ConfigError, PruneOpsError
 
 if TYPE_CHECKING:
     from pruneops.runtimes.base import Runtime
+    from pruneops.timing.generation import DecodeWorkload, GenerationTiming
 
 
 class RuntimeEntry(NamedTuple):
@@ -23,17 +26,19 @@ class RuntimeEntry(NamedTuple):
     Attributes:
         target: The `module:attribute` of its `Runtime` (imported when asked for).
         library: The library that its folder alone may import.
+        task: The `train.task` of the models it runs.
     """
 
     target: str
     library: str
+    task: str
 
 
 # One line per runtime.
 RUNTIMES: dict[str, RuntimeEntry] = {
-    "onnxruntime": RuntimeEntry("pruneops.runtimes.onnxruntime:RUNTIME", library="onnxruntime"),
-    "genai": RuntimeEntry("pruneops.runtimes.genai:RUNTIME", library="onnxruntime_genai"),
-    "llamacpp": RuntimeEntry("pruneops.runtimes.llamacpp:RUNTIME", library="llama_cpp"),
+    "onnxruntime": RuntimeEntry("pruneops.runtimes.onnxruntime:RUNTIME", "onnxruntime", "classification"),
+    "genai": RuntimeEntry("pruneops.runtimes.genai:RUNTIME", "onnxruntime_genai", "causal_lm"),
+    "llamacpp": RuntimeEntry("pruneops.runtimes.llamacpp:RUNTIME", "llama_cpp", "causal_lm"),
 }
 LIBRARIES: dict[str, str] = {name: entry.library for name, entry in RUNTIMES.items()}
 
@@ -50,6 +55,44 @@ def get_runtime(name: str) -> Runtime:
     return getattr(importlib.import_module(module), attr)
 
 
+def runtime_names(task: str) -> list[str]:
+    """The names of the runtimes that run `task`'s models, in registry order, nothing imported."""
+    return [name for name, entry in RUNTIMES.items() if entry.task == task]
+
+
 def runtimes_for(task: str) -> list[Runtime]:
     """The runtimes that run `task`'s models, in registry order (the first is the task's default)."""
-    return [runtime for runtime in map(get_runtime, RUNTIMES) if runtime.task == task]
+    return [get_runtime(name) for name in runtime_names(task)]
+
+
+def runtime_of(artefact: Path, task: str) -> Runtime:
+    """The runtime of `task` whose export `artefact` is (the first in registry order that recognises it).
+
+    Raises:
+        ConfigError: None recognises it (the message names what each runtime's export holds).
+    """
+    for runtime in runtimes_for(task):
+        if runtime.recognises(Path(artefact)):
+            return runtime
+    raise ConfigError(f"{artefact} is not {' nor '.join(r.export_kind for r in runtimes_for(task))}")
+
+
+def time_together(
+    artefacts: Mapping[str, tuple[Runtime, Path]], workload: DecodeWorkload
+) -> dict[str, GenerationTiming]:
+    """Exports of one runtime or several, timed interleaved in this process (each in its own runtime).
+
+    Raises:
+        PruneOpsError: A runtime times fewer sequences at once than the workload's prompt has rows.
+    """
+    from pruneops.timing.generation import time_interleaved
+
+    batch = workload.prompt.shape[0]
+    for runtime, _ in artefacts.values():
+        if runtime.max_batch is not None and batch > runtime.max_batch:
+            raise PruneOpsError(f"{runtime.name} runtime: times at most {runtime.max_batch} sequence(s), asked {batch}")
+    runtimes = {runtime.name: runtime for runtime, _ in artefacts.values()}
+    if len(runtimes) == 1:  # the runtime's own timing
+        (runtime,) = runtimes.values()
+        return runtime.time({name: path for name, (_, path) in artefacts.items()}, workload)
+    return time_interleaved({name: runtime.timer(path) for name, (runtime, path) in artefacts.items()}, workload)

@@ -22,6 +22,8 @@ class Runtime(ABC):
     name: ClassVar[str]
     task: ClassVar[str]  # `train.task` of the models it runs
     precisions: ClassVar[tuple[str, ...]]  # fp32 first: the form every other one is compared with
+    max_batch: ClassVar[int | None] = None  # the most sequences it times at once (None: no bound)
+    export_kind: ClassVar[str] = "one of its exports"  # what its export is, for messages: "a GGUF folder (model.gguf)"
 
     @abstractmethod
     def export(self, model: Any, out: Path, precisions: Sequence[str], **options: Any) -> dict[str, Path]:
@@ -34,6 +36,13 @@ class Runtime(ABC):
     @abstractmethod
     def time(self, artefacts: Mapping[str, Path], workload: Any) -> dict[str, Any]:
         """Each artefact's timing on `workload`, all timed interleaved in this process."""
+
+    def timer(self, artefact: Path) -> Any:
+        """An export loaded for timed greedy generations (`pruneops.timing.generation.TimedGenerator`).
+
+        What `pruneops.runtimes.time_together` interleaves with other runtimes' exports.
+        """
+        return self.open(artefact).load()
 
     @abstractmethod
     def contract(self, artefact: Path, metadata: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,15 +1,16 @@
 """Torch-free serving of a decoder LLM: /generate, /feedback, /healthz and /metrics.
 
-The model is an onnxruntime-genai folder (what `pruneops bench-decoder` and the builder export):
-its generator decodes with the KV cache, greedy or seeded sampling, and stops at end-of-sequence
-or `max_new_tokens`. Every request is timed where it runs: time to first token (prefill and the
+The model is an export folder of a decoder runtime (onnxruntime-genai's, or a GGUF folder llama.cpp
+serves; what the export stage writes, found by `pruneops.runtimes.runtime_of`): its generator
+decodes with the KV cache, greedy or seeded sampling, and stops at end-of-sequence or
+`max_new_tokens`. Every request is timed where it runs: time to first token (prefill and the
 first step) and time per further output token go to Prometheus histograms, beside generated-token
 counters and requests by status. With `"stream": true` the tokens arrive as server-sent events as
 they are decoded (`token` events, then one `done` event with what the plain answer holds).
 Prompts are watched for drift: the frequency of the reference corpus's most common tokens (and
 all others as one bin) in the recent prompts' tokens, as a PSI, published once the window holds
 enough tokens to be above sampling noise. `/feedback` takes a prompt and a reference continuation
-and feeds a rolling perplexity gauge, scored by the same ONNX model's logits (ONNX Runtime,
+and feeds a rolling perplexity gauge, scored by the served model's own logits (in its runtime,
 prefill with an empty cache). A promoted version that fails to load is counted and refused; the
 served model keeps serving. Needs the `llm` and `serve` extras.
 """
@@ -34,10 +35,10 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
-from pruneops.core.errors import ConfigError
+from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.data.corpus import affixes_of
 from pruneops.data.drift import psi
-from pruneops.runtimes import get_runtime
+from pruneops.runtimes import runtime_of
 
 TOKEN_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 3e-2, 5e-2, 7.5e-2, 0.1, 0.15, 0.25, 0.5, 1.0)
 FIRST_TOKEN_BUCKETS = (1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -178,8 +179,8 @@ class DecoderService:
         from tokenizers import Tokenizer
 
         try:
-            model = get_runtime("genai").open(folder).load()
-        except ConfigError as exc:
+            model = runtime_of(folder, "causal_lm").open(folder).load()
+        except PruneOpsError as exc:
             raise ConfigError(f"serve-decoder: {exc}") from None
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.folder, self.model, self.vocab, self.tokenizer = folder, model, model.vocab_size, tokenizer

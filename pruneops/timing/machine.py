@@ -84,17 +84,18 @@ def gpu_not_timed(gpu: str) -> str:
     )
 
 
-def machine_info(threads: int, runtime: str = "onnxruntime") -> dict[str, Any]:
-    """What the figures were measured on: the CPU, the threads, and the runtime's library versions."""
+def machine_info(threads: int, *runtimes: str) -> dict[str, Any]:
+    """What the figures were measured on: the CPU, the threads, the runtimes' versions (default: onnxruntime's)."""
     from pruneops.runtimes import get_runtime
 
+    versions = {k: v for name in runtimes or ("onnxruntime",) for k, v in get_runtime(name).versions().items()}
     return {
         "cpu": cpu_name(),
         "cpu_features": cpu_features(),
         "cores": os.cpu_count(),
         "threads": threads,
         "python": platform.python_version(),
-        **get_runtime(runtime).versions(),
+        **versions,
         "date": time.strftime("%Y-%m-%d"),
     }
 

@@ -141,6 +141,7 @@ def _recovered_layout(root):
     for stage in ("train", "finetune"):
         model.save_pretrained(layout.stage_dir(stage) / "model")
         tiny_tokenizer().save_pretrained(layout.stage_dir(stage) / "model")
+    (layout.stage_dir("train") / "runtimes.json").write_text('{"asked": "genai", "servable": ["genai"], "refused": {}}')
     layout.stage_dir("validate").mkdir(parents=True, exist_ok=True)
     # Text the model itself generates: scored on it, any approximation of its logits costs perplexity.
     torch.manual_seed(12)

@@ -19,6 +19,7 @@ from pruneops.core.integrity import file_sha256
 from pruneops.runtimes.base import Runtime
 from pruneops.runtimes.genai.generation import (
     PRECISIONS,
+    GenaiTimed,
     exported_block_losses,
     generate_once,
     greedy_tokens,
@@ -112,6 +113,7 @@ class GenaiRuntime(Runtime):
     name: ClassVar[str] = "genai"
     task: ClassVar[str] = "causal_lm"
     precisions: ClassVar[tuple[str, ...]] = PRECISIONS
+    export_kind: ClassVar[str] = "an onnxruntime-genai model folder (genai_config.json)"
 
     def export(
         self, model: Any, out: Path, precisions: Sequence[str], *, tokenizer: object, threads: int = 1
@@ -130,6 +132,9 @@ class GenaiRuntime(Runtime):
         from pruneops.runtimes.genai.export import family_problem  # torch and transformers: not for serving
 
         return family_problem(model, tokenizer)
+
+    def timer(self, artefact: Path) -> GenaiTimed:
+        return GenaiTimed(artefact)
 
     def time(self, artefacts: Mapping[str, Path], workload: DecodeWorkload) -> dict[str, GenerationTiming]:
         return time_generation(dict(artefacts), workload.prompt, workload.new_tokens, workload.rounds, workload.warmup)

@@ -10,7 +10,7 @@ import torch
 
 from pruneops.core.errors import PruneOpsError
 from pruneops.core.progress import progress
-from pruneops.models.decoders import save_causal_lm
+from pruneops.models.decoders import PROBE_TOKENS, family_probe, save_causal_lm
 from pruneops.pruning.decoder_vocabulary import OutputHead
 from pruneops.runtimes.genai.generation import build_genai_model, exported_block_losses, greedy_tokens
 
@@ -46,73 +46,32 @@ def export_model(
     return out
 
 
-PROBE_TOKENS = 8  # greedy tokens the family probe compares
-
-
 def family_problem(model: torch.nn.Module, tokenizer: object) -> str | None:
     """Why the builder cannot serve this model's family (None: it can), from a small random copy.
 
-    The copy keeps the family, the attention geometry and every per-layer setting of its first two
-    layers, with a 512-token vocabulary (at least its special ids) and random weights; it is exported
-    in fp32 and must give torch's greedy tokens and per-block losses (relative 5e-4). That catches a
-    builder that refuses the config and one that builds it but computes something else (OLMo with
-    builder 0.18), in seconds, before any stage times or cuts the real model.
+    The copy (`family_probe`: the family, the attention geometry and every per-layer setting of
+    its first two layers, a 512-token vocabulary, random weights) is exported in fp32 and must give
+    torch's greedy tokens and per-block losses (relative 5e-4). That catches a builder that refuses
+    the config and one that builds it but computes something else (OLMo with builder 0.18), in
+    seconds, before any stage times or cuts the real model.
     """
-    import copy
     import tempfile
 
-    from transformers import AutoModelForCausalLM
-
-    from pruneops.models.decoder_layout import first_layers
-
-    config = copy.deepcopy(model.config)
-    for key, value in first_layers(config, min(config.num_hidden_layers, 2)).items():
-        setattr(config, key, value)
-    config.vocab_size = max(512, *(_special_ids(config) or [0])) + 1
-    torch.manual_seed(0)
-    probe = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, param in probe.named_parameters():
-            if "norm" not in name and param.dim() > 1:
-                param.normal_(0.0, 0.2)
-    blocks = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(1))
+    probe = family_probe(model)
     with tempfile.TemporaryDirectory(prefix="pruneops-family-probe-") as work:
-        hf = save_causal_lm(probe, tokenizer, Path(work) / "hf")
+        hf = save_causal_lm(probe.model, tokenizer, Path(work) / "hf")
         try:
             folder = build_genai_model(hf, Path(work) / "fp32", "fp32", threads=1)
-            exported = np.asarray(greedy_tokens(folder, blocks[:1, :8].numpy(), PROBE_TOKENS))
-            losses = exported_block_losses(folder, blocks.numpy(), threads=1)
+            exported = np.asarray(greedy_tokens(folder, probe.blocks[:1, :8].numpy(), PROBE_TOKENS))
+            losses = exported_block_losses(folder, probe.blocks.numpy(), threads=1)
         except Exception as exc:  # noqa: BLE001 - whatever the builder or the runtime raised is the reason
             return str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
-    expected = _greedy(probe, blocks[:1, :8], PROBE_TOKENS, _special_ids(config, eos_only=True))
-    if exported.tolist() != expected.tolist():
-        return f"its export generates other tokens than transformers ({exported[0].tolist()} vs {expected[0].tolist()})"
-    from pruneops.models.language import block_losses
-
-    reference = block_losses(probe, blocks)
+    if exported[0].tolist() != probe.greedy:
+        return f"its export generates other tokens than transformers ({exported[0].tolist()} vs {probe.greedy})"
+    reference = probe.losses.numpy()
     if not np.allclose(losses, reference, rtol=5e-4):
         return f"its export scores text otherwise than transformers (losses {losses.round(4)} vs {reference.round(4)})"
     return None
-
-
-def _special_ids(config: object, eos_only: bool = False) -> list[int]:
-    keys = ("eos_token_id",) if eos_only else ("bos_token_id", "eos_token_id", "pad_token_id")
-    ids: list[int] = []
-    for key in keys:
-        value = getattr(config, key, None)
-        ids += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int)]
-    return ids
-
-
-def _greedy(model: torch.nn.Module, prompt: torch.Tensor, new: int, eos: list[int]) -> np.ndarray:
-    """Greedy tokens by full recomputation, end-of-sequence never chosen (as the runtime's timing runs)."""
-    ids = prompt
-    with torch.inference_mode():
-        for _ in range(new):
-            logits = model(input_ids=ids, use_cache=False).logits[:, -1].clone()
-            logits[:, eos] = -torch.inf
-            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
-    return ids[:, prompt.shape[1] :].numpy()
 
 
 def restrict_exported_head(folder: Path, head: OutputHead) -> None:

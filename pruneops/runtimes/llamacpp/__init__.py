@@ -26,6 +26,8 @@ class LlamaCppRuntime(Runtime):
     name: ClassVar[str] = "llamacpp"
     task: ClassVar[str] = "causal_lm"
     precisions: ClassVar[tuple[str, ...]] = PRECISIONS
+    export_kind: ClassVar[str] = "a llama.cpp GGUF folder (model.gguf)"
+    max_batch: ClassVar[int | None] = 1  # llama-cpp-python's Llama runs one sequence
 
     def export(
         self, model: Any, out: Path, precisions: Sequence[str], *, tokenizer: object, threads: int = 1
@@ -39,17 +41,27 @@ class LlamaCppRuntime(Runtime):
     def open(self, artefact: Path, threads: int = 1) -> LlamaCppModel:
         return LlamaCppModel(artefact, threads)
 
+    def cannot_serve(self, model: Any, *, tokenizer: object) -> str | None:
+        """Converts a two-layer random copy of the model's family and checks its tokens and losses in llama.cpp."""
+        from pruneops.runtimes.llamacpp.export import family_problem  # torch and transformers: not for serving
+
+        return family_problem(model, tokenizer)
+
     def time(self, artefacts: Mapping[str, Path], workload: DecodeWorkload) -> dict[str, GenerationTiming]:
         if workload.prompt.shape[0] != 1:
             raise PruneOpsError("llama.cpp runtime: timed at batch 1 only (llama-cpp-python runs one sequence)")
-        opened = {name: LlamaCppModel(path).load() for name, path in artefacts.items()}
+        opened = {name: self.timer(path) for name, path in artefacts.items()}
         return time_interleaved(opened, workload)
 
     def contract(self, artefact: Path, metadata: Mapping[str, Any]) -> dict[str, Any]:
-        """Its vocabulary and the digest of its file (the tokenizer is inside it)."""
+        """Its vocabulary and its tokenizer's digest (`tokenizer.json` beside the file, as a genai folder has).
+
+        The same tokenizer gives the same contract in either runtime, so a promotion may move between them.
+        """
+        tokenizer = Path(artefact) / "tokenizer.json"
         return {
             "num_classes": LlamaCppModel(artefact).vocab_size,
-            "tokenizer_sha256": file_sha256(Path(artefact) / MODEL_FILE),
+            "tokenizer_sha256": file_sha256(tokenizer if tokenizer.is_file() else Path(artefact) / MODEL_FILE),
         }
 
     def files(self, artefact: Path) -> list[Path]:

@@ -29,6 +29,8 @@ from pruneops.runtimes.llamacpp.model import MODEL_FILE, LlamaCppModel
 CONVERTED = {"fp32": "f32", "f16": "f16", "q8_0": "q8_0"}
 QUANTIZED = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 CONVERTER_FILE = "convert_hf_to_gguf.py"
+# The tokenizer's files, copied beside each GGUF file (llama.cpp reads its own copy inside the file).
+TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template")
 
 
 def converter_path() -> Path:
@@ -123,6 +125,9 @@ def _written(model: torch.nn.Module, hf: Path, folder: Path, precisions: list[st
                     convert(hf, fp32, "f32")
                 quantize(fp32, target, QUANTIZED[precision], threads)
             check_loaded_back(model, target, precision)
+            for file in hf.iterdir():  # the tokenizer beside the file: what serving tokenises with, digests cover
+                if file.name.startswith(TOKENIZER_FILES):
+                    shutil.copy(file, target.parent / file.name)
             out[precision] = target.parent
         if "fp32" not in precisions and fp32.is_file():
             shutil.rmtree(fp32.parent)
@@ -211,9 +216,44 @@ def _read_back(model: torch.nn.Module, file: Path, ids: torch.Tensor, precision:
         with torch.inference_mode():
             return loaded(ids).logits[0], "transformers"
     try:
-        logits = LlamaCppModel(file.parent, threads=1, context=max(64, ids.shape[1])).logits(ids[0].numpy())
+        opened = LlamaCppModel(file.parent, threads=1, context=max(64, ids.shape[1]), exact_cache=True)
+        logits = opened.logits(ids[0].numpy())
     except PruneOpsError as exc:
         raise PruneOpsError(
             f"GGUF {precision}: cannot check {file}: transformers cannot read it ({reason}) and {exc}"
         ) from exc
     return torch.from_numpy(logits), "llama.cpp"
+
+
+def family_problem(model: torch.nn.Module, tokenizer: object) -> str | None:
+    """Why llama.cpp cannot serve this model's family here (None: it can), from a small random copy.
+
+    llama-cpp-python must be built and the converter present; then a copy of the family with two
+    layers, the model's vocabulary and random weights (`family_probe`) is converted to fp32 GGUF
+    and must give torch's greedy tokens and per-block losses in llama.cpp (relative 1e-3: llama.cpp
+    keeps its attention cache in F16). A family the converter does not know, or converts into
+    something llama.cpp computes otherwise, shows here in seconds.
+    """
+    import tempfile
+
+    from pruneops.models.decoders import PROBE_TOKENS, family_probe
+
+    try:
+        import llama_cpp  # noqa: F401 - only whether it is built
+    except ImportError:
+        return "llama-cpp-python is not built here (`make llama-cpp`)"
+    probe = family_probe(model, full_vocabulary=True)
+    with tempfile.TemporaryDirectory(prefix="pruneops-gguf-probe-") as work:
+        try:
+            folder = export_gguf(probe.model, tokenizer, Path(work), ["fp32"], threads=1)["fp32"]
+            opened = LlamaCppModel(folder, threads=1, context=64, exact_cache=True)
+            tokens = opened.greedy(probe.blocks[:1, :8].numpy(), PROBE_TOKENS)[0].tolist()
+            losses = opened.losses(probe.blocks.numpy())
+        except PruneOpsError as exc:
+            return str(exc).strip().splitlines()[-1][:300]
+    if tokens != probe.greedy:
+        return f"its GGUF generates other tokens than transformers ({tokens} vs {probe.greedy})"
+    reference = probe.losses.numpy()
+    if not np.allclose(losses, reference, rtol=1e-3):
+        return f"its GGUF scores text otherwise than transformers (losses {losses.round(4)} vs {reference.round(4)})"
+    return None

@@ -65,15 +65,28 @@ class Generation:
 class LlamaCppModel:
     """A GGUF folder opened in llama.cpp for scoring (its own logits) and generation (one sequence at a time)."""
 
-    def __init__(self, folder: Path, threads: int = 1, context: int = 2048):
+    def __init__(self, folder: Path, threads: int = 1, context: int = 2048, exact_cache: bool = False):
         self.folder, self.threads, self.context = Path(folder), threads, context
+        self.exact_cache = exact_cache  # keys and values cached in fp32 (llama.cpp's default: F16)
         if not (self.folder / MODEL_FILE).is_file():
             raise PruneOpsError(f"{self.folder} is not a GGUF model folder (no {MODEL_FILE})")
         self._llama: Any = None
         self._scorer: Any = None
 
     def _open(self, logits_all: bool) -> Any:
+        """A `llama_cpp.Llama` of the file.
+
+        Raises:
+            PruneOpsError: llama.cpp cannot load it (a shape its loader does not take, e.g. a head
+                size other than hidden / heads where the family derives it).
+        """
         llama_cpp = _llama_cpp()
+        try:
+            return self._load(llama_cpp, logits_all)
+        except ValueError as exc:
+            raise PruneOpsError(f"llama.cpp cannot load {self.folder / MODEL_FILE}: {exc}") from exc
+
+    def _load(self, llama_cpp: Any, logits_all: bool) -> Any:
         return llama_cpp.Llama(
             model_path=str(self.folder / MODEL_FILE),
             n_ctx=self.context,
@@ -83,6 +96,7 @@ class LlamaCppModel:
             n_threads_batch=self.threads,
             logits_all=logits_all,
             verbose=False,
+            **({"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if self.exact_cache else {}),
         )
 
     @property

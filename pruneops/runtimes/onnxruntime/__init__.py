@@ -41,6 +41,7 @@ class OnnxRuntime(Runtime):
     name: ClassVar[str] = "onnxruntime"
     task: ClassVar[str] = "classification"
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "static", "dynamic")
+    export_kind: ClassVar[str] = "an ONNX model file"
 
     def export(
         self,

@@ -13,7 +13,7 @@ from pruneops.core.quality import perplexity_change
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.reports.decoder_plots import plot_decoder_frontier
 from pruneops.reports.summary import BenchmarkSummary, ordered
-from pruneops.task.causal_lm.common import GENAI, _timed, load_blocks
+from pruneops.task.causal_lm.common import DECODER_RUNTIMES, _timed, load_blocks
 from pruneops.timing.machine import machine_info
 
 
@@ -32,6 +32,9 @@ class DecoderBenchmarkReport(BenchmarkSummary):
     test_perplexity_ratio_ci: list
     results: Path
     general_change: dict | None = None  # `QualityChange` of the general text's perplexity (validate.general_text)
+    runtime: str = "genai"  # what ships is served by
+    fastest_dense: str | None = None  # the row of the fastest dense form within the budgets (quantize's choice)
+    speedup_b1_vs_fastest_dense: float | None = None  # per output token, against that row
 
     def summary(self) -> str:
         low, high = self.test_perplexity_ratio_ci
@@ -53,30 +56,32 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
     """
     export = layout.stage_dir("export")
     manifest = read_json(export / "manifest.json")
-    folders = {name: export / m["file"] for name, m in ordered(manifest["models"])}
+    rows = dict(ordered(manifest["models"]))
+    models = {name: (DECODER_RUNTIMES[m["runtime"]], export / m["file"]) for name, m in rows.items()}
     shipped = manifest["models"]["pruned_deployed"]
-    test = load_blocks(layout)["test"]
-    vocab = GENAI.open(folders["dense_fp32"]).vocab_size
-    figures: dict[str, dict] = {name: {"precision": manifest["models"][name]["precision"]} for name in folders}
-    for batch in sorted({1, *config.batch_sizes}):
-        for name, timing in _timed(folders, vocab, batch, config).items():
+    blocks = load_blocks(layout)
+    vocab = models["dense_fp32"][0].open(models["dense_fp32"][1]).vocab_size
+    figures: dict[str, dict] = {n: {"precision": m["precision"], "runtime": m["runtime"]} for n, m in rows.items()}
+    for batch in sorted({1, *config.batch_sizes}):  # a runtime that times fewer sequences at once sits this batch out
+        timed = {n: m for n, m in models.items() if m[0].max_batch is None or batch <= m[0].max_batch}
+        for name, timing in _timed(timed, vocab, batch, config).items():
             figures[name][f"ttft_b{batch}_ms"] = timing.ttft_ms
             figures[name][f"tpot_b{batch}_ms"] = timing.tpot_ms
-    blocks = load_blocks(layout)
-    losses = {name: GENAI.open(folder, threads=2).losses(test) for name, folder in folders.items()}
+    opened = {name: runtime.open(folder, threads=2) for name, (runtime, folder) in models.items()}
+    losses = {name: model.losses(blocks["test"]) for name, model in opened.items()}
     if "general" in blocks:  # text beyond the corpus's domain: what the model keeps of general text
-        general = {name: GENAI.open(folder, threads=2).losses(blocks["general"]) for name, folder in folders.items()}
+        general = {name: model.losses(blocks["general"]) for name, model in opened.items()}
         for name, nll in general.items():
             change = perplexity_change(nll, general["dense_fp32"]).record()
             figures[name].update(general_perplexity=float(np.exp(nll.mean())), general_change=change)
     dense = perplexity_from_losses(losses["dense_fp32"], 0)
-    for name, folder in folders.items():
+    for name, (runtime, folder) in models.items():
         ppl = perplexity_from_losses(losses[name], 0)
         ratio, low, high = paired_ratio_interval(ppl, dense)
         f = figures[name]
         f.update(test_perplexity=ppl.value, test_ratio=ratio, test_ratio_ci=[low, high], quality=ppl.value)
         f.update(latency_b1_ms=f["tpot_b1_ms"], speedup_b1=figures["dense_fp32"]["tpot_b1_ms"] / f["tpot_b1_ms"])
-        f["size_bytes"] = sum(p.stat().st_size for p in GENAI.files(folder))
+        f["size_bytes"] = sum(p.stat().st_size for p in runtime.files(folder))
     served = figures["pruned_deployed"]
     same = figures.get("dense_deployed", figures["dense_fp32"])
     out, plots = layout.stage_dir("benchmark"), layout.plots("benchmark")
@@ -84,7 +89,7 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         {"name": n, "latency_b1_ms": f["tpot_b1_ms"], "test_perplexity": f["test_perplexity"]}
         for n, f in figures.items()
     ]
-    machine = machine_info(config.threads, GENAI.name)
+    machine = machine_info(config.threads, *dict.fromkeys(m["runtime"] for m in rows.values()))
     with staged_output_paths(out, layout.metrics("benchmark"), plots) as staged:
         results = {"rows": figures, "machine": machine, "batch_sizes": config.batch_sizes}
         dump_json(results, staged.dir(out) / "results.json")
@@ -119,6 +124,14 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
             test_perplexity_ratio_ci=served["test_ratio_ci"],
             results=out / "results.json",
             general_change=served.get("general_change"),
+            runtime=shipped["runtime"],
+            fastest_dense=manifest.get("fastest_dense"),
+            speedup_b1_vs_fastest_dense=_against(figures, manifest.get("fastest_dense")),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("benchmark")))
     return report
+
+
+def _against(figures: dict[str, dict], row: str | None) -> float | None:
+    """What ships against `row` per output token at batch 1 (None: no such row)."""
+    return None if row is None else figures[row]["tpot_b1_ms"] / figures["pruned_deployed"]["tpot_b1_ms"]

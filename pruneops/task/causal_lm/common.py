@@ -14,7 +14,7 @@ import torch
 
 from pruneops.config import BenchmarkConfig
 from pruneops.config.prune import DecoderMetric
-from pruneops.core.errors import ConfigError, DataError
+from pruneops.core.errors import ConfigError, DataError, PruneOpsError
 from pruneops.core.io import Layout, read_json
 from pruneops.models.language import block_losses
 from pruneops.planning.decode_cost import (
@@ -28,7 +28,10 @@ from pruneops.planning.decode_cost import (
     width_step,
 )
 from pruneops.pruning import decoder_cuts as cuts
+from pruneops.runtimes import time_together
+from pruneops.runtimes.base import Runtime
 from pruneops.runtimes.genai import RUNTIME as GENAI
+from pruneops.runtimes.llamacpp import RUNTIME as LLAMACPP
 from pruneops.timing.generation import DecodeWorkload, GenerationTiming
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,80 @@ DENSE_KEYS: dict[DecoderMetric, str] = {"decode": "dense_tpot_ms", "prefill": "d
 CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figures
 
 
+RUNTIMES_FILE = "runtimes.json"  # train's `RuntimeChoice`
+
+
+# The runtimes a causal LM may be served by, in the order `auto` prefers them (the first servable
+# one times the latency table and the prune loop). Imported here, not looked up by name, so that
+# every causal-LM stage's DVC dependencies hold the runtime code it may run.
+DECODER_RUNTIMES: dict[str, Runtime] = {runtime.name: runtime for runtime in (GENAI, LLAMACPP)}
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """The runtimes that can serve the adopted model here (`export.runtime`), resolved once by `train`.
+
+    Attributes:
+        asked: `export.runtime` (`auto`, or one runtime's name).
+        servable: Those asked that serve the model's family here, in preference order.
+        refused: Each asked runtime that cannot, with why (a family it cannot convert, a library not built).
+    """
+
+    asked: str
+    servable: tuple[str, ...]
+    refused: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def runtimes(self) -> list[Runtime]:
+        """The servable runtimes: every one is a candidate of `quantize`."""
+        return [DECODER_RUNTIMES[name] for name in self.servable]
+
+    @property
+    def planning(self) -> Runtime:
+        """The runtime the latency table and the prune loop time in (the first servable one)."""
+        return DECODER_RUNTIMES[self.servable[0]]
+
+    def describe(self) -> str:
+        """`runtimes: genai, llamacpp` and, where one was refused, why."""
+        refused = "".join(f"; {name} cannot: {why}" for name, why in self.refused.items())
+        return f"runtimes ({self.asked}): {', '.join(self.servable)}{refused}"
+
+
+def resolve_runtimes(asked: str, model: torch.nn.Module, tokenizer: object) -> RuntimeChoice:
+    """Which of the runtimes asked for serve `model` here, each asked by its `cannot_serve` probe.
+
+    Raises:
+        ConfigError: None of them can (one line with each one's reason).
+    """
+    names = list(DECODER_RUNTIMES) if asked == "auto" else [asked]
+    refused: dict[str, str] = {}
+    for name in names:
+        problem = DECODER_RUNTIMES[name].cannot_serve(model, tokenizer=tokenizer)
+        if problem is not None:
+            refused[name] = problem
+    servable = tuple(name for name in names if name not in refused)
+    if not servable:
+        reasons = "; ".join(f"{name}: {why}" for name, why in refused.items())
+        raise ConfigError(
+            f"export.runtime {asked}: no runtime can serve {model.config.model_type} models here ({reasons}) "
+            "(docs/reference/decoder-families.md)"
+        )
+    return RuntimeChoice(asked, servable, refused)
+
+
+def read_runtimes(layout: Layout) -> RuntimeChoice:
+    """The `RuntimeChoice` `train` wrote.
+
+    Raises:
+        DataError: `train` ran before runtimes were resolved there (rerun it).
+    """
+    path = layout.stage_dir("train") / RUNTIMES_FILE
+    if not path.is_file():
+        raise DataError(f"{path} is missing (written by an older PruneOps): rerun train")
+    record = read_json(path)
+    return RuntimeChoice(record["asked"], tuple(record["servable"]), dict(record["refused"]))
+
+
 def load_blocks(layout: Layout) -> dict[str, np.ndarray]:
     """The corpus blocks `validate` wrote: train, val, test and, with `general_text`, general (int64, (n, length))."""
     with np.load(layout.stage_dir("validate") / CORPUS_FILE) as npz:
@@ -82,9 +159,12 @@ def read_cost(layout: Layout, metric: DecoderMetric) -> tuple[DecodeCostModel, f
     return DecodeCostModel(**record[COST_KEYS[metric]]), float(record[DENSE_KEYS[metric]])
 
 
-def _timed(folders: dict[str, Path], vocab: int, batch: int, benchmark: BenchmarkConfig, seed: int = 0) -> dict:
+def _timed(
+    artefacts: dict[str, tuple[Runtime, Path]], vocab: int, batch: int, benchmark: BenchmarkConfig, seed: int = 0
+) -> dict[str, GenerationTiming]:
+    """Exports of one runtime or several timed interleaved at `batch` on a random prompt (`time_together`)."""
     prompt = np.random.default_rng(seed).integers(0, vocab, (batch, benchmark.prompt_length))
-    return GENAI.time(folders, DecodeWorkload(prompt, benchmark.new_tokens, benchmark.rounds))
+    return time_together(artefacts, DecodeWorkload(prompt, benchmark.new_tokens, benchmark.rounds))
 
 
 def cut_to_shape(
@@ -150,8 +230,9 @@ def time_shapes(
     rounds: int,
     threads: int,
     seed: int,
+    runtime: Runtime,
 ) -> list[tuple[DecoderShape, GenerationTiming]]:
-    """Times the timing shapes (fp32, batch 1, interleaved; each `cut_for_timing`): dense first.
+    """Times the timing shapes in `runtime` (fp32, batch 1, interleaved; each `cut_for_timing`): dense first.
 
     `fit_costs` fits them.
     """
@@ -160,11 +241,18 @@ def time_shapes(
     folders = {}
     for index, shape in enumerate(grid):
         model = dense if shape == base else cut_for_timing(dense, shape)
-        export = GENAI.export(model, work / f"table{index}", ["fp32"], tokenizer=tokenizer, threads=threads)
+        try:
+            export = runtime.export(model, work / f"table{index}", ["fp32"], tokenizer=tokenizer, threads=threads)
+        except PruneOpsError as exc:  # fewer KV groups only: a runtime whose loader takes no such shape
+            if shape.kv_groups == base.kv_groups:
+                raise
+            log.warning("latency table: %s cannot serve %s (%s): plans keep every KV group", runtime.name,
+                        shape.describe(), exc)  # fmt: skip
+            continue
         folders[f"shape{index}"] = export["fp32"]
     prompt = np.random.default_rng(seed).integers(0, base.vocab, (1, prompt_length))
-    timings = GENAI.time(folders, DecodeWorkload(prompt, new_tokens, rounds))
-    return [(shape, timings[f"shape{i}"]) for i, shape in enumerate(grid)]
+    timings = runtime.time(folders, DecodeWorkload(prompt, new_tokens, rounds))
+    return [(shape, timings[f"shape{i}"]) for i, shape in enumerate(grid) if f"shape{i}" in timings]
 
 
 @dataclass(frozen=True)
@@ -202,6 +290,7 @@ class PlanLoop:
     new_tokens: int
     rounds: int
     threads: int
+    runtime: Runtime  # what plans are exported to and timed in (the dense folder's runtime)
     metric: DecoderMetric = "decode"
     scored: dict[DecoderShape, dict] = field(default_factory=dict)
     models: dict[DecoderShape, torch.nn.Module] = field(default_factory=dict)
@@ -250,9 +339,9 @@ class PlanLoop:
         self.models[shape] = self.cut(shape)
         name = f"loop-{shape.layers}-{shape.kv_groups}-{shape.mlp_width}"
         model, work = self.models[shape], self.work / name
-        folder = GENAI.export(model, work, ["fp32"], tokenizer=self.tokenizer, threads=self.threads)["fp32"]
+        folder = self.runtime.export(model, work, ["fp32"], tokenizer=self.tokenizer, threads=self.threads)["fp32"]
         workload = DecodeWorkload(self.prompt, self.new_tokens, self.rounds)
-        timed = GENAI.time({"dense": self.dense_folder, "plan": folder}, workload)
+        timed = self.runtime.time({"dense": self.dense_folder, "plan": folder}, workload)
         dense_ms, plan_ms = timed["dense"].milliseconds(self.metric), timed["plan"].milliseconds(self.metric)
         log.info("loop: %s measured %.3f of dense", shape.describe(), plan_ms / dense_ms)
         shutil.rmtree(folder.parent)  # a later round's plan is timed against dense again, not this one

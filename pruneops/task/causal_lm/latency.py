@@ -15,7 +15,15 @@ from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
 from pruneops.planning.decode_cost import shape_of
 from pruneops.reports.decoder_plots import plot_cost_model
-from pruneops.task.causal_lm.common import COST_FILE, COST_KEYS, DENSE_KEYS, GENAI, MODEL_DIR, fit_costs, time_shapes
+from pruneops.task.causal_lm.common import (
+    COST_FILE,
+    COST_KEYS,
+    DENSE_KEYS,
+    MODEL_DIR,
+    fit_costs,
+    read_runtimes,
+    time_shapes,
+)
 from pruneops.timing.machine import machine_info
 
 
@@ -43,7 +51,7 @@ class DecodeCostReport(StageReport):
 
 
 def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout: Layout) -> DecodeCostReport:
-    """Times uniform shapes of the adopted decoder (onnxruntime-genai, fp32, batch 1) and fits the costs.
+    """Times uniform shapes of the adopted decoder (fp32, batch 1, in `train`'s planning runtime) and fits the costs.
 
     Timed at `benchmark.threads` after a `benchmark.prompt_length`-token prompt over
     `benchmark.new_tokens` tokens, `benchmark.rounds` interleaved rounds; one cost model per
@@ -54,6 +62,7 @@ def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout:
     dense, tokenizer = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
     layout_of(dense)  # run on its own, the stage refuses what cannot be cut before timing anything
     base = shape_of(dense.config)
+    runtime = read_runtimes(layout).planning
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-table-") as work:
         table = time_shapes(
             dense,
@@ -65,6 +74,7 @@ def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout:
             rounds=benchmark.rounds,
             threads=benchmark.threads,
             seed=0,
+            runtime=runtime,
         )
     costs = fit_costs(table)
     rows = [
@@ -97,7 +107,7 @@ def decode_cost_table(config: LatencyConfig, benchmark: BenchmarkConfig, layout:
             **{DENSE_KEYS[m]: dense_timing.milliseconds(m) for m in costs},
             "table": rows,
         }
-        dump_json({**record, "machine": machine_info(benchmark.threads, GENAI.name)}, staged.dir(out) / COST_FILE)
+        dump_json({**record, "machine": machine_info(benchmark.threads, runtime.name)}, staged.dir(out) / COST_FILE)
         plot_cost_model(rows, staged.dir(plots) / "latency.png")
         dump_json(report.metrics(), staged.path(layout.metrics("latency")))
     return report

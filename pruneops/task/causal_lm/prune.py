@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,14 +22,18 @@ from pruneops.planning.target import decoder_ratio as target_ratio
 from pruneops.planning.target import of_decoder
 from pruneops.pruning.decoder_cuts import calibrate
 from pruneops.reports.decoder_plots import plot_plans, plot_shape
+from pruneops.runtimes import time_together
+from pruneops.runtimes.base import Runtime
 from pruneops.task.causal_lm.common import (
-    GENAI,
+    COST_FILE,
+    DECODER_RUNTIMES,
     MODEL_DIR,
     UNITS,
     PlanLoop,
     PlanSpace,
     load_blocks,
     read_cost,
+    read_runtimes,
     read_stage_json,
 )
 from pruneops.timing.generation import DecodeWorkload
@@ -70,25 +74,26 @@ class DecoderPruneReport(StageReport):
         )
 
 
-def reference_folder(config: PruneConfig, layout: Layout) -> Path | None:
-    """`prune.target.reference`'s onnxruntime-genai folder (the one its `model.onnx` lies in), or None.
+def reference_folder(config: PruneConfig, layout: Layout) -> tuple[Runtime, Path] | None:
+    """`prune.target.reference`'s export folder (the one its model file lies in) and its runtime, or None.
 
     Raises:
-        ConfigError: The file is missing or its folder is not an onnxruntime-genai model.
+        ConfigError: The file is missing or its folder is no runtime's export (onnxruntime-genai, GGUF).
     """
     if not config.target.reference:
         return None
     path = (layout.root / config.target.reference).resolve()
-    if not path.is_file() or not GENAI.recognises(path.parent):
+    runtime = next((r for r in DECODER_RUNTIMES.values() if path.is_file() and r.recognises(path.parent)), None)
+    if runtime is None:
         raise ConfigError(
             f"prune.target.reference: {config.target.reference} is not the model.onnx of an onnxruntime-genai model "
-            "folder (a causal LM is timed against one, e.g. the folder served now)"
+            "folder nor the model.gguf of a llama.cpp one (a causal LM is timed against one, e.g. the one served now)"
         )
-    return path.parent
+    return runtime, path.parent
 
 
 def aim_at_decoder_reference(
-    config: PruneConfig, benchmark: BenchmarkConfig, folders: dict[str, Path], prompt: np.ndarray
+    config: PruneConfig, benchmark: BenchmarkConfig, folders: dict[str, tuple[Runtime, Path]], prompt: np.ndarray
 ) -> dict:
     """Times the reference and dense interleaved in the target's metric: the ratio of dense to plan for.
 
@@ -96,12 +101,12 @@ def aim_at_decoder_reference(
     1/`gate.min_speedup` (what the gate lets pass); the record says when it was held there.
     """
     metric = config.target.decoder_metric
-    timings = GENAI.time(folders, DecodeWorkload(prompt, benchmark.new_tokens, benchmark.rounds))
+    timings = time_together(folders, DecodeWorkload(prompt, benchmark.new_tokens, benchmark.rounds))
     ms = {name: timings[name].milliseconds(metric) for name in folders}
     of_dense = ms["reference"] / ms["dense"]
     ratio, note = config.reference_aim(of_dense)
     record = {
-        "folder": str(folders["reference"]),
+        "folder": str(folders["reference"][1]),
         "metric": metric,
         "reference_ms": ms["reference"],
         "dense_ms": ms["dense"],
@@ -136,6 +141,12 @@ def plan_space(cut: DecoderCutConfig, base: DecoderShape, layers: dict, max_drop
     return space, layers["layer_order"]
 
 
+def _kv_cut_timed(layout: Layout, base: DecoderShape) -> bool:
+    """Whether the latency table timed a shape with fewer KV groups (it skips one its runtime cannot serve)."""
+    table = read_stage_json(layout, "latency", COST_FILE)["table"]
+    return base.kv_groups == 1 or any(row["layout"]["kv_groups"] < base.kv_groups for row in table)
+
+
 def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, tokenizer, blocks, layout: Layout):
     """The closed loop of `prune_decoder`.
 
@@ -150,19 +161,23 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
     layers = read_stage_json(layout, "sensitivity", "layers.json")
     base = shape_of(dense.config)
     space, order = plan_space(cut, base, layers, int(config.max_unit_ratio * base.layers))
+    if not _kv_cut_timed(layout, base):  # the planning runtime could not serve fewer KV groups (latency's log)
+        space = replace(space, kv_groups=(base.kv_groups,))
     calibration = calibrate(dense, torch.as_tensor(blocks["train"][: cut.calibration_blocks]))
     prompt = np.random.default_rng(0).integers(0, base.vocab, (1, benchmark.prompt_length))
+    runtime = read_runtimes(layout).planning
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
-        exported = GENAI.export(dense, Path(work) / "dense", ["fp32"], tokenizer=tokenizer, threads=benchmark.threads)
+        exported = runtime.export(dense, Path(work) / "dense", ["fp32"], tokenizer=tokenizer, threads=benchmark.threads)
         dense_folder = exported["fp32"]
         aim = None
         if reference is not None:
-            aim = aim_at_decoder_reference(config, benchmark, {"dense": dense_folder, "reference": reference}, prompt)
+            folders = {"dense": (runtime, dense_folder), "reference": reference}
+            aim = aim_at_decoder_reference(config, benchmark, folders, prompt)
         goal = of_decoder(config, dense_ms, aim)
         ratio = goal.value
         loop = PlanLoop(
             dense, tokenizer, calibration, blocks["val"][-cut.search_blocks :], cost, space, dense_folder, Path(work),
-            prompt, benchmark.new_tokens, benchmark.rounds, benchmark.threads, metric,
+            prompt, benchmark.new_tokens, benchmark.rounds, benchmark.threads, runtime, metric,
         )  # fmt: skip
         try:
             rounds = loop.run(ratio, ratio * dense_ms)

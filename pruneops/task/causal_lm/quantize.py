@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,7 +17,8 @@ from pruneops.core.quality import QualityBudget, QualityChange, perplexity_chang
 from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
-from pruneops.task.causal_lm.common import CHOICE_FILE, GENAI, MODEL_DIR, _timed, load_blocks
+from pruneops.runtimes.base import Runtime
+from pruneops.task.causal_lm.common import CHOICE_FILE, GENAI, MODEL_DIR, _timed, load_blocks, read_runtimes
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +47,13 @@ class PrecisionReport(StageReport):
     val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
     general_change: dict | None = None  # the same on the general text's validation half (`general_text`)
     warnings: tuple[str, ...] = ()
+    runtime: str = "genai"  # the runtime of what ships
+    fastest_dense: str | None = None  # the fastest form of dense within the budgets (its candidate name)
 
     def summary(self) -> str:
         speedup = self.fp32_tpot_b1_ms / self.tpot_b1_ms, self.fp32_ttft_b1_ms / self.ttft_b1_ms
         form = self.precision if self.vocabulary is None else f"{self.precision}, vocabulary {self.vocabulary}"
+        form = f"{form} in {self.runtime}"
         form = form if self.source == "pruned" else f"dense {form} (backed off: see the warning)"
         return (
             f"{form} (fastest in {self.metric} time within tolerance): {self.tpot_b1_ms:.2f} ms/token "
@@ -70,6 +75,33 @@ def _candidate_forms(model, config: QuantizeConfig, layout: Layout) -> dict[int 
 
 def _candidate_name(precision: str, vocabulary: int | None) -> str:
     return precision if vocabulary is None else f"{precision} vocab{vocabulary}"
+
+
+def _in_runtime(runtime: Runtime, name: str, first: Runtime) -> str:
+    """Its name as in the first runtime (`int8 vocab16384`), prefixed in another (`llamacpp q4_k_m`)."""
+    return name if runtime is first else f"{runtime.name} {name}"
+
+
+Form = tuple[Runtime, str, int | None]  # a candidate: its runtime, precision and output vocabulary (None: full)
+
+
+def _export_candidates(
+    forms: dict[int | None, torch.nn.Module], runtimes: list[Runtime], precisions: dict[str, list[str]], work, ctx
+) -> tuple[dict[str, Path], dict[str, Form]]:
+    """Every form in every runtime's precisions; a cut vocabulary only where the runtime gathers its head (genai)."""
+    tokenizer, threads = ctx
+    folders: dict[str, Path] = {}
+    kinds: dict[str, Form] = {}
+    for runtime in runtimes:
+        for vocabulary, form in forms.items():
+            if vocabulary is not None and runtime is not GENAI:  # GGUF pads a cut head back: nothing to gain
+                continue
+            where = work / runtime.name / f"vocab{vocabulary or 'all'}"
+            exported = runtime.export(form, where, precisions[runtime.name], tokenizer=tokenizer, threads=threads)
+            for precision, folder in exported.items():
+                name = _in_runtime(runtime, _candidate_name(precision, vocabulary), runtimes[0])
+                folders[name], kinds[name] = folder, (runtime, precision, vocabulary)
+    return folders, kinds
 
 
 def quantize_decoder(
@@ -102,41 +134,41 @@ def quantize_decoder(
     torch.set_num_threads(config.threads)
     model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
     dense, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
+    runtimes = read_runtimes(layout).runtimes
     blocks = load_blocks(layout)
     splits = {"val": blocks["val"], **({"general_val": blocks["general_val"]} if "general_val" in blocks else {})}
     out = layout.stage_dir("quantize")
-    precisions = ["fp32", *config.decoder_precisions]
+    precisions = {r.name: _precisions(r, config) for r in runtimes}
+    ctx = (tokenizer, benchmark.threads)
     with staged_output_paths(out, layout.metrics("quantize")) as staged:
         work = staged.dir(out) / "candidates"
-        folders, forms = {}, {}
-        for vocabulary, form in _candidate_forms(model, config, layout).items():
-            exported = GENAI.export(form, work / f"vocab{vocabulary or 'all'}", precisions, tokenizer=tokenizer,
-                                    threads=benchmark.threads)  # fmt: skip
-            for precision, folder in exported.items():
-                folders[_candidate_name(precision, vocabulary)] = folder
-                forms[_candidate_name(precision, vocabulary)] = (precision, vocabulary)
-        dense_folders = GENAI.export(dense, work / "dense", precisions, tokenizer=tokenizer, threads=benchmark.threads)
-        timings = _timed({**folders, **{f"dense {p}": f for p, f in dense_folders.items()}}, model.config.vocab_size,
-                         1, benchmark)  # fmt: skip
-        dense_losses = _losses(dense_folders["fp32"], splits)
+        folders, forms = _export_candidates(_candidate_forms(model, config, layout), runtimes, precisions, work, ctx)
+        dense_folders, dense_forms = _export_candidates({None: dense}, runtimes, precisions, work / "dense", ctx)
+        timings = _timed({**{n: (forms[n][0], f) for n, f in folders.items()},
+                          **{f"dense {n}": (dense_forms[n][0], f) for n, f in dense_folders.items()}},
+                         model.config.vocab_size, 1, benchmark)  # fmt: skip
+        dense_losses = _losses(runtimes[0], dense_folders["fp32"], splits)
         candidates = _judged(folders, forms, timings, splits, dense_losses, budgets)
+        dense_timings = {n: timings[f"dense {n}"] for n in dense_folders}
+        dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, dense_losses, budgets)
         source, warnings = "pruned", []
         chosen = _choose(candidates, config, metric)
         if chosen is None:  # within tolerance, none within the budget: dense ships
             warnings.append(_backed_off(candidates, budgets))
-            dense_forms = {p: (p, None) for p in dense_folders}
-            dense_timings = {p: timings[f"dense {p}"] for p in dense_folders}
-            dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, dense_losses, budgets)
             chosen, source = _choose(dense_candidates, config, metric), "dense"
             folders, forms = dense_folders, dense_forms
             candidates = {**{f"pruned {n}": c for n, c in candidates.items()}, **dense_candidates}
-        precision, vocabulary = forms[chosen]
-        for kept in {"fp32", precision}:  # before the move below: what ships may be one of these
-            shutil.copytree(dense_folders[kept], staged.path(out) / "dense" / kept)
+        runtime, precision, vocabulary = forms[chosen]
+        kept = _dense_kept(runtime, precision, runtimes[0], _choose(dense_candidates, config, metric))
+        for name in dict.fromkeys(kept.values()):  # before the move below: what ships may be one of these
+            shutil.copytree(dense_folders[name], staged.path(out) / "dense" / _folder_name(name))
         folders[chosen].rename(staged.path(out) / MODEL_DIR)
         shutil.rmtree(work)
-        choice = {"precision": precision, "vocabulary": vocabulary, "metric": metric, "source": source,
-                  "candidates": candidates}  # fmt: skip
+        dense_rows = {role: {"file": f"dense/{_folder_name(n)}", "runtime": dense_forms[n][0].name,
+                             "precision": dense_forms[n][1], "candidate": n} for role, n in kept.items()}  # fmt: skip
+        choice = {"runtime": runtime.name, "precision": precision, "vocabulary": vocabulary, "metric": metric,
+                  "source": source, "candidates": candidates, "dense_candidates": dense_candidates,
+                  "dense": dense_rows}  # fmt: skip
         dump_json(choice, staged.path(out) / CHOICE_FILE)
         report = PrecisionReport(
             precision=precision,
@@ -154,9 +186,28 @@ def quantize_decoder(
             val_change=candidates[chosen]["val_change"],
             general_change=candidates[chosen].get("general_change"),
             warnings=tuple(warnings),
+            runtime=runtime.name,
+            fastest_dense=kept["fastest"],
         )
         dump_json(report.metrics(), staged.path(layout.metrics("quantize")))
     return report
+
+
+def _precisions(runtime: Runtime, config: QuantizeConfig) -> list[str]:
+    """fp32 and the precisions asked of `runtime`: `decoder_precisions` for genai, `gguf_precisions` for llama.cpp."""
+    asked = config.decoder_precisions if runtime is GENAI else config.gguf_precisions
+    return ["fp32", *(p for p in asked if p != "fp32")]
+
+
+def _dense_kept(runtime: Runtime, precision: str, first: Runtime, fastest: str | None) -> dict[str, str]:
+    """The dense forms the benchmark times beside what ships: fp32, the shipped precision, the fastest in budget."""
+    kept = {"fp32": "fp32", "deployed": _in_runtime(runtime, precision, first)}
+    return kept | {"fastest": fastest} if fastest is not None else kept
+
+
+def _folder_name(candidate: str) -> str:
+    """A candidate's name as a folder: `llamacpp q4_k_m` -> `llamacpp-q4_k_m`."""
+    return candidate.replace(" ", "-")
 
 
 @dataclass(frozen=True)
@@ -172,9 +223,9 @@ class Budgets:
         return f"{self.val.text()}{general}"
 
 
-def _losses(folder, splits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """An exported model's per-block losses on each split, by its own logits."""
-    opened = GENAI.open(folder, threads=2)
+def _losses(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An exported model's per-block losses on each split, by its own logits in its runtime."""
+    opened = runtime.open(folder, threads=2)
     return {name: opened.losses(blocks) for name, blocks in splits.items()}
 
 
@@ -186,11 +237,12 @@ def _judged(folders: dict, forms: dict, timings: dict, splits, dense_losses, bud
     """
     candidates = {}
     for name, folder in folders.items():
-        losses = _losses(folder, splits)
+        runtime, precision, vocabulary = forms[name]
+        losses = _losses(runtime, folder, splits)
         change = perplexity_change(losses["val"], dense_losses["val"])
         within = budgets.val.holds(change)
-        precision, vocabulary = forms[name]
         candidates[name] = {
+            "runtime": runtime.name,
             "precision": precision,
             "vocabulary": vocabulary,
             "val_perplexity": float(np.exp(losses["val"].mean())),

@@ -15,7 +15,7 @@ from pruneops.core.errors import ConfigError  # noqa: E402
 from pruneops.models.language import block_losses  # noqa: E402
 from pruneops.planning.decode_cost import DecodeCostModel, shape_of  # noqa: E402
 from pruneops.pruning.decoder_cuts import calibrate  # noqa: E402
-from pruneops.task.causal_lm.common import PlanLoop, PlanSpace  # noqa: E402
+from pruneops.task.causal_lm.common import GENAI, PlanLoop, PlanSpace  # noqa: E402
 from tests.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
 
 
@@ -48,6 +48,7 @@ def _loop(loop_type=PlanLoop) -> PlanLoop:
         new_tokens=4,
         rounds=1,
         threads=1,
+        runtime=GENAI,
     )
 
 

@@ -158,11 +158,13 @@ def test_a_reference_target_is_planned_as_its_measured_ratio_of_dense(
     target = {"kind": "latency_ratio", "value": value, "metric": metric, "reference": "served/model.onnx"}
     corpus_params["prune"] = {**corpus_params["prune"], "target": target, "gate": {"min_speedup": min_speedup}}
     config, benchmark = (load_configs(corpus_params)[k] for k in ("prune", "benchmark"))
+    from pruneops.runtimes.genai import RUNTIME as GENAI
+
     folder = prune_stage.reference_folder(config, Layout(tmp_path))
-    assert folder == (tmp_path / "served").resolve()
+    assert folder == (GENAI, (tmp_path / "served").resolve())
     timed = _reference_timings({"dense": 400.0, "reference": 320.0}, {"dense": 20.0, "reference": 14.0})
-    monkeypatch.setattr(prune_stage.GENAI, "time", lambda folders, w: timed(folders, w.prompt, w.new_tokens, w.rounds))
-    folders = {"dense": tmp_path / "dense", "reference": folder}
+    monkeypatch.setattr(GENAI, "time", lambda folders, w: timed(folders, w.prompt, w.new_tokens, w.rounds))
+    folders = {"dense": (GENAI, tmp_path / "dense"), "reference": folder}
     aim = prune_stage.aim_at_decoder_reference(config, benchmark, folders, np.zeros((1, 16), dtype=np.int64))
     assert aim["reference_of_dense"] == pytest.approx(0.7 if metric == "decode" else 0.8, rel=1e-12)
     assert aim["planned_ratio_of_dense"] == pytest.approx(planned, rel=1e-12)

@@ -63,7 +63,7 @@ def test_a_pruned_decoder_that_forgets_general_text_backs_off_unless_that_budget
 
     noise = np.random.default_rng(0).normal(0.0, 0.01, 12)
 
-    def losses(folder, splits):  # injected: equal on the corpus; pruned loses 0.5 nats a token on general text
+    def losses(runtime, folder, splits):  # injected: equal on the corpus; pruned loses 0.5 nats a token on general text
         worse = 0.0 if "dense" in str(folder) else 0.5
         given = {"val": np.full(20, 3.0) + noise[0], "general_val": 4.0 + noise + worse}
         return {name: given[name] for name in splits}  # the splits quantize read from the corpus
