@@ -9,6 +9,7 @@ import numpy as np
 
 from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.core.progress import progress
 from pruneops.core.quality import perplexity_change
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.reports.decoder_plots import plot_decoder_frontier
@@ -68,7 +69,8 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
             figures[name][f"ttft_b{batch}_ms"] = timing.ttft_ms
             figures[name][f"tpot_b{batch}_ms"] = timing.tpot_ms
     opened = {name: runtime.open(folder, threads=2) for name, (runtime, folder) in models.items()}
-    losses = {name: model.losses(blocks["test"]) for name, model in opened.items()}
+    scoring = progress(opened.items(), "benchmark: scoring test blocks", len(opened), "models")
+    losses = {name: model.losses(blocks["test"]) for name, model in scoring}
     if "general" in blocks:  # text beyond the corpus's domain: what the model keeps of general text
         general = {name: model.losses(blocks["general"]) for name, model in opened.items()}
         for name, nll in general.items():

@@ -16,6 +16,7 @@ from pruneops.config import BenchmarkConfig
 from pruneops.config.prune import DecoderMetric
 from pruneops.core.errors import ConfigError, DataError, PruneOpsError
 from pruneops.core.io import Layout, read_json
+from pruneops.core.progress import progress
 from pruneops.models.language import block_losses
 from pruneops.planning.decode_cost import (
     DecodeCostModel,
@@ -239,7 +240,7 @@ def time_shapes(
     base = shape_of(dense.config)
     grid = timing_shapes(base, max_layers_dropped)
     folders = {}
-    for index, shape in enumerate(grid):
+    for index, shape in progress(enumerate(grid), "latency table: exporting shapes", len(grid), "shapes"):
         model = dense if shape == base else cut_for_timing(dense, shape)
         try:
             export = runtime.export(model, work / f"table{index}", ["fp32"], tokenizer=tokenizer, threads=threads)
@@ -322,7 +323,8 @@ class PlanLoop:
                 f"no uniform shape is predicted to take {target_ms:.2f} {UNITS[self.metric]} "
                 f"(the cost model's floor is {self.cost.intercept_ms:.2f} ms)"
             )
-        for shape in plans:
+        fresh = [shape for shape in plans if shape not in self.scored]
+        for shape in progress(fresh, "plan search: scoring plans", len(fresh), "plans"):
             if shape not in self.scored:
                 nll = float(block_losses(self.cut(shape), self.search).mean())
                 self.scored[shape] = {

@@ -13,6 +13,7 @@ import torch
 from pruneops.config import BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.config.prune import DecoderMetric
 from pruneops.core.io import Layout, dump_json, staged_output_paths
+from pruneops.core.progress import progress
 from pruneops.core.quality import QualityBudget, QualityChange, perplexity_change
 from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
@@ -236,7 +237,7 @@ def _judged(folders: dict, forms: dict, timings: dict, splits, dense_losses, bud
     validation half too.
     """
     candidates = {}
-    for name, folder in folders.items():
+    for name, folder in progress(folders.items(), "quantize: scoring candidates", len(folders), "models"):
         runtime, precision, vocabulary = forms[name]
         losses = _losses(runtime, folder, splits)
         change = perplexity_change(losses["val"], dense_losses["val"])
