@@ -147,7 +147,10 @@ class ValidateConfig(StageConfig):
             "label_column feature_columns classes value_range max_train_samples min_samples_per_class "
             "max_class_imbalance hist_bins exclude_labels max_length"
         ),
-        causal_lm="block_length max_unknown_token_rate general_text general_blocks",
+        causal_lm=(
+            "block_length max_unknown_token_rate general_text general_blocks zero_shot zero_shot_prompt "
+            "zero_shot_labels zero_shot_label_column zero_shot_items"
+        ),
     )
 
     dataset: Text = "digits"
@@ -183,6 +186,22 @@ class ValidateConfig(StageConfig):
     # benchmark reports beside the corpus's, on at most `general_blocks` blocks.
     general_text: Text | None = None
     general_blocks: Annotated[int, Field(ge=1, le=100_000)] = 32
+    # dataset `corpus`: a zero-shot check, a labelled file (CSV/TSV/JSONL/Parquet: `text_column`,
+    # `zero_shot_label_column`) whose texts, in `zero_shot_prompt` ({text} marks where), the model
+    # answers by the likeliest of `zero_shot_labels` (null: the file's labels); at most
+    # `zero_shot_items` items, alternately in a half that gates and a half that is reported.
+    zero_shot: Text | None = None
+    zero_shot_prompt: Text = "{text}\nAnswer:"
+    zero_shot_labels: Annotated[list[Text], Field(min_length=2, max_length=1000)] | None = None
+    zero_shot_label_column: Text = "label"
+    zero_shot_items: Annotated[int, Field(ge=4, le=100_000)] = 400
+
+    @field_validator("zero_shot_prompt")
+    @classmethod
+    def _marks_the_text(cls, v: str) -> str:
+        if "{text}" not in v:
+            raise ValueError("must mark where the text goes with {text}")
+        return v
 
     @model_validator(mode="after")
     def _text_needs_a_tokenizer(self) -> ValidateConfig:
@@ -522,12 +541,7 @@ class ExportConfig(StageConfig):
     @field_validator("runtime")
     @classmethod
     def _known_runtime(cls, v: str) -> str:
-        from pruneops.runtimes import runtime_names
-
-        names = runtime_names("causal_lm")
-        if v != "auto" and v not in names:
-            raise ValueError(f"unknown runtime {v!r}; choose auto or one of {', '.join(names)}")
-        return v
+        return registered("pruneops.runtimes:causal_lm_runtime", v)
 
     @field_validator("exporter")
     @classmethod

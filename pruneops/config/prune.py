@@ -144,20 +144,23 @@ class GateConfig(StageConfig):
     interval: `max_accuracy_drop` accuracy points (classifiers), `max_perplexity_increase` relative
     perplexity (causal LMs); null: measured and reported, not gated. A causal LM with
     `validate.general_text` is also held to `max_general_perplexity_increase` on the general text's
-    validation half: a model fitted to the user's corpus that forgets text beyond it does not ship.
+    validation half: a model fitted to the user's corpus that forgets text beyond it does not ship;
+    with `validate.zero_shot`, to `max_zero_shot_drop` accuracy points on its check's gating half.
     Both gates back off the same way: a plan that misses the speed floor, or a model whose every
     form misses the budget, ships nothing pruned (dense passes on, in the fastest form within the
     budget), and the report and the stage's warnings give the figures.
     """
 
     TASK_KEYS = task_keys(
-        classification="max_accuracy_drop", causal_lm="max_perplexity_increase max_general_perplexity_increase"
+        classification="max_accuracy_drop",
+        causal_lm="max_perplexity_increase max_general_perplexity_increase max_zero_shot_drop",
     )
 
     min_speedup: Annotated[float, Field(ge=1.0, le=100.0)] | None = 1.05
     max_accuracy_drop: Annotated[float, Field(ge=0.0, le=100.0)] | None = 1.0
     max_perplexity_increase: Annotated[float, Field(ge=0.0, le=100.0)] | None = 0.10
     max_general_perplexity_increase: Annotated[float, Field(ge=0.0, le=100.0)] | None = 0.15
+    max_zero_shot_drop: Annotated[float, Field(ge=0.0, le=100.0)] | None = 3.0
 
     def budget(self, task: str) -> QualityBudget:
         """The quality budget of `task`'s models."""
@@ -168,6 +171,10 @@ class GateConfig(StageConfig):
     def general_budget(self) -> QualityBudget:
         """A causal LM's budget on general text beyond its corpus (`validate.general_text`)."""
         return QualityBudget(self.max_general_perplexity_increase, "perplexity")
+
+    def zero_shot_budget(self) -> QualityBudget:
+        """A causal LM's budget on its zero-shot check (`validate.zero_shot`), in accuracy points."""
+        return QualityBudget(self.max_zero_shot_drop, "points")
 
 
 class TrialsConfig(StageConfig):

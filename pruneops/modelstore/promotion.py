@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pruneops.data.splits import Split
-from pruneops.runtimes import runtime_of, time_together
+from pruneops.runtimes import runtime_of
 from pruneops.runtimes.onnxruntime.files import make_session, median_latency_ms, ort_accuracy
 
 
@@ -99,7 +99,7 @@ def evaluate_decoders(
     folders: dict[str, Path], datasets: dict[str, np.ndarray], prompt_length: int, new_tokens: int, rounds: int
 ) -> dict[str, DecoderEvaluation]:
     """Scores each export folder (any decoder runtime's) on each set of blocks and times them interleaved at batch 1."""
-    from pruneops.timing.generation import DecodeWorkload
+    from pruneops.timing.generation import DecodeWorkload, time_together
 
     runtimes = {name: runtime_of(folder, "causal_lm") for name, folder in folders.items()}
     first = next(iter(folders))

@@ -190,7 +190,12 @@ STAGES: tuple[Stage, ...] = (
             ),
             "causal_lm": Impl(
                 f"{_LM}.validate:validate_corpus",
-                files=(UserFile("validate.path"), UserFile("validate.tokenizer"), UserFile("validate.general_text")),
+                files=(
+                    UserFile("validate.path"),
+                    UserFile("validate.tokenizer"),
+                    UserFile("validate.general_text"),
+                    UserFile("validate.zero_shot"),
+                ),
             ),
         },
     ),

@@ -9,15 +9,13 @@ dependencies include the runtime code it runs; what serves any task (the model s
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from pruneops.core.errors import ConfigError, PruneOpsError
+from pruneops.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from pruneops.runtimes.base import Runtime
-    from pruneops.timing.generation import DecodeWorkload, GenerationTiming
 
 
 class RuntimeEntry(NamedTuple):
@@ -60,6 +58,18 @@ def runtime_names(task: str) -> list[str]:
     return [name for name, entry in RUNTIMES.items() if entry.task == task]
 
 
+def causal_lm_runtime(name: str) -> str:
+    """`name`, where it is `auto` or a runtime of causal LMs (`export.runtime`'s check).
+
+    Raises:
+        ConfigError: Any other name (the message lists the choices).
+    """
+    names = runtime_names("causal_lm")
+    if name != "auto" and name not in names:
+        raise ConfigError(f"unknown runtime {name!r}; choose auto or one of {', '.join(names)}")
+    return name
+
+
 def runtimes_for(task: str) -> list[Runtime]:
     """The runtimes that run `task`'s models, in registry order (the first is the task's default)."""
     return [get_runtime(name) for name in runtime_names(task)]
@@ -75,24 +85,3 @@ def runtime_of(artefact: Path, task: str) -> Runtime:
         if runtime.recognises(Path(artefact)):
             return runtime
     raise ConfigError(f"{artefact} is not {' nor '.join(r.export_kind for r in runtimes_for(task))}")
-
-
-def time_together(
-    artefacts: Mapping[str, tuple[Runtime, Path]], workload: DecodeWorkload
-) -> dict[str, GenerationTiming]:
-    """Exports of one runtime or several, timed interleaved in this process (each in its own runtime).
-
-    Raises:
-        PruneOpsError: A runtime times fewer sequences at once than the workload's prompt has rows.
-    """
-    from pruneops.timing.generation import time_interleaved
-
-    batch = workload.prompt.shape[0]
-    for runtime, _ in artefacts.values():
-        if runtime.max_batch is not None and batch > runtime.max_batch:
-            raise PruneOpsError(f"{runtime.name} runtime: times at most {runtime.max_batch} sequence(s), asked {batch}")
-    runtimes = {runtime.name: runtime for runtime, _ in artefacts.values()}
-    if len(runtimes) == 1:  # the runtime's own timing
-        (runtime,) = runtimes.values()
-        return runtime.time({name: path for name, (_, path) in artefacts.items()}, workload)
-    return time_interleaved({name: runtime.timer(path) for name, (runtime, path) in artefacts.items()}, workload)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from pruneops.core.errors import PruneOpsError
+
 if TYPE_CHECKING:
     from pruneops.config.prune import DecoderMetric
+    from pruneops.runtimes.base import Runtime
 
 
 @dataclass(frozen=True)
@@ -81,3 +86,22 @@ def time_interleaved(models: dict[str, TimedGenerator], workload: DecodeWorkload
         )
         for name in models
     }
+
+
+def time_together(
+    artefacts: Mapping[str, tuple[Runtime, Path]], workload: DecodeWorkload
+) -> dict[str, GenerationTiming]:
+    """Exports of one runtime or several, timed interleaved in this process (each in its own runtime).
+
+    Raises:
+        PruneOpsError: A runtime times fewer sequences at once than the workload's prompt has rows.
+    """
+    batch = workload.prompt.shape[0]
+    for runtime, _ in artefacts.values():
+        if runtime.max_batch is not None and batch > runtime.max_batch:
+            raise PruneOpsError(f"{runtime.name} runtime: times at most {runtime.max_batch} sequence(s), asked {batch}")
+    runtimes = {runtime.name: runtime for runtime, _ in artefacts.values()}
+    if len(runtimes) == 1:  # the runtime's own timing
+        (runtime,) = runtimes.values()
+        return runtime.time({name: path for name, (_, path) in artefacts.items()}, workload)
+    return time_interleaved({name: runtime.timer(path) for name, (runtime, path) in artefacts.items()}, workload)

@@ -10,11 +10,11 @@ import numpy as np
 from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.core.progress import progress
-from pruneops.core.quality import perplexity_change
+from pruneops.core.quality import accuracy_change, perplexity_change
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.reports.decoder_plots import plot_decoder_frontier
 from pruneops.reports.summary import BenchmarkSummary, ordered
-from pruneops.task.causal_lm.common import DECODER_RUNTIMES, _timed, load_blocks
+from pruneops.task.causal_lm.common import DECODER_RUNTIMES, _timed, load_blocks, load_zero_shot, zero_shot_correct
 from pruneops.timing.machine import machine_info
 
 
@@ -33,6 +33,7 @@ class DecoderBenchmarkReport(BenchmarkSummary):
     test_perplexity_ratio_ci: list
     results: Path
     general_change: dict | None = None  # `QualityChange` of the general text's perplexity (validate.general_text)
+    zero_shot_change: dict | None = None  # `QualityChange` of the zero-shot check (validate.zero_shot), in points
     runtime: str = "genai"  # what ships is served by
     fastest_dense: str | None = None  # the row of the fastest dense form within the budgets (quantize's choice)
     speedup_b1_vs_fastest_dense: float | None = None  # per output token, against that row
@@ -76,6 +77,12 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         for name, nll in general.items():
             change = perplexity_change(nll, general["dense_fp32"]).record()
             figures[name].update(general_perplexity=float(np.exp(nll.mean())), general_change=change)
+    check = load_zero_shot(layout)
+    if check is not None:  # the zero-shot check's reported half: accuracy and change against dense, item by item
+        correct = {name: zero_shot_correct(model, check, "zero_shot") for name, model in opened.items()}
+        for name, right in correct.items():
+            change = accuracy_change(right, correct["dense_fp32"]).record()
+            figures[name].update(zero_shot_accuracy=float(right.mean()), zero_shot_change=change)
     dense = perplexity_from_losses(losses["dense_fp32"], 0)
     for name, (runtime, folder) in models.items():
         ppl = perplexity_from_losses(losses[name], 0)
@@ -126,6 +133,7 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
             test_perplexity_ratio_ci=served["test_ratio_ci"],
             results=out / "results.json",
             general_change=served.get("general_change"),
+            zero_shot_change=served.get("zero_shot_change"),
             runtime=shipped["runtime"],
             fastest_dense=manifest.get("fastest_dense"),
             speedup_b1_vs_fastest_dense=_against(figures, manifest.get("fastest_dense")),

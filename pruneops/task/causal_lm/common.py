@@ -29,11 +29,10 @@ from pruneops.planning.decode_cost import (
     width_step,
 )
 from pruneops.pruning import decoder_cuts as cuts
-from pruneops.runtimes import time_together
 from pruneops.runtimes.base import Runtime
 from pruneops.runtimes.genai import RUNTIME as GENAI
 from pruneops.runtimes.llamacpp import RUNTIME as LLAMACPP
-from pruneops.timing.generation import DecodeWorkload, GenerationTiming
+from pruneops.timing.generation import DecodeWorkload, GenerationTiming, time_together
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,30 @@ CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figure
 
 
 RUNTIMES_FILE = "runtimes.json"  # train's `RuntimeChoice`
+
+
+ZERO_SHOT_FILE = "zero_shot.json"  # validate's zero-shot check, tokenised
+ZERO_SHOT_SPLITS = ("zero_shot_val", "zero_shot")  # the budget's half, the benchmark's half
+
+
+def load_zero_shot(layout: Layout) -> dict | None:
+    """The zero-shot check `validate` wrote (None: `validate.zero_shot` not set)."""
+    path = layout.stage_dir("validate") / ZERO_SHOT_FILE
+    return read_json(path) if path.is_file() else None
+
+
+def zero_shot_correct(opened: object, check: dict, split: str) -> np.ndarray:
+    """Whether an opened model (any runtime's) answers each item of `split` right: the likeliest label by its logits.
+
+    A label's score is the summed next-token loss of its tokens after the item's context, in the
+    model's own exported logits (`token_losses`), as lm-eval's multiple-choice log-likelihood is.
+    """
+    right = []
+    for item in check[split]:
+        context = item["context"]
+        nll = [float(opened.token_losses(np.asarray(context + t))[len(context) - 1 :].sum()) for t in check["targets"]]
+        right.append(int(np.argmin(nll)) == item["answer"])
+    return np.asarray(right)
 
 
 # The runtimes a causal LM may be served by, in the order `auto` prefers them (the first servable

@@ -22,7 +22,6 @@ from pruneops.planning.target import decoder_ratio as target_ratio
 from pruneops.planning.target import of_decoder
 from pruneops.pruning.decoder_cuts import calibrate
 from pruneops.reports.decoder_plots import plot_plans, plot_shape
-from pruneops.runtimes import time_together
 from pruneops.runtimes.base import Runtime
 from pruneops.task.causal_lm.common import (
     COST_FILE,
@@ -36,7 +35,7 @@ from pruneops.task.causal_lm.common import (
     read_runtimes,
     read_stage_json,
 )
-from pruneops.timing.generation import DecodeWorkload
+from pruneops.timing.generation import DecodeWorkload, time_together
 
 log = logging.getLogger(__name__)
 

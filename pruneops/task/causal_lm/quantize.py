@@ -14,12 +14,21 @@ from pruneops.config import BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.config.prune import DecoderMetric
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.core.progress import progress
-from pruneops.core.quality import QualityBudget, QualityChange, perplexity_change
+from pruneops.core.quality import QualityBudget, QualityChange, accuracy_change, perplexity_change
 from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
 from pruneops.runtimes.base import Runtime
-from pruneops.task.causal_lm.common import CHOICE_FILE, GENAI, MODEL_DIR, _timed, load_blocks, read_runtimes
+from pruneops.task.causal_lm.common import (
+    CHOICE_FILE,
+    GENAI,
+    MODEL_DIR,
+    _timed,
+    load_blocks,
+    load_zero_shot,
+    read_runtimes,
+    zero_shot_correct,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,7 @@ class PrecisionReport(StageReport):
     val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
     general_change: dict | None = None  # the same on the general text's validation half (`general_text`)
     warnings: tuple[str, ...] = ()
+    zero_shot_change: dict | None = None  # accuracy points on the zero-shot check's gating half (`zero_shot`)
     runtime: str = "genai"  # the runtime of what ships
     fastest_dense: str | None = None  # the fastest form of dense within the budgets (its candidate name)
 
@@ -112,6 +122,7 @@ def quantize_decoder(
     layout: Layout,
     budget: QualityBudget | None = None,
     general_budget: QualityBudget | None = None,
+    zero_shot_budget: QualityBudget | None = None,
 ) -> PrecisionReport:
     """Exports the recovered decoder in fp32 and each of `decoder_precisions`; the fastest within tolerance ships.
 
@@ -131,7 +142,8 @@ def quantize_decoder(
     benchmark's rows of dense fp32 and of dense in the precision that ships). Writes
     `artifacts/quantize/model` (an onnxruntime-genai folder) and every candidate's figures.
     """
-    budgets = Budgets(budget or QualityBudget(None, "perplexity"), general_budget or QualityBudget(None, "perplexity"))
+    none = QualityBudget(None, "perplexity")
+    budgets = Budgets(budget or none, general_budget or none, zero_shot_budget or QualityBudget(None, "points"))
     torch.set_num_threads(config.threads)
     model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
     dense, _ = load_causal_lm(layout.stage_dir("train") / MODEL_DIR)
@@ -148,10 +160,10 @@ def quantize_decoder(
         timings = _timed({**{n: (forms[n][0], f) for n, f in folders.items()},
                           **{f"dense {n}": (dense_forms[n][0], f) for n, f in dense_folders.items()}},
                          model.config.vocab_size, 1, benchmark)  # fmt: skip
-        dense_losses = _losses(runtimes[0], dense_folders["fp32"], splits)
-        candidates = _judged(folders, forms, timings, splits, dense_losses, budgets)
+        dense = _reference(runtimes[0], dense_folders["fp32"], splits, load_zero_shot(layout))
+        candidates = _judged(folders, forms, timings, splits, dense, budgets)
         dense_timings = {n: timings[f"dense {n}"] for n in dense_folders}
-        dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, dense_losses, budgets)
+        dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, dense, budgets)
         source, warnings = "pruned", []
         chosen = _choose(candidates, config, metric)
         if chosen is None:  # within tolerance, none within the budget: dense ships
@@ -186,6 +198,7 @@ def quantize_decoder(
             budget=budgets.text(),
             val_change=candidates[chosen]["val_change"],
             general_change=candidates[chosen].get("general_change"),
+            zero_shot_change=candidates[chosen].get("zero_shot_change"),
             warnings=tuple(warnings),
             runtime=runtime.name,
             fastest_dense=kept["fastest"],
@@ -213,15 +226,17 @@ def _folder_name(candidate: str) -> str:
 
 @dataclass(frozen=True)
 class Budgets:
-    """The quality budgets a candidate is held to: on the corpus's validation blocks, and on general text."""
+    """The quality budgets a candidate is held to: on the corpus's validation blocks, general text, zero-shot."""
 
     val: QualityBudget
     general: QualityBudget
+    zero_shot: QualityBudget = QualityBudget(None, "points")
 
     def text(self) -> str:
-        """`+10 % perplexity` and, where gated, `; general text +15 % perplexity`."""
+        """`+10 % perplexity` and, where gated, `; general text +15 % perplexity; zero-shot 3 pts`."""
         general = f"; general text {self.general.text()}" if self.general.limit is not None else ""
-        return f"{self.val.text()}{general}"
+        zero_shot = f"; zero-shot {self.zero_shot.text()}" if self.zero_shot.limit is not None else ""
+        return f"{self.val.text()}{general}{zero_shot}"
 
 
 def _losses(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -230,12 +245,30 @@ def _losses(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray]) -> di
     return {name: opened.losses(blocks) for name, blocks in splits.items()}
 
 
-def _judged(folders: dict, forms: dict, timings: dict, splits, dense_losses, budgets: Budgets) -> dict[str, dict]:
+@dataclass(frozen=True)
+class DenseReference:
+    """What every candidate is compared with: dense fp32's per-block losses and its zero-shot answers."""
+
+    losses: dict[str, np.ndarray]
+    check: dict | None = None  # validate's zero-shot check (None: not set)
+    zero_shot_correct: np.ndarray | None = None  # dense's answer to each gating item, right or not
+
+
+def _reference(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None) -> DenseReference:
+    """Dense fp32's losses on each split and, with a zero-shot check, its answers on the gating half."""
+    losses = _losses(runtime, folder, splits)
+    if check is None:
+        return DenseReference(losses)
+    return DenseReference(losses, check, zero_shot_correct(runtime.open(folder, threads=2), check, "zero_shot_val"))
+
+
+def _judged(folders: dict, forms: dict, timings: dict, splits, dense: DenseReference, budgets: Budgets) -> dict:
     """Each candidate's perplexity (its own exported logits) and change against dense fp32 on each split, times.
 
     Within the budget means within it on validation and, where the corpus has general text, on its
-    validation half too.
+    validation half too, and where `validate.zero_shot` is set, on the check's gating half.
     """
+    dense_losses = dense.losses
     candidates = {}
     for name, folder in progress(folders.items(), "quantize: scoring candidates", len(folders), "models"):
         runtime, precision, vocabulary = forms[name]
@@ -255,6 +288,11 @@ def _judged(folders: dict, forms: dict, timings: dict, splits, dense_losses, bud
             general = perplexity_change(losses["general_val"], dense_losses["general_val"])
             within = within and budgets.general.holds(general)
             candidates[name]["general_change"] = general.record()
+        if dense.check is not None:  # each item answered right or not, against dense's answers item by item
+            correct = zero_shot_correct(runtime.open(folder, threads=2), dense.check, "zero_shot_val")
+            zero_shot = accuracy_change(correct, dense.zero_shot_correct)
+            within = within and budgets.zero_shot.holds(zero_shot)
+            candidates[name]["zero_shot_change"] = zero_shot.record()
         candidates[name]["within_budget"] = within
     return candidates
 
@@ -271,10 +309,9 @@ def _backed_off(candidates: dict[str, dict], budgets: Budgets) -> str:
     """The warning of a back-off to dense: what each form of the pruned model measured against the budgets."""
 
     def figures(c: dict) -> str:
-        general = c.get("general_change")
-        return QualityChange(**c["val_change"]).text() + (
-            f" (general text {QualityChange(**general).text()})" if general else ""
-        )
+        beyond = [f"{what} {QualityChange(**c[key]).text()}" for key, what in
+                  (("general_change", "general text"), ("zero_shot_change", "zero-shot")) if c.get(key)]  # fmt: skip
+        return QualityChange(**c["val_change"]).text() + (f" ({', '.join(beyond)})" if beyond else "")
 
     listed = ", ".join(f"{n} {figures(c)}" for n, c in candidates.items())
     return (
@@ -291,5 +328,11 @@ def quantize_stage(
     """The stage: `quantize_decoder` in the prune target's metric (time per output token, or to the first token)."""
     gate = prune.gate
     return quantize_decoder(
-        config, benchmark, prune.target.decoder_metric, layout, gate.budget("causal_lm"), gate.general_budget()
+        config,
+        benchmark,
+        prune.target.decoder_metric,
+        layout,
+        gate.budget("causal_lm"),
+        gate.general_budget(),
+        gate.zero_shot_budget(),
     )

@@ -10,13 +10,13 @@ import numpy as np
 from pruneops.config import ValidateConfig
 from pruneops.core.errors import DataError
 from pruneops.core.io import Layout, dump_json, staged_output_paths
-from pruneops.data.corpus import read_documents, split_documents, to_blocks
+from pruneops.data.corpus import affixes_of, hf_encode, read_documents, read_labelled, split_documents, to_blocks
 from pruneops.data.drift import prompt_reference
 from pruneops.data.expectations import raise_if_failed, run_corpus_suite
 from pruneops.data.text import text_digests
 from pruneops.models.decoders import load_causal_tokenizer
 from pruneops.pipeline.stages import StageReport
-from pruneops.task.causal_lm.common import CORPUS_FILE, REFERENCE_FILE
+from pruneops.task.causal_lm.common import CORPUS_FILE, REFERENCE_FILE, ZERO_SHOT_FILE, ZERO_SHOT_SPLITS
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,43 @@ def _general_halves(config: ValidateConfig, tokenizer: object) -> dict[str, np.n
     return halves
 
 
+def _zero_shot_items(config: ValidateConfig, tokenizer: object) -> dict:
+    """The zero-shot check tokenised as the model reads it: each item's context, each label's tokens, the answer.
+
+    The context is the tokenizer's own prefix (a BOS where it adds one) and the prompt with the
+    text; a label follows it after one space. Items alternate between `zero_shot_val` (what
+    `quantize` holds to `prune.gate.max_zero_shot_drop`) and `zero_shot` (what the benchmark reports).
+
+    Raises:
+        DataError: A label outside `zero_shot_labels`, fewer than two labels, or fewer than two items a half.
+    """
+    items = read_labelled(config.zero_shot, config.text_column, config.zero_shot_label_column)
+    items = items[: config.zero_shot_items]
+    labels = list(config.zero_shot_labels or sorted({label for _, label in items}))
+    unknown = sorted({label for _, label in items} - set(labels))
+    if unknown or len(labels) < 2:
+        what = f"label {unknown[0]!r} is not among {labels}" if unknown else f"{len(labels)} label(s): needs two"
+        raise DataError(f"validate.zero_shot: {config.zero_shot}: {what}")
+    prefix = list(affixes_of(hf_encode(tokenizer)).prefix)  # the BOS a model trained with one always saw first
+    prompt = config.zero_shot_prompt
+    encoded = [
+        {"context": prefix + tokenizer(prompt.format(text=text), add_special_tokens=False)["input_ids"],
+         "answer": labels.index(label)}
+        for text, label in items
+    ]  # fmt: skip
+    halves = {name: encoded[offset::2] for offset, name in enumerate(ZERO_SHOT_SPLITS)}
+    if min(len(h) for h in halves.values()) < 2:
+        raise DataError(f"validate.zero_shot: {config.zero_shot} has {len(items)} items: give at least 4")
+    targets = [tokenizer(" " + label, add_special_tokens=False)["input_ids"] for label in labels]
+    return {"labels": labels, "prompt": config.zero_shot_prompt, "targets": targets, **halves}
+
+
 def validate_corpus(config: ValidateConfig, layout: Layout) -> CorpusReport:
     """Reads, splits by document, checks (Great Expectations) and blocks a causal LM's corpus.
 
     Writes `artifacts/validate/corpus.npz` (train/val/test token blocks, the model's own tokenizer;
     with `general_text`, up to `general_blocks` blocks of each of its halves as `general_val` and
-    `general`),
+    `general`), with `zero_shot` the check's items (`zero_shot.json`),
     the prompt-drift reference (the most frequent training tokens and their shares) and a summary.
 
     Raises:
@@ -115,12 +146,17 @@ def validate_corpus(config: ValidateConfig, layout: Layout) -> CorpusReport:
     if config.general_text:  # text beyond the user's domain: gated on one half, reported on the other
         blocks.update(_general_halves(config, tokenizer))
         tokens.update({name: int(blocks[name].size) for name in GENERAL_SPLITS})
+    zero_shot = _zero_shot_items(config, tokenizer) if config.zero_shot else None
+    if zero_shot is not None:
+        tokens.update({f"{name} items": len(zero_shot[name]) for name in ZERO_SHOT_SPLITS})
     out = layout.stage_dir("validate")
     with staged_output_paths(out, layout.metrics("validate")) as staged:
         folder = staged.path(out)
         folder.mkdir(parents=True)
         np.savez_compressed(folder / CORPUS_FILE, **{k: v.astype(np.int32) for k, v in blocks.items()})
         dump_json(prompt_reference([b.tolist() for b in blocks["train"]]), folder / REFERENCE_FILE)
+        if zero_shot is not None:
+            dump_json(zero_shot, folder / ZERO_SHOT_FILE)
         report = CorpusReport(
             dataset=config.dataset,
             documents={k: len(v) for k, v in splits.items()},

@@ -79,3 +79,47 @@ def test_a_pruned_decoder_that_forgets_general_text_backs_off_unless_that_budget
     else:
         assert report.source == "dense" and "general text" in report.warnings[0]
         assert "general text +15 % perplexity" in report.budget
+
+
+@pytest.mark.parametrize("limit", [3.0, None])
+def test_a_pruned_decoder_that_loses_the_zero_shot_check_backs_off_unless_that_budget_is_off(
+    limit, tmp_path, monkeypatch
+):
+    pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+    import json
+
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.core.quality import QualityBudget
+    from pruneops.runtimes.genai.generation import GenerationTiming
+    from pruneops.task.causal_lm import quantize as quantize_stage
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)
+    items = [{"context": [3, 4], "answer": i % 2} for i in range(40)]
+    check = {"labels": ["bad", "good"], "targets": [[5], [6]], "zero_shot_val": items, "zero_shot": items}
+    (layout.stage_dir("validate") / "zero_shot.json").write_text(json.dumps(check))
+
+    def timed(folders, vocab, batch, benchmark, seed=0):  # injected: the pruned forms are the faster ones
+        return {n: GenerationTiming(9.0, 5.0 if n.startswith("dense") else 2.0, (2.0,), 16, 8, batch) for n in folders}
+
+    def losses(runtime, folder, splits):  # injected: equal perplexity everywhere
+        return {name: np.full(20, 3.0) for name in splits}
+
+    def answers(opened, given, split):  # injected: dense answers all 40; the pruned model misses 12 (-30 pts)
+        right = np.ones(len(given[split]), dtype=bool)
+        if "dense" not in str(opened.folder):
+            right[::3] = False
+        return right
+
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
+    monkeypatch.setattr(quantize_stage, "_losses", losses)
+    monkeypatch.setattr(quantize_stage, "zero_shot_correct", answers)
+    config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
+    budget, zero_shot = QualityBudget(0.10, "perplexity"), QualityBudget(limit, "points")
+    report = quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout, budget, None, zero_shot)
+    if limit is None:
+        assert report.source == "pruned" and not report.warnings
+        assert report.zero_shot_change["value"] == pytest.approx(-100 * 14 / 40, abs=1e-9)
+    else:
+        assert report.source == "dense" and "zero-shot" in report.warnings[0]
+        assert report.zero_shot_change["value"] == 0.0  # dense against itself

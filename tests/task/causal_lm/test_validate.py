@@ -42,3 +42,44 @@ def test_general_blocks_are_what_the_tokenizer_makes_of_each_half(tmp_path):
     documents = read_documents(config.general_text, config.text_column, config.encoding)
     halves = _general_halves(config, tiny_tokenizer())
     np.testing.assert_array_equal(halves["general"], to_blocks(documents[1::2], tiny_tokenizer(), 16)[0])
+
+
+def _zero_shot_config(tmp_path, rows: list[dict], **keys) -> ValidateConfig:
+    import json
+
+    (tmp_path / "check.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "corpus.txt").write_text("unused")
+    files = {"path": str(tmp_path / "corpus.txt"), "zero_shot": str(tmp_path / "check.jsonl"), "tokenizer": "unused"}
+    return ValidateConfig(dataset="corpus", zero_shot_prompt="{text} it was", **files, **keys)
+
+
+REVIEWS = [{"text": f"the {w} film", "label": label} for w, label in [("great", "good"), ("awful", "bad")] * 5]
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_the_zero_shot_check_is_tokenised_as_the_model_reads_it_in_two_halves(bos, tmp_path):
+    from pruneops.task.causal_lm.common import ZERO_SHOT_SPLITS
+    from pruneops.task.causal_lm.validate import _zero_shot_items
+
+    tokenizer = tiny_tokenizer(bos=bos)
+    check = _zero_shot_items(_zero_shot_config(tmp_path, REVIEWS), tokenizer)
+    assert check["labels"] == ["bad", "good"]  # the file's labels, sorted
+    assert [len(check[name]) for name in ZERO_SHOT_SPLITS] == [5, 5]
+    first = check["zero_shot_val"][0]
+    ids = tokenizer("the great film it was", add_special_tokens=False)["input_ids"]
+    assert first["context"] == ([tokenizer.bos_token_id] if bos else []) + ids and first["answer"] == 1
+    assert check["targets"] == [tokenizer(" bad", add_special_tokens=False)["input_ids"],
+                                tokenizer(" good", add_special_tokens=False)["input_ids"]]  # fmt: skip
+
+
+def test_a_zero_shot_label_outside_the_labels_given_is_one_line(tmp_path):
+    from pruneops.task.causal_lm.validate import _zero_shot_items
+
+    config = _zero_shot_config(tmp_path, REVIEWS, zero_shot_labels=["good", "neutral"])
+    with pytest.raises(DataError, match=r"validate.zero_shot: .*label 'bad' is not among \['good', 'neutral'\]"):
+        _zero_shot_items(config, tiny_tokenizer())
+
+
+def test_a_zero_shot_prompt_without_the_text_is_refused():
+    with pytest.raises(ValueError, match=r"\{text\}"):
+        ValidateConfig(dataset="corpus", path="c.txt", tokenizer="t", zero_shot_prompt="Answer:")
