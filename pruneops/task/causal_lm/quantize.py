@@ -139,8 +139,10 @@ def quantize_decoder(
     95 % paired interval; where no form of the pruned model is, dense in the fastest precision within
     the budget ships instead, and a warning gives every form's figures. Dense is exported and
     timed in every precision beside the candidates (`artifacts/quantize/dense/<precision>`: the
-    benchmark's rows of dense fp32 and of dense in the precision that ships). Writes
-    `artifacts/quantize/model` (an onnxruntime-genai folder) and every candidate's figures.
+    benchmark's rows of dense fp32, of dense in the runtime and precision that ships, and of the
+    fastest dense form within the budgets). With several runtimes (`export.runtime: auto`), every
+    runtime `train` found servable exports its precisions and all are timed together. Writes
+    `artifacts/quantize/model` (the chosen runtime's folder) and every candidate's figures.
     """
     none = QualityBudget(None, "perplexity")
     budgets = Budgets(budget or none, general_budget or none, zero_shot_budget or QualityBudget(None, "points"))
@@ -160,10 +162,10 @@ def quantize_decoder(
         timings = _timed({**{n: (forms[n][0], f) for n, f in folders.items()},
                           **{f"dense {n}": (dense_forms[n][0], f) for n, f in dense_folders.items()}},
                          model.config.vocab_size, 1, benchmark)  # fmt: skip
-        dense = _reference(runtimes[0], dense_folders["fp32"], splits, load_zero_shot(layout))
-        candidates = _judged(folders, forms, timings, splits, dense, budgets)
+        reference = _reference(runtimes[0], dense_folders["fp32"], splits, load_zero_shot(layout))
+        candidates = _judged(folders, forms, timings, splits, reference, budgets)
         dense_timings = {n: timings[f"dense {n}"] for n in dense_folders}
-        dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, dense, budgets)
+        dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, reference, budgets)
         source, warnings = "pruned", []
         chosen = _choose(candidates, config, metric)
         if chosen is None:  # within tolerance, none within the budget: dense ships
@@ -201,7 +203,7 @@ def quantize_decoder(
             zero_shot_change=candidates[chosen].get("zero_shot_change"),
             warnings=tuple(warnings),
             runtime=runtime.name,
-            fastest_dense=kept["fastest"],
+            fastest_dense=kept.get("fastest"),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("quantize")))
     return report
