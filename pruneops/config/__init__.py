@@ -418,7 +418,7 @@ class FinetuneConfig(FitParams):
             "epochs patience hidden_distill_weight distill_schedule augment nproc_per_node nnodes "
             "rdzv_endpoint rdzv_id teacher_runtime"
         ),
-        causal_lm="max_tokens compute_dtype device lora_rank lora_alpha",
+        causal_lm="max_tokens compute_dtype device lora_rank lora_alpha self_text_fraction",
     )
 
     epochs: Annotated[int, Field(ge=0, le=10_000)] = 20
@@ -456,6 +456,10 @@ class FinetuneConfig(FitParams):
     # projection alone (scale lora_alpha / lora_rank), merged into the weights after recovery.
     lora_rank: Annotated[int, Field(ge=1, le=65536)] | None = None
     lora_alpha: Annotated[float, Field(gt=0.0, le=1e6)] = 16.0
+    # Causal LMs: the share of recovery blocks the dense model writes itself (sampled from the first
+    # tokens of training blocks), so that distillation also sees text beyond the corpus, with no data
+    # the user lacks; 0: the corpus alone.
+    self_text_fraction: Annotated[float, Field(ge=0.0, le=0.9)] = 0.0
 
     @model_validator(mode="after")
     def _nodes_meet_somewhere(self) -> FinetuneConfig:

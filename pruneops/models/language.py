@@ -112,3 +112,35 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float, float
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return p, centre - half, centre + half
+
+
+SELF_TEXT_PROMPT = 8  # tokens of a training block a self-written block starts from
+
+
+def self_written_blocks(model: nn.Module, starts: np.ndarray, length: int, seed: int, batch: int = 8) -> np.ndarray:
+    """Blocks of `length` tokens the model writes itself, sampled (temperature 1) after each row of `starts`.
+
+    Text a causal LM generates follows what it learnt in pretraining, not the user's corpus: mixed
+    into recovery, distillation also keeps what the model does beyond the corpus, with no data the
+    user lacks. End of sequence is not sampled, so every block is full.
+    """
+    torch.manual_seed(seed)
+    eos = model.generation_config.eos_token_id
+    blocks = []
+    with Progress("self-written text: generating", len(starts), "blocks") as counter, torch.inference_mode():
+        for first in range(0, len(starts), batch):
+            prompt = torch.as_tensor(np.asarray(starts[first : first + batch]), dtype=torch.long)
+            out = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=length - prompt.shape[1],
+                min_new_tokens=length - prompt.shape[1],
+                pad_token_id=eos if isinstance(eos, int) else (eos or [0])[0],
+            )
+            blocks.append(out.numpy())
+            counter.update(len(prompt))
+    return np.concatenate(blocks)[:, :length]

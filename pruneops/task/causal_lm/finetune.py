@@ -6,12 +6,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pruneops.config import FinetuneConfig
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
-from pruneops.models.language import block_losses, perplexity_from_losses
+from pruneops.models.language import SELF_TEXT_PROMPT, block_losses, perplexity_from_losses, self_written_blocks
 from pruneops.pipeline.stages import StageReport
 from pruneops.reports.plots import plot_history
 from pruneops.task.causal_lm.common import MODEL_DIR, load_blocks, read_stage_json
@@ -43,6 +44,7 @@ class RecoveryReport(StageReport):
     warnings: tuple[str, ...] = ()
     lora_rank: int | None = None
     trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
+    self_text_blocks: int = 0  # recovery blocks the dense model wrote itself (`self_text_fraction`)
 
     def summary(self) -> str:
         return (
@@ -52,12 +54,28 @@ class RecoveryReport(StageReport):
         )
 
 
+def _with_self_text(dense: torch.nn.Module, train: np.ndarray, config: FinetuneConfig) -> tuple[np.ndarray, int]:
+    """The training blocks and, with `self_text_fraction`, that share of blocks the dense model writes itself.
+
+    Each written block starts from the first tokens of a training block (its BOS, if any, included)
+    and is sampled by the dense model; written blocks make up `self_text_fraction` of the mixed set.
+    """
+    if not config.self_text_fraction:
+        return train, 0
+    count = max(1, round(len(train) * config.self_text_fraction / (1 - config.self_text_fraction)))
+    starts = train[np.random.default_rng(config.seed).integers(0, len(train), count), :SELF_TEXT_PROMPT]
+    written = self_written_blocks(dense, starts, train.shape[1], config.seed)
+    return np.concatenate([train, written.astype(train.dtype)]), count
+
+
 def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     """Distils the dense decoder into the pruned one within `finetune.max_tokens` training tokens.
 
     `distill_weight` x logit KL from the dense model (at `distill_temperature`) + the rest x the
     next-token loss on the training blocks; AdamW at `lr` with warm-up and cosine decay,
-    `batch_size` blocks per step; 0 tokens passes the pruned model on as it is.
+    `batch_size` blocks per step; 0 tokens passes the pruned model on as it is. With
+    `self_text_fraction`, that share of the blocks is text the dense model writes itself
+    (`self_written_blocks`): recovery then also distils what the model does beyond the corpus.
     """
     torch.set_num_threads(config.threads)
     if config.max_tokens:
@@ -67,7 +85,7 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     blocks = load_blocks(layout)
     before = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     history: list[dict] = []
-    tokens = steps = trained = 0
+    tokens = steps = trained = written = 0
     wall = 0.0
     refused = not read_stage_json(layout, "prune", "plan.json").get("pruned", True)  # dense passed on
     if config.max_tokens and not refused:
@@ -85,7 +103,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             lora_alpha=config.lora_alpha,
         )
         progress = progress_marks(config.max_tokens, 20, log, history)
-        result = recover_(model, dense, blocks["train"], settings, progress)
+        train, written = _with_self_text(dense, blocks["train"], config)
+        result = recover_(model, dense, train, settings, progress)
         tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
     warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
     if refused and config.max_tokens:
@@ -113,6 +132,7 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             warnings=(warning,) if warning else (),
             lora_rank=config.lora_rank,
             trained_parameters=trained,
+            self_text_blocks=written,
         )
         dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
     return report

@@ -1,0 +1,34 @@
+"""The decoder finetune stage's recovery data: the corpus, and text the dense model writes itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from pruneops.config import FinetuneConfig  # noqa: E402
+from pruneops.models.language import SELF_TEXT_PROMPT, self_written_blocks  # noqa: E402
+from pruneops.task.causal_lm.finetune import _with_self_text  # noqa: E402
+from tests.decoder_helpers import random_blocks, tiny_decoder  # noqa: E402
+
+
+def test_self_written_blocks_continue_their_starts_to_full_length_reproducibly():
+    model = tiny_decoder("llama").eval()
+    starts = random_blocks(5, length=SELF_TEXT_PROMPT).numpy()
+    written = self_written_blocks(model, starts, 24, seed=3, batch=2)
+    assert written.shape == (5, 24)
+    np.testing.assert_array_equal(written[:, :SELF_TEXT_PROMPT], starts)
+    np.testing.assert_array_equal(self_written_blocks(model, starts, 24, seed=3, batch=2), written)
+    assert not np.array_equal(self_written_blocks(model, starts, 24, seed=4, batch=2), written)
+
+
+@pytest.mark.parametrize(("fraction", "added"), [(0.0, 0), (0.5, 10), (0.2, 2)])
+def test_self_text_makes_up_its_share_of_the_recovery_blocks(fraction, added):
+    model = tiny_decoder("llama").eval()
+    train = random_blocks(10, length=24).numpy()
+    mixed, written = _with_self_text(model, train, FinetuneConfig(self_text_fraction=fraction))
+    assert written == added and mixed.shape == (10 + added, 24)
+    np.testing.assert_array_equal(mixed[:10], train)  # the corpus blocks first, as they were
+    if added:
+        assert written / len(mixed) == pytest.approx(fraction, abs=0.05)
