@@ -1,7 +1,8 @@
 """The re-prune gate's evaluation: a candidate against production on recent and held-out data.
 
 Classifiers by accuracy and batch-1 latency (`decide_promotion`), decoder LLMs by perplexity of
-their own exported logits, time per output token and time to first token (`decide_decoder_promotion`); the held-out
+their own exported logits (recent, held-out and general text), time per output token and time to first
+token (`decide_decoder_promotion`); the held-out
 set is frozen in the registry the first time it is needed.
 """
 
@@ -45,6 +46,17 @@ def holdout_blocks(registry_dir: Path, fallback: Layout) -> np.ndarray:
         return npz["test"].astype(np.int64)
 
 
+def decoder_datasets(experiment: Layout, holdout: np.ndarray) -> dict[str, np.ndarray]:
+    """What a decoder candidate and production are scored on: recent blocks, the frozen held-out ones, general text.
+
+    `general` (the reported half of `validate.general_text`, where the experiment's corpus has one)
+    holds a re-pruned model to production's perplexity on text beyond the corpus as well.
+    """
+    with np.load(experiment.stage_dir("validate") / "corpus.npz") as npz:
+        general = {"general": npz["general"].astype(np.int64)} if "general" in npz else {}
+        return {"recent": npz["test"].astype(np.int64), "holdout": holdout, **general}
+
+
 def _decoder_decision(
     project: Path, experiment: Layout, candidate: ModelVersion, production: ModelVersion | None, registry_dir: Path
 ) -> PromotionDecision:
@@ -52,9 +64,7 @@ def _decoder_decision(
     cfg, bench = load_section(project, "reprune"), load_section(project, "benchmark")
     workspace = Layout(project)
     source = workspace if (workspace.stage_dir("validate") / "corpus.npz").exists() else experiment
-    with np.load(experiment.stage_dir("validate") / "corpus.npz") as npz:
-        recent = npz["test"].astype(np.int64)
-    datasets = {"recent": recent, "holdout": holdout_blocks(registry_dir, source)}
+    datasets = decoder_datasets(experiment, holdout_blocks(registry_dir, source))
     folders = {"candidate": candidate.path, **({"production": production.path} if production else {})}
     evaluations = evaluate_decoders(folders, datasets, bench.prompt_length, bench.new_tokens, bench.rounds)
     return decide_decoder_promotion(

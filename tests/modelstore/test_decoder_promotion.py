@@ -48,3 +48,24 @@ def test_the_first_decoder_is_judged_by_the_slos_alone():
     assert not decide_decoder_promotion(first, None, 0.02, 4.0).promote
     assert decide_decoder_promotion(first, None, 0.02, None).promote
     assert not decide_decoder_promotion(first, None, 0.02, None, prefill_slo_ms=250.0).promote
+
+
+@pytest.mark.parametrize("general", [True, False])
+def test_a_re_pruned_decoder_is_scored_on_general_text_where_the_corpus_has_it(general, tmp_path):
+    import numpy as np
+
+    from pruneops.core.io import Layout
+    from pruneops.modelstore.gate import decoder_datasets
+
+    layout = Layout(tmp_path)
+    layout.stage_dir("validate").mkdir(parents=True)
+    blocks = {"test": np.ones((3, 8), np.int32), **({"general": np.full((2, 8), 7, np.int32)} if general else {})}
+    np.savez(layout.stage_dir("validate") / "corpus.npz", **blocks)
+    datasets = decoder_datasets(layout, np.zeros((4, 8), np.int64))
+    assert list(datasets) == ["recent", "holdout", *(["general"] if general else [])]
+    assert datasets["recent"].shape == (3, 8) and datasets["holdout"].shape == (4, 8)
+    if general:
+        np.testing.assert_array_equal(datasets["general"], 7)
+    worse = DecoderEvaluation({"recent": 20.0, "holdout": 30.0, "general": 60.0}, 9.0, 500.0)
+    production = DecoderEvaluation({"recent": 20.0, "holdout": 30.0, "general": 50.0}, 10.0, 500.0)
+    assert not decide_decoder_promotion(worse, production, 0.02, None).promote  # +20 % on general text
