@@ -8,6 +8,27 @@ import pytest
 pytest.importorskip("transformers")
 
 
+def _no_exports(monkeypatch, quantize_stage) -> None:
+    """Candidates as empty genai folders: for tests whose timings and scores are injected (the builder takes ~20 s)."""
+    import json
+
+    def exported(forms, runtimes, precisions, work, ctx):
+        folders, kinds = {}, {}
+        for runtime in runtimes:
+            for vocabulary in forms:
+                for precision in precisions[runtime.name]:
+                    name = quantize_stage._in_runtime(
+                        runtime, quantize_stage._candidate_name(precision, vocabulary), runtimes[0]
+                    )
+                    folder = work / runtime.name / f"vocab{vocabulary or 'all'}" / precision
+                    folder.mkdir(parents=True)
+                    (folder / "genai_config.json").write_text(json.dumps({"model": {"vocab_size": 32}}))
+                    folders[name], kinds[name] = folder, (runtime, precision, vocabulary)
+        return folders, kinds
+
+    monkeypatch.setattr(quantize_stage, "_export_candidates", exported)
+
+
 def test_a_pruned_decoder_outside_the_budget_backs_off_to_dense_in_its_fastest_form(tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
     import json
@@ -70,6 +91,7 @@ def test_a_pruned_decoder_that_forgets_general_text_backs_off_unless_that_budget
 
     monkeypatch.setattr(quantize_stage, "_timed", timed)
     monkeypatch.setattr(quantize_stage, "_losses", losses)
+    _no_exports(monkeypatch, quantize_stage)
     config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
     budget, general = QualityBudget(0.10, "perplexity"), QualityBudget(general_limit, "perplexity")
     report = quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout, budget, general)
@@ -114,6 +136,7 @@ def test_a_pruned_decoder_that_loses_the_zero_shot_check_backs_off_unless_that_b
     monkeypatch.setattr(quantize_stage, "_timed", timed)
     monkeypatch.setattr(quantize_stage, "_losses", losses)
     monkeypatch.setattr(quantize_stage, "zero_shot_correct", answers)
+    _no_exports(monkeypatch, quantize_stage)
     config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
     budget, zero_shot = QualityBudget(0.10, "perplexity"), QualityBudget(limit, "points")
     report = quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout, budget, None, zero_shot)
