@@ -125,15 +125,16 @@ def plan_space(cut: DecoderCutConfig, base: DecoderShape, layers: dict, max_drop
     `plan`: every depth (in `depth_step`s), KV-group count and MLP width, cut by `importance` with
     reconstruction, layers in the order the sensitivity stage measured. `uniform_width`: the MLP
     width alone, by magnitude, no reconstruction. `depth`: whole layers alone, lowest block
-    influence first (ShortGPT), widths kept, no reconstruction.
+    influence first (ShortGPT), widths kept, no reconstruction. A baseline strategy that no
+    shape of its own is predicted to bring to the target times its fastest shape (`PlanSpace.baseline`).
     """
     if cut.strategy == "uniform_width":  # as narrow as the target needs: one neuron per layer at the least
         space = PlanSpace(0, (base.kv_groups,), importance="magnitude", reconstruct=False,
-                          min_width_fraction=1 / base.mlp_width)  # fmt: skip
+                          min_width_fraction=1 / base.mlp_width, baseline=True)  # fmt: skip
         return space, layers["layer_order"]
     if cut.strategy == "depth":
         order = sorted(range(len(layers["layers"])), key=lambda i: layers["layers"][i]["block_influence"])
-        space = PlanSpace(max_dropped, (base.kv_groups,), 1, "magnitude", False, order, width_cut=False)
+        space = PlanSpace(max_dropped, (base.kv_groups,), 1, "magnitude", False, order, width_cut=False, baseline=True)
         return space, order
     space = PlanSpace(max_dropped, tuple(cut.kv_groups or ()), cut.depth_step, cut.importance, cut.reconstruct,
                       layers["layer_order"])  # fmt: skip

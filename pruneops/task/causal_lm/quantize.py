@@ -241,10 +241,16 @@ class Budgets:
         return f"{self.val.text()}{general}{zero_shot}"
 
 
-def _losses(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """An exported model's per-block losses on each split, by its own logits in its runtime."""
+def _scored(
+    runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None
+) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """An exported model, opened once: its per-block losses on each split and (with a zero-shot check) its answers.
+
+    Both come from its own logits in its runtime; the answers are on the check's gating half.
+    """
     opened = runtime.open(folder, threads=2)
-    return {name: opened.losses(blocks) for name, blocks in splits.items()}
+    losses = {name: opened.losses(blocks) for name, blocks in splits.items()}
+    return losses, None if check is None else zero_shot_correct(opened, check, "zero_shot_val")
 
 
 @dataclass(frozen=True)
@@ -258,10 +264,8 @@ class DenseReference:
 
 def _reference(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None) -> DenseReference:
     """Dense fp32's losses on each split and, with a zero-shot check, its answers on the gating half."""
-    losses = _losses(runtime, folder, splits)
-    if check is None:
-        return DenseReference(losses)
-    return DenseReference(losses, check, zero_shot_correct(runtime.open(folder, threads=2), check, "zero_shot_val"))
+    losses, correct = _scored(runtime, folder, splits, check)
+    return DenseReference(losses, check, correct)
 
 
 def _judged(folders: dict, forms: dict, timings: dict, splits, dense: DenseReference, budgets: Budgets) -> dict:
@@ -274,7 +278,7 @@ def _judged(folders: dict, forms: dict, timings: dict, splits, dense: DenseRefer
     candidates = {}
     for name, folder in progress(folders.items(), "quantize: scoring candidates", len(folders), "models"):
         runtime, precision, vocabulary = forms[name]
-        losses = _losses(runtime, folder, splits)
+        losses, correct = _scored(runtime, folder, splits, dense.check)
         change = perplexity_change(losses["val"], dense_losses["val"])
         within = budgets.val.holds(change)
         candidates[name] = {
@@ -290,8 +294,7 @@ def _judged(folders: dict, forms: dict, timings: dict, splits, dense: DenseRefer
             general = perplexity_change(losses["general_val"], dense_losses["general_val"])
             within = within and budgets.general.holds(general)
             candidates[name]["general_change"] = general.record()
-        if dense.check is not None:  # each item answered right or not, against dense's answers item by item
-            correct = zero_shot_correct(runtime.open(folder, threads=2), dense.check, "zero_shot_val")
+        if correct is not None:  # each item answered right or not, against dense's answers item by item
             zero_shot = accuracy_change(correct, dense.zero_shot_correct)
             within = within and budgets.zero_shot.holds(zero_shot)
             candidates[name]["zero_shot_change"] = zero_shot.record()

@@ -93,3 +93,14 @@ def test_a_missed_target_plans_narrower_with_the_miss_scaled_in():
     assert first.measured_ratio > 0.7
     assert second.target_ms == pytest.approx(first.predicted_ms * 0.7 / first.measured_ratio)
     assert second.predicted_ms < first.predicted_ms
+
+
+def test_a_baseline_no_shape_of_which_reaches_the_target_times_its_fastest_shape():
+    loop = _loop(_InjectedTimes)
+    with pytest.raises(ConfigError, match="no uniform shape"):  # our plan space: refused
+        loop.run(0.1, 1.5)
+    loop.space = PlanSpace(max_layers_dropped=2, baseline=True)
+    rounds = loop.run(0.1, 1.5)  # the floor is 2 ms: nothing reaches 1.5
+    fastest = min(loop.cost.predict(s) for s in loop._shapes(math.inf))
+    assert len(rounds) == 1 and rounds[0].predicted_ms == pytest.approx(fastest)
+    assert rounds[0].measured_ratio > 0.1  # timed, and missed: the prune record says so
