@@ -249,8 +249,12 @@ def _scored(
     Both come from its own logits in its runtime; the answers are on the check's gating half.
     """
     opened = runtime.open(folder, threads=2)
-    losses = {name: opened.losses(blocks) for name, blocks in splits.items()}
-    return losses, None if check is None else zero_shot_correct(opened, check, "zero_shot_val")
+    return _losses(opened, splits), None if check is None else zero_shot_correct(opened, check, "zero_shot_val")
+
+
+def _losses(opened: object, splits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An opened export's per-block losses on each split."""
+    return {name: opened.losses(blocks) for name, blocks in splits.items()}
 
 
 @dataclass(frozen=True)

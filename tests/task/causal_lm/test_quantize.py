@@ -84,8 +84,8 @@ def test_a_pruned_decoder_that_forgets_general_text_backs_off_unless_that_budget
 
     noise = np.random.default_rng(0).normal(0.0, 0.01, 12)
 
-    def losses(runtime, folder, splits):  # injected: equal on the corpus; pruned loses 0.5 nats a token on general text
-        worse = 0.0 if "dense" in str(folder) else 0.5
+    def losses(opened, splits):  # injected: equal on the corpus; pruned loses 0.5 nats a token on general text
+        worse = 0.0 if "dense" in str(opened.folder) else 0.5
         given = {"val": np.full(20, 3.0) + noise[0], "general_val": 4.0 + noise + worse}
         return {name: given[name] for name in splits}  # the splits quantize read from the corpus
 
@@ -124,7 +124,7 @@ def test_a_pruned_decoder_that_loses_the_zero_shot_check_backs_off_unless_that_b
     def timed(folders, vocab, batch, benchmark, seed=0):  # injected: the pruned forms are the faster ones
         return {n: GenerationTiming(9.0, 5.0 if n.startswith("dense") else 2.0, (2.0,), 16, 8, batch) for n in folders}
 
-    def losses(runtime, folder, splits):  # injected: equal perplexity everywhere
+    def losses(opened, splits):  # injected: equal perplexity everywhere
         return {name: np.full(20, 3.0) for name in splits}
 
     def answers(opened, given, split):  # injected: dense answers all 40; the pruned model misses 12 (-30 pts)
