@@ -113,7 +113,7 @@ def _serve_decoder(args: argparse.Namespace) -> int:
 
     from pruneops.data.drift import prompt_reference
     from pruneops.pipeline.stages import load_section
-    from pruneops.serving.generate import DecoderService, create_decoder_app
+    from pruneops.serving.generate import DecoderService, ServeLimits, create_decoder_app
     from pruneops.serving.limits import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -121,11 +121,13 @@ def _serve_decoder(args: argparse.Namespace) -> int:
     params = Path(args.root) / args.params
     threshold = load_section(args.root, "serve", args.params).psi_threshold if params.is_file() else 0.2
     gate = load_section(args.root, "reprune", args.params) if params.is_file() else None
+    limits = ServeLimits(args.max_waiting, args.deadline, args.max_prompt_tokens, args.prefill_budget)
     options = {
         "feedback_file": feedback,
         "psi_threshold": threshold,
         "decode_slo_ms": gate.decode_slo_ms if gate else None,
         "prefill_slo_ms": gate.prefill_slo_ms if gate else None,
+        "limits": limits,
     }
     if args.registry:
         from pruneops.serving.generate import follow_production
@@ -144,7 +146,8 @@ def _serve_decoder(args: argparse.Namespace) -> int:
 
         documents = read_documents(args.reference, args.text_column)
         service.watch_prompts(prompt_reference([service.encode(d) for d in documents]))
-    run_server(create_decoder_app(service), args.host, args.port, args.read_timeout)
+    served_name = args.served_model_name or Path(args.registry or args.model).resolve().name
+    run_server(create_decoder_app(service, served_name), args.host, args.port, args.read_timeout)
     return 0
 
 
@@ -292,7 +295,7 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--reference-stats", default=None, help="drift reference until a model brings its own")
     serve_decoder = sub.add_parser(
         "serve-decoder",
-        help="serve a decoder LLM (genai or GGUF folder): /generate, /feedback, /metrics (llm, serve extras)",
+        help="serve a decoder LLM (genai or GGUF folder): the OpenAI API, /generate, /feedback, /metrics",
     )
     source = serve_decoder.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="an export folder: onnxruntime-genai's, or llama.cpp's GGUF (export stage)")
@@ -309,6 +312,17 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     serve_decoder.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve_decoder.add_argument("--port", type=int, default=8001)
     serve_decoder.add_argument("--read-timeout", type=float, default=10.0, help="seconds to read a request")
+    serve_decoder.add_argument(
+        "--served-model-name", default=None, help="the model id of the OpenAI API (default: the folder's name)"
+    )
+    serve_decoder.add_argument("--max-waiting", type=int, default=32, help="queued requests beyond which 429")
+    serve_decoder.add_argument("--deadline", type=float, default=300.0, help="seconds a generation may run")
+    serve_decoder.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="prompt bound (default: what --prefill-budget reads)"
+    )
+    serve_decoder.add_argument(
+        "--prefill-budget", type=float, default=10.0, help="seconds one prompt's prefill may take (measured at load)"
+    )
     publish = sub.add_parser(
         "publish",
         help="register the pipeline's deployed model; promote it if nothing is in production",

@@ -1,23 +1,29 @@
-"""Torch-free serving of a decoder LLM: /generate, /feedback, /healthz and /metrics.
+"""Torch-free serving of a decoder LLM: the OpenAI API (/v1), /generate, /feedback, /healthz and /metrics.
 
 The model is an export folder of a decoder runtime (onnxruntime-genai's, or a GGUF folder llama.cpp
-serves; what the export stage writes, found by `pruneops.runtimes.runtime_of`): its generator
-decodes with the KV cache, greedy or seeded sampling, and stops at end-of-sequence or
-`max_new_tokens`. Every request is timed where it runs: time to first token (prefill and the
-first step) and time per further output token go to Prometheus histograms, beside generated-token
-counters and requests by status. With `"stream": true` the tokens arrive as server-sent events as
-they are decoded (`token` events, then one `done` event with what the plain answer holds).
-Prompts are watched for drift: the frequency of the reference corpus's most common tokens (and
-all others as one bin) in the recent prompts' tokens, as a PSI, published once the window holds
-enough tokens to be above sampling noise. `/feedback` takes a prompt and a reference continuation
-and feeds a rolling perplexity gauge, scored by the served model's own logits (in its runtime,
-prefill with an empty cache). A promoted version that fails to load is counted and refused; the
-served model keeps serving. Needs the `llm` and `serve` extras.
+serves; what the export stage writes, found by `pruneops.runtimes.runtime_of`). Generations run in
+a scheduler (`pruneops.serving.scheduler`): a bounded queue (429 with Retry-After beyond it) and one
+worker that steps every running generation a token per turn, so a request is never held behind a
+whole generation, and one whose client hung up ends within a token. Each decodes with the KV cache,
+greedy or seeded sampling, and stops at end-of-sequence, its token limit or its deadline. Prompts
+are bounded by the model's context and by what their prefill costs (`ServeLimits`). Every request
+is timed where it runs: time to first token (prefill and the first step) and time per further
+output token go to Prometheus histograms, beside generated-token counters and requests by status.
+With `"stream": true` /generate sends the tokens as server-sent events as they are decoded (`token`
+events, then one `done` event with what the plain answer holds); the OpenAI endpoints stream in
+OpenAI's chunk format (`pruneops.serving.openai_api`). Prompts are watched for drift: the frequency
+of the reference corpus's most common tokens (and all others as one bin) in the recent prompts'
+tokens, as a PSI, published once the window holds enough tokens to be above sampling noise.
+`/feedback` takes a prompt and a reference continuation and feeds a rolling perplexity gauge, once
+per distinct pair, scored by the served model's own logits (in its runtime, prefill with an empty
+cache). A promoted version that fails to load is counted and refused; the served model keeps
+serving. Needs the `llm` and `serve` extras.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -25,42 +31,57 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.data.corpus import affixes_of
 from pruneops.data.drift import psi
 from pruneops.runtimes import runtime_of
+from pruneops.serving.chat import load_chat_template
+from pruneops.serving.limits import BodyLimit
+from pruneops.serving.scheduler import Finished, Job, QueueFull, Scheduler
+from pruneops.serving.streaming import Detokenizer, Ended, JobOutput, pieces
 
 TOKEN_BUCKETS = (1e-3, 2.5e-3, 5e-3, 1e-2, 2e-2, 3e-2, 5e-2, 7.5e-2, 0.1, 0.15, 0.25, 0.5, 1.0)
 FIRST_TOKEN_BUCKETS = (1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-ENDPOINTS = ("generate", "feedback", "healthz", "metrics")
+ENDPOINTS = ("generate", "feedback", "healthz", "metrics", "v1/completions", "v1/chat/completions", "v1/models")
+MAX_BODY_BYTES = 1_000_000  # a request body over this is refused (413) before it is parsed
+CLIENT_GONE = 499  # what a request whose client left before its answer is counted as
 MIN_TOKENS_PER_BIN = 20  # prompt drift is published once the window holds this many tokens per bin
 log = logging.getLogger(__name__)
 
 
-class EmptyText(ValueError):
-    """A prompt or continuation that holds no token of the model's vocabulary."""
+def _encodable(text: str) -> str:
+    """Refuses text that is not valid Unicode (a lone surrogate cannot be tokenised)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the text holds a lone surrogate (not valid Unicode)") from None
+    return text
+
+
+Text = Annotated[str, Field(min_length=1, max_length=100_000), AfterValidator(_encodable)]
 
 
 class GenerateRequest(BaseModel):
-    """A prompt and how to continue it."""
+    """A prompt and how to continue it (types strict: "4" is no number, "yes" no boolean)."""
 
-    model_config = ConfigDict(extra="forbid")
-    prompt: Annotated[str, Field(min_length=1, max_length=100_000)]
+    model_config = ConfigDict(extra="forbid", strict=True)
+    prompt: Text
     max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
     do_sample: bool = False
-    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    temperature: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 1.0
     top_k: Annotated[int, Field(ge=0, le=100_000)] = 50
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
     stream: bool = False  # server-sent events, one per token, then `done`
 
@@ -70,7 +91,7 @@ class GenerateResponse(BaseModel):
 
     text: str
     tokens: int
-    finish_reason: str  # eos | length
+    finish_reason: str  # eos | length | deadline
     ttft_ms: float
     tpot_ms: float | None
 
@@ -78,9 +99,9 @@ class GenerateResponse(BaseModel):
 class FeedbackRequest(BaseModel):
     """A prompt and the continuation it should have had (a reference answer)."""
 
-    model_config = ConfigDict(extra="forbid")
-    prompt: Annotated[str, Field(min_length=1, max_length=100_000)]
-    continuation: Annotated[str, Field(min_length=1, max_length=100_000)]
+    model_config = ConfigDict(extra="forbid", strict=True)
+    prompt: Text
+    continuation: Text
 
 
 class PromptDrift:
@@ -137,6 +158,13 @@ class DecoderMetrics:
             "pruneops_time_per_output_token_seconds", "Each further generated token", buckets=TOKEN_BUCKETS, registry=r
         )
         self.generated = Counter("pruneops_generated_tokens_total", "Tokens generated", registry=r)
+        self.finished = Counter(
+            "pruneops_generations_total", "Generations by how they ended (eos, length, cancelled...)", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        self.running = Gauge("pruneops_generations_running", "Generations being decoded", registry=r)
+        self.waiting = Gauge("pruneops_generations_waiting", "Generations queued", registry=r)
+        self.max_prompt_tokens = Gauge("pruneops_max_prompt_tokens", "The prompt bound (ServeLimits)", registry=r)
         self.prompt_tokens = Counter("pruneops_prompt_tokens_total", "Prompt tokens received", registry=r)
         # Labelled by the served model and absent until measured: no reading is not 0.
         self.drift = Gauge(
@@ -153,8 +181,61 @@ class DecoderMetrics:
         )
 
 
+class BadPrompt(ValueError):
+    """A request the model cannot take: no tokens, or more than its bounds allow (a 4xx, never a 5xx)."""
+
+
+class EmptyText(BadPrompt):
+    """A prompt or continuation that holds no token of the model's vocabulary."""
+
+
+class ContextOverflow(BadPrompt):
+    """A prompt longer than the server's prompt bound, or prompt and answer beyond the model's context."""
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """How much one request may ask of the decoder server.
+
+    Attributes:
+        max_waiting: Requests that may wait beyond those generating; more get 429 with Retry-After.
+        deadline_s: A generation still running this long after it arrived ends there
+            (`finish_reason` `length` in the OpenAI API, `deadline` in /generate).
+        max_prompt_tokens: The most prompt tokens a request may bring (None: as many as take
+            `prefill_budget_s` to read, measured on the model at load, within its context).
+        prefill_budget_s: What one prompt's prefill may cost when `max_prompt_tokens` is None.
+    """
+
+    max_waiting: int = 32
+    deadline_s: float = 300.0
+    max_prompt_tokens: int | None = None
+    prefill_budget_s: float = 10.0
+
+
+def prompt_bound(model: object, budget_s: float, context: int) -> int:
+    """The most prompt tokens whose prefill is predicted to take `budget_s` on `model`, within its context.
+
+    Prefill time grows faster than the prompt (attention reads every earlier token), so it is
+    timed at two lengths and fitted as `a*n + b*n**2`; the bound is the largest `n` under budget.
+    """
+    lengths = [n for n in (32, 256) if n < context]
+    if len(lengths) < 2:
+        return context - 1
+    times = []
+    for n in lengths:
+        generation = model.start([0] * n, n + 1, None)
+        tick = time.perf_counter()
+        generation.step()
+        times.append(time.perf_counter() - tick)
+    design = np.array([[n, n * n] for n in lengths], dtype=float)
+    a, b = np.linalg.solve(design, np.asarray(times))
+    a, b = max(a, 1e-9), max(b, 0.0)
+    bound = (-a + math.sqrt(a * a + 4 * b * budget_s)) / (2 * b) if b > 0 else budget_s / a
+    return int(max(lengths[0], min(context - 1, bound)))
+
+
 class DecoderService:
-    """The generator, its tokenizer, the scorer and the rolling windows, behind one lock."""
+    """The loaded model and its tokenizer, the scheduler that runs generations, and the rolling windows."""
 
     def __init__(
         self,
@@ -166,13 +247,17 @@ class DecoderService:
         psi_threshold: float = 0.2,
         decode_slo_ms: float | None = None,
         prefill_slo_ms: float | None = None,
+        limits: ServeLimits | None = None,
     ):
         self.metrics = DecoderMetrics(Path(folder).name, psi_threshold, decode_slo_ms, prefill_slo_ms)
+        self.limits = limits or ServeLimits()
         self.drift_window = drift_window
         self.feedback: deque[float] = deque(maxlen=feedback_window)
+        self.feedback_seen: dict[str, None] = {}  # digests of feedback counted (a replay counts once)
         self.feedback_file = Path(feedback_file) if feedback_file else None
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the model swap, the windows and the feedback file
         self._load(Path(folder), reference)
+        self.scheduler = Scheduler(self.model, self.limits.max_waiting)
 
     def _load(self, folder: Path, reference: dict | None) -> None:
         """Loads everything first, then switches: a folder that fails to load leaves the service as it was."""
@@ -180,17 +265,25 @@ class DecoderService:
 
         try:
             model = runtime_of(folder, "causal_lm").open(folder).load()
-        except PruneOpsError as exc:
-            raise ConfigError(f"serve-decoder: {exc}") from None
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            chat = load_chat_template(folder)
+        except (PruneOpsError, OSError, ValueError) as exc:
+            raise ConfigError(f"serve-decoder: {folder}: {str(exc)[:300]}") from None
+        bound = self.limits.max_prompt_tokens or prompt_bound(model, self.limits.prefill_budget_s, model.context_length)
         self.folder, self.model, self.vocab, self.tokenizer = folder, model, model.vocab_size, tokenizer
+        self.chat, self.max_prompt_tokens = chat, min(bound, model.context_length - 1)
         # The ids the tokenizer puts before a text of its own accord (a BOS): every prompt starts with them.
         self.prefix = list(affixes_of(lambda t, special: tokenizer.encode(t, add_special_tokens=special).ids).prefix)
         self.drift = PromptDrift(reference, self.drift_window) if reference else None
         self.metrics.version = folder.name
+        self.metrics.max_prompt_tokens.set(self.max_prompt_tokens)
+        log.info("serve-decoder: %s, context %d tokens, prompts of at most %d tokens", folder.name,
+                 model.context_length, self.max_prompt_tokens)  # fmt: skip
 
     def swap(self, folder: Path, reference: dict | None) -> bool:
         """Serves another model folder from the next request on (a promotion); its windows start empty.
+
+        Generations already running finish on the model they started on.
 
         Returns:
             Whether it swapped: a folder that does not load is counted
@@ -204,7 +297,9 @@ class DecoderService:
                 self.metrics.reload_errors.inc()
                 log.error("serve-decoder: kept %s; %s did not load: %s", old, folder, str(exc)[:300])
                 return False
+            self.scheduler.use(self.model)
             self.feedback.clear()
+            self.feedback_seen.clear()
             for gauge in (self.metrics.drift, self.metrics.perplexity, self.metrics.feedback_tokens, self.metrics.info):
                 with contextlib.suppress(KeyError):  # a reading of the old model is no reading of this one
                     gauge.remove(old)
@@ -223,134 +318,158 @@ class DecoderService:
         """Text of token ids, special tokens left out."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def prompt_ids(self, request: GenerateRequest) -> list[int]:
-        """The prompt's token ids after the tokenizer's own prefix (its BOS), as the corpus blocks start.
+    def text_ids(self, text: str) -> list[int]:
+        """A prompt's token ids after the tokenizer's own prefix (its BOS), as the corpus blocks start.
 
         Raises:
             EmptyText: The prompt holds no token.
         """
-        prompt = self.encode(request.prompt)
+        prompt = self.encode(text)
         if not prompt:
             raise EmptyText("the prompt holds no tokens")
         return [*self.prefix, *prompt]
 
-    def generate(self, request: GenerateRequest) -> GenerateResponse:
-        """Decodes one continuation, timing its first and every further token."""
-        return self._decode(self.prompt_ids(request), request, None)
+    def prompt_ids(self, request: GenerateRequest) -> list[int]:
+        """`text_ids` of a /generate request's prompt."""
+        return self.text_ids(request.prompt)
 
-    def stream(self, request: GenerateRequest) -> Iterator[str]:
-        """Server-sent events of one continuation: a `token` event per token as decoded, then `done`.
+    def check_length(self, prompt: list[int], max_new_tokens: int) -> None:
+        """Raises `ContextOverflow` for a prompt over the server's bound or an answer beyond the context."""
+        context = self.model.context_length
+        if len(prompt) > self.max_prompt_tokens:
+            raise ContextOverflow(
+                f"the prompt has {len(prompt)} tokens; this server takes at most {self.max_prompt_tokens}"
+            )
+        if len(prompt) + max_new_tokens > context:
+            raise ContextOverflow(
+                f"the prompt's {len(prompt)} tokens and {max_new_tokens} new tokens exceed the model's context of "
+                f"{context} tokens"
+            )
 
-        The decoding runs in a thread of its own that holds the lock until it ends, so a client that
-        leaves mid-stream cannot leave the service locked; a failure is an `error` event.
+    def submit(self, prompt: list[int], max_new_tokens: int, sampling: dict | None, output) -> Job:  # noqa: ANN001
+        """Queues a generation whose tokens and end go to `output.put` (a `JobOutput`, or any such sink).
 
         Raises:
-            EmptyText: The prompt holds no token (raised here, before any event is sent).
+            ContextOverflow: The prompt or the answer is beyond the bounds.
+            QueueFull: The queue is full (429).
         """
-        prompt = self.prompt_ids(request)
-        tokenizer = self.tokenizer  # the stream's text is its model's, even across a swap
-        events: queue.Queue = queue.Queue()
+        self.check_length(prompt, max_new_tokens)
 
-        def run() -> None:
-            try:
-                events.put(("done", self._decode(prompt, request, events.put).model_dump()))
-            except RuntimeError as exc:
-                events.put(("error", {"detail": f"generation failed: {str(exc)[:300]}"}))
+        def ended(finished: Finished) -> None:
+            self._record(len(prompt), finished)
+            output.put(finished)
 
-        threading.Thread(target=run, name="generate-stream", daemon=True).start()
-        return _token_events(events, tokenizer)
-
-    def _decode(
-        self, prompt: list[int], request: GenerateRequest, emit: Callable[[int], None] | None
-    ) -> GenerateResponse:
-        sampling = None
-        if request.do_sample:
-            top_k = min(request.top_k, self.vocab)  # 0: the whole vocabulary
-            sampling = {
-                "temperature": request.temperature,
-                "top_k": top_k,
-                "top_p": request.top_p,
-                "seed": request.seed,
-            }
+        deadline = time.monotonic() + self.limits.deadline_s
+        job = Job(prompt, max_new_tokens, sampling, deadline, output.put, ended)
+        self.scheduler.submit(job)
         with self.lock:
-            generation = self.model.start(prompt, len(prompt) + request.max_new_tokens, sampling)
-            start = time.perf_counter()
-            tokens, steps = [generation.step()], []
-            first = time.perf_counter() - start
-            if emit is not None:
-                emit(tokens[-1])
-            while not generation.done:
-                tick = time.perf_counter()
-                tokens.append(generation.step())
-                steps.append(time.perf_counter() - tick)
-                if emit is not None:
-                    emit(tokens[-1])
             drift = self.drift.add(prompt) if self.drift else None
-        self._record(len(prompt), first, steps, len(tokens), drift)
-        finish = "length" if len(tokens) >= request.max_new_tokens else "eos"
-        return GenerateResponse(
-            text=self.decode(tokens),
-            tokens=len(tokens),
-            finish_reason=finish,
-            ttft_ms=1000 * first,
-            tpot_ms=1000 * float(np.mean(steps)) if steps else None,
-        )
+        if drift is not None:
+            self.metrics.drift.labels(self.metrics.version).set(drift)
+        return job
 
-    def _record(
-        self, prompt_tokens: int, first: float, steps: list[float], generated: int, drift: float | None
-    ) -> None:
+    def generate(self, request: GenerateRequest) -> GenerateResponse:
+        """Decodes one continuation (blocking), timing its first and every further token.
+
+        Raises:
+            RuntimeError: The runtime failed.
+        """
+        sink = _Collect()
+        job = self.submit(self.prompt_ids(request), request.max_new_tokens, sampling_of(request, self.vocab), sink)
+        finished = sink.wait()
+        if finished.reason == "error":
+            job.cancel()
+            raise RuntimeError(finished.error)
+        return generate_response(finished, self.decode(finished.tokens))
+
+    def _record(self, prompt_tokens: int, finished: Finished) -> None:
         m = self.metrics
         m.prompt_tokens.inc(prompt_tokens)
-        m.ttft.observe(first)
-        for step in steps:
+        if finished.first_s is not None:
+            m.ttft.observe(finished.first_s)
+        for step in finished.steps_s:
             m.tpot.observe(step)
-        m.generated.inc(generated)
-        if drift is not None:
-            m.drift.labels(m.version).set(drift)
+        m.generated.inc(len(finished.tokens))
+        m.finished.labels(finished.reason).inc()
 
-    def score(self, request: FeedbackRequest) -> float:
-        """Adds a reference continuation's token losses to the rolling perplexity; returns its own."""
+    def score(self, request: FeedbackRequest) -> tuple[float, bool]:
+        """Adds a reference continuation's token losses to the rolling perplexity once.
+
+        Returns:
+            The continuation's own perplexity, and whether it counted (the same prompt and
+            continuation sent again is scored but not counted twice).
+        """
         prompt, continuation = self.encode(request.prompt), self.encode(request.continuation)
         if not prompt or not continuation:
             raise EmptyText("the prompt and the continuation must each hold a token")
         prompt = [*self.prefix, *prompt]
+        self.check_length(prompt + continuation, 0)
+        digest = hashlib.sha256(json.dumps([request.prompt, request.continuation]).encode()).hexdigest()
+        losses = self.model.token_losses(np.asarray(prompt + continuation))[len(prompt) - 1 :]
         with self.lock:
-            losses = self.model.token_losses(np.asarray(prompt + continuation))[len(prompt) - 1 :]
-            if self.feedback_file is not None:  # the text a re-prune is run on
-                self.feedback_file.parent.mkdir(parents=True, exist_ok=True)
-                with self.feedback_file.open("a", encoding="utf-8") as handle:
-                    handle.write(json.dumps({"text": f"{request.prompt} {request.continuation}"}) + "\n")
-            self.feedback.extend(float(x) for x in losses)
+            counted = digest not in self.feedback_seen
+            if counted:
+                self._keep_feedback(request, digest, losses)
             rolling = math.exp(float(np.mean(self.feedback)))
         self.metrics.perplexity.labels(self.metrics.version).set(rolling)
         self.metrics.feedback_tokens.labels(self.metrics.version).set(len(self.feedback))
-        return math.exp(float(np.mean(losses)))
+        return math.exp(float(np.mean(losses))), counted
+
+    def _keep_feedback(self, request: FeedbackRequest, digest: str, losses: np.ndarray) -> None:
+        if self.feedback_file is not None:  # the text a re-prune is run on (written first: nothing counted is lost)
+            try:
+                self.feedback_file.parent.mkdir(parents=True, exist_ok=True)
+                with self.feedback_file.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps({"text": f"{request.prompt} {request.continuation}"}) + "\n")
+            except OSError as exc:
+                raise FeedbackNotKept(f"the feedback file cannot be written: {exc.strerror or exc}") from None
+        self.feedback_seen[digest] = None
+        while len(self.feedback_seen) > FEEDBACK_DIGESTS:
+            del self.feedback_seen[next(iter(self.feedback_seen))]
+        self.feedback.extend(float(x) for x in losses)
 
 
-def _token_events(events: queue.Queue, tokenizer: object) -> Iterator[str]:
-    """Turns the decoding thread's token ids into `token` events, then passes its last event on.
+class FeedbackNotKept(OSError):
+    """The feedback file could not be written (503: the feedback is not counted, so nothing is half kept)."""
 
-    Each event's text is what its tokens add to the text so far, decoded from a window that starts
-    at the previous event's tokens (the context a detokeniser needs for spaces), so a token's cost
-    does not grow with the continuation; tokens that end inside a character wait for the rest and
-    go out with the next event.
-    """
-    tokens: list[int] = []
-    prefix = read = 0  # tokens[prefix:read]: the window's context, already sent
-    while True:
-        item = events.get()
-        if not isinstance(item, int):
-            yield _event(*item)
-            return
-        tokens.append(item)
-        text = tokenizer.decode(tokens[prefix:], skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
-            continue
-        piece = text[len(tokenizer.decode(tokens[prefix:read], skip_special_tokens=True)) :]
-        yield _event("token", {"tokens": tokens[read:], "text": piece})
-        # The next window starts at these tokens only when they show text: a skipped special token is
-        # no context (the token after it would lose the space before it).
-        prefix, read = (read if piece else prefix), len(tokens)
+
+FEEDBACK_DIGESTS = 100_000  # feedback remembered for replays (oldest forgotten first)
+
+
+class _Collect:
+    """A job's sink for a blocking caller: keeps its end, wakes the caller."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.finished: Finished | None = None
+
+    def put(self, item: int | Finished) -> None:
+        if isinstance(item, Finished):
+            self.finished = item
+            self.done.set()
+
+    def wait(self) -> Finished:
+        self.done.wait()
+        return self.finished
+
+
+def sampling_of(request: GenerateRequest, vocab: int) -> dict | None:
+    """A /generate request's sampling options (None: greedy)."""
+    if not request.do_sample:
+        return None
+    top_k = min(request.top_k, vocab)  # 0: the whole vocabulary
+    return {"temperature": request.temperature, "top_k": top_k, "top_p": request.top_p, "seed": request.seed}
+
+
+def generate_response(finished: Finished, text: str) -> GenerateResponse:
+    """A /generate answer from a finished job."""
+    return GenerateResponse(
+        text=text,
+        tokens=len(finished.tokens),
+        finish_reason=finished.reason,
+        ttft_ms=1000 * (finished.first_s or 0.0),
+        tpot_ms=1000 * float(np.mean(finished.steps_s)) if finished.steps_s else None,
+    )
 
 
 def _event(name: str, data: dict) -> str:
@@ -358,45 +477,163 @@ def _event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
-def create_decoder_app(service: DecoderService) -> FastAPI:
-    """The FastAPI app over a loaded `DecoderService`."""
-    app = FastAPI(title="PruneOps decoder serving")
-    m = service.metrics
+def _token_events(events: queue.Queue, tokenizer: object) -> Iterator[str]:
+    """Token ids from a queue as `token` events (`Detokenizer`'s pieces), then the queue's last event passed on."""
+    detok = Detokenizer(tokenizer)
+    while True:
+        item = events.get()
+        if not isinstance(item, int):
+            yield _event(*item)
+            return
+        piece = detok.add(item)
+        if piece is not None:
+            yield _event("token", {"tokens": piece[0], "text": piece[1]})
 
-    @app.middleware("http")  # every response counted, refusals (422) and errors (500) included
-    async def count(request, call_next):  # noqa: ANN001, ANN202
-        response = await call_next(request)
-        endpoint = request.url.path.strip("/")
-        m.requests.labels(endpoint if endpoint in ENDPOINTS else "other", str(response.status_code)).inc()
+
+async def _generate_events(stream: AsyncIterator, tokenizer: object) -> AsyncIterator[str]:
+    """/generate's stream: a `token` event per piece, then `done` (what the plain answer holds) or `error`."""
+    async for item in stream:
+        if not isinstance(item, Ended):
+            yield _event("token", {"tokens": item[0], "text": item[1]})
+        elif item.finished.reason == "error":
+            yield _event("error", {"detail": f"generation failed: {item.finished.error}"})
+        else:
+            text = tokenizer.decode(item.finished.tokens, skip_special_tokens=True)
+            yield _event("done", generate_response(item.finished, text).model_dump())
+
+
+def _endpoint(path: str) -> str:
+    name = path.strip("/")
+    return name if name in ENDPOINTS else "other"
+
+
+def install_errors(app: FastAPI, metrics: DecoderMetrics, max_body_bytes: int) -> None:
+    """The body cap, every response counted by endpoint and status, and error bodies that echo no input.
+
+    /v1 paths answer in the OpenAI API's error shape (`openai_api.error_body`); the others with
+    `{"detail": ...}`. A request that fails validation gets 422 (400 on /v1) naming the field and
+    the rule, never the value sent (a 200 MB prompt is not sent back; NaN cannot break the answer).
+    """
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from pruneops.serving.openai_api import error_body
+
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+
+    @app.middleware("http")  # added after BodyLimit, so outside it: its 413s are counted too
+    async def count(request: Request, call_next):  # noqa: ANN202
+        try:
+            response = await call_next(request)
+        except Exception as exc:  # noqa: BLE001 - counted and answered; the log keeps the traceback
+            log.exception("unhandled error on %s: %s", request.url.path, exc)
+            response = JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
+        metrics.requests.labels(_endpoint(request.url.path), str(response.status_code)).inc()
         return response
 
+    def body(request: Request, status: int, message: str, param: str | None = None) -> JSONResponse:
+        headers = {}
+        if request.url.path.startswith("/v1/"):
+            return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+        return JSONResponse({"detail": message}, status_code=status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        response = body(request, exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"invalid request: {where or 'body'}: {str(first.get('msg', 'malformed'))[:200]}"
+        status = 400 if request.url.path.startswith("/v1/") else 422
+        return body(request, status, message, where or None)
+
+
+def refusal(exc: Exception) -> HTTPException:
+    """The HTTP answer to a request the server will not run: 4xx, 429 with Retry-After, or 503."""
+    if isinstance(exc, QueueFull):
+        return HTTPException(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, ContextOverflow):
+        return HTTPException(400, str(exc))
+    if isinstance(exc, BadPrompt):
+        return HTTPException(422, str(exc))
+    if isinstance(exc, FeedbackNotKept):
+        return HTTPException(503, str(exc))
+    raise exc
+
+
+async def finished_job(stream: AsyncIterator) -> Ended | None:
+    """A job's end (None: the client left first and the job was cancelled)."""
+    ended = None
+    async for item in stream:
+        if isinstance(item, Ended):
+            ended = item
+    return ended
+
+
+def create_decoder_app(service: DecoderService, served_name: str | None = None) -> FastAPI:
+    """The FastAPI app over a loaded `DecoderService`: /generate and the OpenAI API (/v1), /feedback, /metrics.
+
+    Args:
+        service: The loaded service.
+        served_name: The model id the OpenAI API lists and takes (default: the served folder's name).
+    """
+    from pruneops.serving.openai_api import install_openai_routes
+
+    app = FastAPI(title="PruneOps decoder serving")
+    m = service.metrics
+    install_errors(app, m, MAX_BODY_BYTES)
+
     @app.post("/generate", response_model=GenerateResponse)
-    def generate(request: GenerateRequest) -> GenerateResponse | StreamingResponse:
+    async def generate(body: GenerateRequest, request: Request) -> GenerateResponse | StreamingResponse | Response:
+        output = JobOutput()
         try:
-            if request.stream:
-                return StreamingResponse(service.stream(request), media_type="text/event-stream")
-            return service.generate(request)
-        except EmptyText as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from exc
-        except RuntimeError as exc:  # the runtime's error is a 500 with its line
-            raise HTTPException(status_code=500, detail=f"generation failed: {str(exc)[:300]}") from exc
+            sampling = sampling_of(body, service.vocab)
+            job = service.submit(service.prompt_ids(body), body.max_new_tokens, sampling, output)
+        except (BadPrompt, QueueFull) as exc:
+            raise refusal(exc) from None
+        stream = pieces(job, output, service.tokenizer, (), request.is_disconnected)
+        if body.stream:
+            return StreamingResponse(_generate_events(stream, service.tokenizer), media_type="text/event-stream")
+        ended = await finished_job(stream)
+        if ended is None:
+            return Response(status_code=CLIENT_GONE)
+        if ended.finished.reason == "error":
+            raise HTTPException(500, f"generation failed: {ended.finished.error}")
+        return generate_response(ended.finished, service.decode(ended.finished.tokens))
 
     @app.post("/feedback")
-    def feedback(request: FeedbackRequest) -> dict:
+    def feedback(body: FeedbackRequest) -> dict:
         try:
-            perplexity = service.score(request)
-        except EmptyText as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from exc
-        return {"perplexity": perplexity, "rolling_tokens": len(service.feedback)}
+            perplexity, counted = service.score(body)
+        except (BadPrompt, FeedbackNotKept) as exc:
+            raise refusal(exc) from None
+        return {"perplexity": perplexity, "rolling_tokens": len(service.feedback), "counted": counted}
 
     @app.get("/healthz")
     def healthz() -> dict:
-        return {"status": "ok", "model": str(service.folder), "version": service.metrics.version}
+        running, waiting = service.scheduler.load()
+        return {
+            "status": "ok",
+            "model": str(service.folder),
+            "version": service.metrics.version,
+            "running": running,
+            "waiting": waiting,
+            "max_prompt_tokens": service.max_prompt_tokens,
+        }
 
     @app.get("/metrics")
     def metrics() -> Response:
+        running, waiting = service.scheduler.load()
+        m.running.set(running)
+        m.waiting.set(waiting)
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
+    install_openai_routes(app, service, served_name or Path(service.folder).name)
     return app
 
 

@@ -32,18 +32,19 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await _refuse(send, self.limit)
             return
-        received = 0
+        received, complete = 0, False
 
         async def limited() -> Message:
-            nonlocal received
+            nonlocal received, complete
             message = await receive()
-            if message["type"] == "http.disconnect":  # a body cut off (or too slow: read_timeout_protocol)
+            if message["type"] == "http.disconnect" and not complete:  # a body cut off (or too slow)
                 raise HTTPException(408, "the request body did not arrive")
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
                     raise HTTPException(413, f"request body over {self.limit} bytes")
-            return message
+                complete = not message.get("more_body", False)
+            return message  # after the body, a disconnect is the client leaving: the app sees it as such
 
         await self.app(scope, limited, send)
 

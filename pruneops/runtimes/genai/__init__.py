@@ -57,7 +57,10 @@ class GenaiModel:
         self.folder, self.threads = Path(folder), threads
         if not (self.folder / CONFIG_FILE).is_file():
             raise ConfigError(f"{self.folder} is not an onnxruntime-genai model folder (no {CONFIG_FILE})")
-        self.vocab_size = int(json.loads((self.folder / CONFIG_FILE).read_text())["model"]["vocab_size"])
+        config = json.loads((self.folder / CONFIG_FILE).read_text())["model"]
+        self.vocab_size = int(config["vocab_size"])
+        self.context_length = int(config.get("context_length", 2048))  # prompt and generated tokens together
+        self.max_concurrent = 8  # generations a server may step in turn (each its own generator and cache)
         self._model: Any = None
         self._scorer: tuple[Any, dict] | None = None
 

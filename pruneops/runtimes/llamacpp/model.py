@@ -111,6 +111,13 @@ class LlamaCppModel:
         _ = self.llama
         return self
 
+    max_concurrent = 1  # one context: a server runs one generation at a time
+
+    @property
+    def context_length(self) -> int:
+        """Prompt and generated tokens together, at most."""
+        return self.context
+
     @property
     def vocab_size(self) -> int:
         return int(self.llama.n_vocab())
