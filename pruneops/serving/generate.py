@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -507,6 +507,43 @@ def _endpoint(path: str) -> str:
     return name if name in ENDPOINTS else "other"
 
 
+class CountResponses:
+    """ASGI middleware: every response counted by endpoint and status; an unhandled error answered 500.
+
+    Pure ASGI, not `@app.middleware("http")`: Starlette's `BaseHTTPMiddleware` hides a client's
+    disconnect from the endpoint (`request.is_disconnected()` stays False), which would keep an
+    abandoned generation running.
+    """
+
+    def __init__(self, app: Callable, metrics: DecoderMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = None
+
+        async def counted(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        except Exception as exc:  # noqa: BLE001 - counted and answered; the log keeps the traceback
+            log.exception("unhandled error on %s: %s", scope.get("path"), exc)
+            if status is None:
+                status = 500
+                body = json.dumps({"detail": f"internal error: {type(exc).__name__}"}).encode()
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+                await send({"type": "http.response.body", "body": body})
+        finally:
+            self.metrics.requests.labels(_endpoint(scope.get("path", "")), str(status or CLIENT_GONE)).inc()
+
+
 def install_errors(app: FastAPI, metrics: DecoderMetrics, max_body_bytes: int) -> None:
     """The body cap, every response counted by endpoint and status, and error bodies that echo no input.
 
@@ -521,16 +558,7 @@ def install_errors(app: FastAPI, metrics: DecoderMetrics, max_body_bytes: int) -
     from pruneops.serving.openai_api import error_body
 
     app.add_middleware(BodyLimit, limit=max_body_bytes)
-
-    @app.middleware("http")  # added after BodyLimit, so outside it: its 413s are counted too
-    async def count(request: Request, call_next):  # noqa: ANN202
-        try:
-            response = await call_next(request)
-        except Exception as exc:  # noqa: BLE001 - counted and answered; the log keeps the traceback
-            log.exception("unhandled error on %s: %s", request.url.path, exc)
-            response = JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
-        metrics.requests.labels(_endpoint(request.url.path), str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountResponses, metrics=metrics)  # added after BodyLimit, so outside it: 413s counted
 
     def body(request: Request, status: int, message: str, param: str | None = None) -> JSONResponse:
         headers = {}
