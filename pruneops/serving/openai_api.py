@@ -24,12 +24,13 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pruneops.serving.chat import TemplateError
+from pruneops.runtimes.chat import TemplateError
+from pruneops.serving.decoder_service import CLIENT_GONE
 from pruneops.serving.scheduler import QueueFull
 from pruneops.serving.streaming import Ended, JobOutput, pieces
 
 if TYPE_CHECKING:
-    from pruneops.serving.generate import DecoderService
+    from pruneops.serving.decoder_service import DecoderService
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
                422: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_error"}  # fmt: skip
@@ -254,8 +255,6 @@ async def _run(
         if isinstance(item, Ended):
             ended = item
     if ended is None:
-        from pruneops.serving.generate import CLIENT_GONE
-
         return Response(status_code=CLIENT_GONE)
     if ended.finished.reason == "error":
         raise HTTPException(500, f"generation failed: {ended.finished.error}")
