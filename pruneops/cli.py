@@ -7,7 +7,6 @@ This is the only module that reads the command line. Stage commands come from
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -16,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pruneops import __version__
-from pruneops.core.errors import ConfigError, DataValidationError, PruneOpsError
+from pruneops.core.errors import DataValidationError, PruneOpsError
 from pruneops.pipeline.runner import StageOutcome, record_outcome, run_stage
 from pruneops.pipeline.stages import STAGES, get_stage
 
@@ -130,14 +129,10 @@ def _serve_decoder(args: argparse.Namespace) -> int:
         "limits": limits,
     }
     if args.registry:
+        from pruneops.serving.decoder_service import production_service
         from pruneops.serving.generate import follow_production
 
-        production = Path(args.registry) / "production"
-        if not production.exists():
-            raise ConfigError(f"serve-decoder: {args.registry} has no production model; run `pruneops publish`")
-        reference = production / "reference_stats.json"
-        stats = json.loads(reference.read_text()) if reference.is_file() else None
-        service = DecoderService(production.resolve(), stats, **options)
+        service = production_service(Path(args.registry), **options)
         follow_production(service, Path(args.registry), args.reload_interval)
     else:
         service = DecoderService(Path(args.model), None, **options)

@@ -82,3 +82,47 @@ def verify_file(path: Path, expected: str | None = None, error: type[PruneOpsErr
             "the file changed after it was written (corrupt or edited); rerun the stage that wrote it"
         )
     return actual
+
+
+MANIFEST_EXCLUDED = ("metadata.json",)  # where the manifest itself is kept
+
+
+def folder_manifest(folder: Path) -> dict[str, str]:
+    """The SHA-256 of every file under `folder` (its relative path to digest), the manifest's own file aside."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in MANIFEST_EXCLUDED)
+    return {p.relative_to(folder).as_posix(): _bytes_sha256(p) for p in files}
+
+
+def _bytes_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_manifest(folder: Path, manifest: dict[str, str], error: type[PruneOpsError] = IntegrityError) -> None:
+    """Checks every file of `folder` against `manifest`: none missing, none changed, none added.
+
+    Raises:
+        PruneOpsError: (`error`) naming the first file that differs (a model, config, tokenizer or
+            chat template changed, missing or added after the manifest was recorded).
+    """
+    folder = Path(folder)
+    if not isinstance(manifest, dict) or not manifest:
+        raise error(f"{folder}: no file digests recorded; register it again")
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    added = sorted(present - set(manifest) - set(MANIFEST_EXCLUDED))
+    if added:
+        raise error(f"{folder / added[0]}: not among the files recorded when the version was registered")
+    for name, expected in manifest.items():
+        path = folder / name
+        if not path.is_file():
+            raise error(f"{path}: missing (recorded when the version was registered)")
+        actual = _bytes_sha256(path)
+        if actual != expected:
+            raise error(
+                f"{path}: checksum mismatch (recorded {str(expected)[:12]}…, file {actual[:12]}…): "
+                "changed after the version was registered (corrupt or edited)"
+            )

@@ -34,7 +34,15 @@ from typing import Any
 import numpy as np
 
 from pruneops.core.errors import PruneOpsError
-from pruneops.core.integrity import IntegrityError, file_sha256, recorded_checksum, verify_file, write_checksum
+from pruneops.core.integrity import (
+    IntegrityError,
+    file_sha256,
+    folder_manifest,
+    recorded_checksum,
+    verify_file,
+    verify_manifest,
+    write_checksum,
+)
 from pruneops.core.io import Layout, dump_json, read_json
 from pruneops.modelstore.contract import contract_differences
 from pruneops.modelstore.decoder import (
@@ -96,7 +104,11 @@ class ServableModel:
 
 
 def verify_version_files(path: Path) -> None:
-    """Checks a version's model (and tokenizer) against the digests recorded when it was registered.
+    """Checks a version's files against the digests recorded when it was registered.
+
+    A folder version (a decoder) is checked file by file (`folder_manifest`: weights, config,
+    tokenizer, chat template, drift reference; none missing or added); a classifier's model and
+    tokenizer by their digests.
 
     Raises:
         RegistryError: No digest recorded, or the bytes differ.
@@ -108,6 +120,9 @@ def verify_version_files(path: Path) -> None:
     if not isinstance(metadata, dict):
         raise RegistryError(f"{path / 'metadata.json'}: not a JSON object")
     try:
+        if "files_sha256" in metadata:  # a folder version (a decoder): every file, none added
+            verify_manifest(path, metadata["files_sha256"], error=RegistryError)
+            return
         verify_file(path / "model.onnx", metadata.get("sha256"), error=RegistryError)
         if (path / TOKENIZER).exists() or metadata.get("tokenizer_sha256"):
             verify_file(path / TOKENIZER, metadata.get("tokenizer_sha256"), error=RegistryError)
@@ -248,11 +263,12 @@ class ModelRegistry:
             tmp = _unique_tmp(self.candidates, version)
             tmp.mkdir(parents=True)
             try:
-                if Path(model_file).is_dir():  # a decoder's genai folder: model.onnx, its data, config, tokenizer
+                if Path(model_file).is_dir():  # a decoder's export folder: weights, config, tokenizer, chat template
                     shutil.copytree(model_file, tmp, dirs_exist_ok=True)
+                    digests = {}
                 else:
                     shutil.copyfile(model_file, tmp / "model.onnx")
-                digests = {"sha256": write_checksum(tmp / "model.onnx")}
+                    digests = {"sha256": write_checksum(tmp / "model.onnx")}
                 if (tmp / TOKENIZER).is_file():  # a decoder folder brings its own
                     digests["tokenizer_sha256"] = file_sha256(tmp / TOKENIZER)
                 if reference_stats is not None:
@@ -260,6 +276,8 @@ class ModelRegistry:
                 if tokenizer is not None:
                     shutil.copyfile(tokenizer, tmp / TOKENIZER)
                     digests["tokenizer_sha256"] = file_sha256(tmp / TOKENIZER)
+                if Path(model_file).is_dir():  # every file of a folder version, checked wherever it is served
+                    digests["files_sha256"] = folder_manifest(tmp)
                 record = {"version": version, "registered_at": time.time(), **metadata, **digests}
                 dump_json(record, tmp / "metadata.json")
                 os.replace(tmp, final)

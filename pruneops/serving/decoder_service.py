@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.data.corpus import affixes_of
 from pruneops.data.drift import psi
+from pruneops.modelstore.store import ModelRegistry, verify_version_files
 from pruneops.runtimes import runtime_of
 from pruneops.runtimes.chat import load_chat_template
 from pruneops.serving.scheduler import Finished, Job, Scheduler
@@ -235,19 +236,26 @@ class DecoderService:
         self.feedback_seen: dict[str, None] = {}  # digests of feedback counted (a replay counts once)
         self.feedback_file = Path(feedback_file) if feedback_file else None
         self.lock = threading.Lock()  # the model swap, the windows and the feedback file
+        self.fallback_from: str | None = None  # production, where start-up served an earlier version instead
         self._load(Path(folder), reference)
         self.scheduler = Scheduler(self.model, self.limits.max_waiting)
 
     def _load(self, folder: Path, reference: dict | None) -> None:
-        """Loads everything first, then switches: a folder that fails to load leaves the service as it was."""
+        """Loads everything first, then switches: a folder that fails to load leaves the service as it was.
+
+        A registered version's files are checked against the digests recorded at registration
+        first (start-up, promotion and rollback alike): a corrupt copy is never served.
+        """
         from tokenizers import Tokenizer
 
         try:
+            if (folder / "metadata.json").is_file():  # a registered version: its files as they were registered
+                verify_version_files(folder)
             model = runtime_of(folder, "causal_lm").open(folder).load()
             tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
             chat = load_chat_template(folder)
         except (PruneOpsError, OSError, ValueError) as exc:
-            raise ConfigError(f"serve-decoder: {folder}: {str(exc)[:300]}") from None
+            raise ConfigError(f"serve-decoder: {str(exc)[:300]}") from None
         bound = self.limits.max_prompt_tokens or prompt_bound(model, self.limits.prefill_budget_s, model.context_length)
         self.folder, self.model, self.vocab, self.tokenizer = folder, model, model.vocab_size, tokenizer
         self.chat, self.max_prompt_tokens = chat, min(bound, model.context_length - 1)
@@ -449,3 +457,36 @@ def generate_response(finished: Finished, text: str) -> GenerateResponse:
         ttft_ms=1000 * (finished.first_s or 0.0),
         tpot_ms=1000 * float(np.mean(finished.steps_s)) if finished.steps_s else None,
     )
+
+
+def production_service(registry_dir: Path, **options: object) -> DecoderService:
+    """The service over a registry's production decoder or, where that cannot be served, the newest earlier one.
+
+    As the classifier server does at start-up: production that fails its digests or does not
+    load (a bad copy, bit rot, a runtime that cannot read it) is logged and the production
+    versions before it are tried, newest first; `fallback_from` names the one skipped.
+
+    Raises:
+        ConfigError: Nothing in production, or no production version can be served.
+    """
+    registry = ModelRegistry(Path(registry_dir))
+    stack = registry.served_stack()
+    if not stack:
+        raise ConfigError(f"serve-decoder: {registry_dir} has no production model; run `pruneops publish`")
+    refused = []
+    for version in reversed(stack):
+        try:
+            path = registry.get(version).path
+            stats_file = path / "reference_stats.json"
+            stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
+            service = DecoderService(path, stats, **options)
+        except (PruneOpsError, OSError, ValueError) as exc:
+            refused.append(f"{version}: {str(exc).removeprefix('serve-decoder: ')[:300]}")
+            log.error("serve-decoder: cannot serve %s: %s", version, str(exc)[:300])
+            continue
+        if version != stack[-1]:
+            service.fallback_from = stack[-1]
+            log.error("serve-decoder: production %s cannot be served; serving the earlier version %s", stack[-1],
+                      version)  # fmt: skip
+        return service
+    raise ConfigError("serve-decoder: no production version can be served: " + "; ".join(refused))

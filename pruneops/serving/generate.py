@@ -237,6 +237,7 @@ def create_decoder_app(service: DecoderService, served_name: str | None = None) 
             "running": running,
             "waiting": waiting,
             "max_prompt_tokens": service.max_prompt_tokens,
+            "fallback_from": service.fallback_from,  # production, where an earlier version is served instead
         }
 
     @app.get("/metrics")
