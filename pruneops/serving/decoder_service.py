@@ -145,6 +145,9 @@ class DecoderMetrics:
         self.running = Gauge("pruneops_generations_running", "Generations being decoded", registry=r)
         self.waiting = Gauge("pruneops_generations_waiting", "Generations queued", registry=r)
         self.max_prompt_tokens = Gauge("pruneops_max_prompt_tokens", "The prompt bound (ServeLimits)", registry=r)
+        self.feedback_unsaved = Gauge(
+            "pruneops_feedback_unsaved", "Feedback lines waiting for the feedback file to be writable", registry=r
+        )
         self.prompt_tokens = Counter("pruneops_prompt_tokens_total", "Prompt tokens received", registry=r)
         # Labelled by the served model and absent until measured: no reading is not 0.
         self.drift = Gauge(
@@ -191,6 +194,15 @@ class ServeLimits:
     max_prompt_tokens: int | None = None
     prefill_budget_s: float = 10.0
 
+    def __post_init__(self) -> None:
+        given = {"max_waiting": self.max_waiting, "deadline_s": self.deadline_s,
+                 "prefill_budget_s": self.prefill_budget_s, "max_prompt_tokens": self.max_prompt_tokens}  # fmt: skip
+        bad = [
+            f"{name} must be above 0 (got {value})" for name, value in given.items() if value is not None and value <= 0
+        ]
+        if bad:
+            raise ConfigError(f"serve-decoder: {'; '.join(bad)}")
+
 
 def prompt_bound(model: object, budget_s: float, context: int) -> int:
     """The most prompt tokens whose prefill is predicted to take `budget_s` on `model`, within its context.
@@ -234,6 +246,7 @@ class DecoderService:
         self.drift_window = drift_window
         self.feedback: deque[float] = deque(maxlen=feedback_window)
         self.feedback_seen: dict[str, None] = {}  # digests of feedback counted (a replay counts once)
+        self.unsaved: deque[str] = deque(maxlen=FEEDBACK_UNSAVED)  # feedback lines the file has not taken yet
         self.feedback_file = Path(feedback_file) if feedback_file else None
         self.lock = threading.Lock()  # the model swap, the windows and the feedback file
         self.fallback_from: str | None = None  # production, where start-up served an earlier version instead
@@ -251,11 +264,16 @@ class DecoderService:
         try:
             if (folder / "metadata.json").is_file():  # a registered version: its files as they were registered
                 verify_version_files(folder)
-            model = runtime_of(folder, "causal_lm").open(folder).load()
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
             chat = load_chat_template(folder)
-        except (PruneOpsError, OSError, ValueError) as exc:
+            model = runtime_of(folder, "causal_lm").open(folder).load()
+        except PruneOpsError as exc:  # its message names the file
             raise ConfigError(f"serve-decoder: {str(exc)[:300]}") from None
+        except Exception as exc:  # noqa: BLE001 - the runtime's own error types: one line naming the folder
+            raise ConfigError(f"serve-decoder: {folder} does not load: {str(exc)[:300]}") from None
+        try:
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise ConfigError(f"serve-decoder: {folder / 'tokenizer.json'} does not load: {str(exc)[:200]}") from None
         bound = self.limits.max_prompt_tokens or prompt_bound(model, self.limits.prefill_budget_s, model.context_length)
         self.folder, self.model, self.vocab, self.tokenizer = folder, model, model.vocab_size, tokenizer
         self.chat, self.max_prompt_tokens = chat, min(bound, model.context_length - 1)
@@ -379,12 +397,17 @@ class DecoderService:
         m.generated.inc(len(finished.tokens))
         m.finished.labels(finished.reason).inc()
 
-    def score(self, request: FeedbackRequest) -> tuple[float, bool]:
-        """Adds a reference continuation's token losses to the rolling perplexity once.
+    def score(self, request: FeedbackRequest) -> dict:
+        """Adds a reference continuation's token losses to the rolling perplexity once, and keeps its text.
+
+        The same prompt and continuation sent again is scored but not counted twice. The text is
+        appended to the feedback file (what a re-prune runs on); while the file cannot be written
+        the lines wait in memory (`pruneops_feedback_unsaved`) and go out with the next feedback
+        that can write, so a full or read-only disk loses nothing the server holds.
 
         Returns:
-            The continuation's own perplexity, and whether it counted (the same prompt and
-            continuation sent again is scored but not counted twice).
+            Its perplexity, the rolling window's tokens, whether it counted and whether every
+            kept line is saved.
         """
         prompt, continuation = self.encode(request.prompt), self.encode(request.continuation)
         if not prompt or not continuation:
@@ -396,31 +419,41 @@ class DecoderService:
         with self.lock:
             counted = digest not in self.feedback_seen
             if counted:
-                self._keep_feedback(request, digest, losses)
-            rolling = math.exp(float(np.mean(self.feedback)))
+                self._count_feedback(digest, losses)
+                self.unsaved.append(json.dumps({"text": f"{request.prompt} {request.continuation}"}))
+            saved = self._save_feedback()
+            rolling, tokens = math.exp(float(np.mean(self.feedback))), len(self.feedback)
         self.metrics.perplexity.labels(self.metrics.version).set(rolling)
-        self.metrics.feedback_tokens.labels(self.metrics.version).set(len(self.feedback))
-        return math.exp(float(np.mean(losses))), counted
+        self.metrics.feedback_tokens.labels(self.metrics.version).set(tokens)
+        perplexity = math.exp(float(np.mean(losses)))
+        return {"perplexity": perplexity, "rolling_tokens": tokens, "counted": counted, "saved": saved}
 
-    def _keep_feedback(self, request: FeedbackRequest, digest: str, losses: np.ndarray) -> None:
-        if self.feedback_file is not None:  # the text a re-prune is run on (written first: nothing counted is lost)
-            try:
-                self.feedback_file.parent.mkdir(parents=True, exist_ok=True)
-                with self.feedback_file.open("a", encoding="utf-8") as handle:
-                    handle.write(json.dumps({"text": f"{request.prompt} {request.continuation}"}) + "\n")
-            except OSError as exc:
-                raise FeedbackNotKept(f"the feedback file cannot be written: {exc.strerror or exc}") from None
+    def _count_feedback(self, digest: str, losses: np.ndarray) -> None:
         self.feedback_seen[digest] = None
         while len(self.feedback_seen) > FEEDBACK_DIGESTS:
             del self.feedback_seen[next(iter(self.feedback_seen))]
         self.feedback.extend(float(x) for x in losses)
 
-
-class FeedbackNotKept(OSError):
-    """The feedback file could not be written (503: the feedback is not counted, so nothing is half kept)."""
+    def _save_feedback(self) -> bool:
+        """Appends the waiting lines to the feedback file; False (they keep waiting) when it cannot be written."""
+        if self.feedback_file is None:
+            self.unsaved.clear()
+            return True
+        if self.unsaved:
+            try:
+                self.feedback_file.parent.mkdir(parents=True, exist_ok=True)
+                with self.feedback_file.open("a", encoding="utf-8") as handle:
+                    handle.write("".join(line + "\n" for line in self.unsaved))
+                self.unsaved.clear()
+            except OSError as exc:
+                log.warning("serve-decoder: feedback file %s not written (%d lines wait): %s", self.feedback_file,
+                            len(self.unsaved), exc.strerror or exc)  # fmt: skip
+        self.metrics.feedback_unsaved.set(len(self.unsaved))
+        return not self.unsaved
 
 
 FEEDBACK_DIGESTS = 100_000  # feedback remembered for replays (oldest forgotten first)
+FEEDBACK_UNSAVED = 100_000  # feedback lines held while the feedback file cannot be written
 
 
 class _Collect:

@@ -41,7 +41,6 @@ from pruneops.serving.decoder_service import (
     DecoderMetrics,
     DecoderService,
     EmptyText,
-    FeedbackNotKept,
     FeedbackRequest,
     GenerateRequest,
     GenerateResponse,
@@ -162,22 +161,21 @@ def install_errors(app: FastAPI, metrics: DecoderMetrics, max_body_bytes: int) -
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        # The field's path, without the body and pydantic's union tags (`constrained-str`, `list[str]`).
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and (isinstance(p, int) or p.isidentifier()))
         message = f"invalid request: {where or 'body'}: {str(first.get('msg', 'malformed'))[:200]}"
         status = 400 if request.url.path.startswith("/v1/") else 422
         return body(request, status, message, where or None)
 
 
 def refusal(exc: Exception) -> HTTPException:
-    """The HTTP answer to a request the server will not run: 4xx, 429 with Retry-After, or 503."""
+    """The HTTP answer to a request the server will not run: 4xx, or 429 with Retry-After."""
     if isinstance(exc, QueueFull):
         return HTTPException(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, ContextOverflow):
         return HTTPException(400, str(exc))
     if isinstance(exc, BadPrompt):
         return HTTPException(422, str(exc))
-    if isinstance(exc, FeedbackNotKept):
-        return HTTPException(503, str(exc))
     raise exc
 
 
@@ -222,10 +220,9 @@ def create_decoder_app(service: DecoderService, served_name: str | None = None) 
     @app.post("/feedback")
     def feedback(body: FeedbackRequest) -> dict:
         try:
-            perplexity, counted = service.score(body)
-        except (BadPrompt, FeedbackNotKept) as exc:
+            return service.score(body)
+        except BadPrompt as exc:
             raise refusal(exc) from None
-        return {"perplexity": perplexity, "rolling_tokens": len(service.feedback), "counted": counted}
 
     @app.get("/healthz")
     def healthz() -> dict:

@@ -1040,6 +1040,9 @@ def main() -> int:
     sweep_receiver_triggers()
     sweep_lineage_and_code(work)
     sweep_monitoring_fit()
+    from tests.sweep.decoder_sweep import sweep_decoder
+
+    sweep_decoder(work, record)
     totals = Counter(outcome for _, _, outcome, _ in RESULTS)
     by_entry = Counter(entry for entry, _, _, _ in RESULTS)
     print(
