@@ -162,7 +162,8 @@ def install_errors(app: FastAPI, metrics: DecoderMetrics, max_body_bytes: int) -
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         # The field's path, without the body and pydantic's union tags (`constrained-str`, `list[str]`).
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and (isinstance(p, int) or p.isidentifier()))
+        loc = [p for p in first.get("loc", ()) if p != "body" and (isinstance(p, int) or p.isidentifier())]
+        where = ".".join(map(str, loc))
         message = f"invalid request: {where or 'body'}: {str(first.get('msg', 'malformed'))[:200]}"
         status = 400 if request.url.path.startswith("/v1/") else 422
         return body(request, status, message, where or None)
