@@ -33,16 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from pruneops.core import integrity
 from pruneops.core.errors import PruneOpsError
-from pruneops.core.integrity import (
-    IntegrityError,
-    file_sha256,
-    folder_manifest,
-    recorded_checksum,
-    verify_file,
-    verify_manifest,
-    write_checksum,
-)
+from pruneops.core.integrity import IntegrityError, file_sha256, recorded_checksum, verify_file, write_checksum
 from pruneops.core.io import Layout, dump_json, read_json
 from pruneops.modelstore.contract import contract_differences
 from pruneops.modelstore.decoder import (
@@ -106,9 +99,7 @@ class ServableModel:
 def verify_version_files(path: Path) -> None:
     """Checks a version's files against the digests recorded when it was registered.
 
-    A folder version (a decoder) is checked file by file (`folder_manifest`: weights, config,
-    tokenizer, chat template, drift reference; none missing or added); a classifier's model and
-    tokenizer by their digests.
+    A folder version (a decoder) file by file (`folder_manifest`: none changed, missing or added).
 
     Raises:
         RegistryError: No digest recorded, or the bytes differ.
@@ -121,7 +112,7 @@ def verify_version_files(path: Path) -> None:
         raise RegistryError(f"{path / 'metadata.json'}: not a JSON object")
     try:
         if "files_sha256" in metadata:  # a folder version (a decoder): every file, none added
-            verify_manifest(path, metadata["files_sha256"], error=RegistryError)
+            integrity.verify_manifest(path, metadata["files_sha256"], error=RegistryError)
             return
         verify_file(path / "model.onnx", metadata.get("sha256"), error=RegistryError)
         if (path / TOKENIZER).exists() or metadata.get("tokenizer_sha256"):
@@ -277,7 +268,7 @@ class ModelRegistry:
                     shutil.copyfile(tokenizer, tmp / TOKENIZER)
                     digests["tokenizer_sha256"] = file_sha256(tmp / TOKENIZER)
                 if Path(model_file).is_dir():  # every file of a folder version, checked wherever it is served
-                    digests["files_sha256"] = folder_manifest(tmp)
+                    digests["files_sha256"] = integrity.folder_manifest(tmp)
                 record = {"version": version, "registered_at": time.time(), **metadata, **digests}
                 dump_json(record, tmp / "metadata.json")
                 os.replace(tmp, final)

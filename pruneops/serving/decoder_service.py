@@ -265,7 +265,7 @@ class DecoderService:
             if (folder / "metadata.json").is_file():  # a registered version: its files as they were registered
                 verify_version_files(folder)
             chat = load_chat_template(folder)
-            model = runtime_of(folder, "causal_lm").open(folder).load()
+            model = runtime_of(folder, "causal_lm").open(folder).serving()
         except PruneOpsError as exc:  # its message names the file
             raise ConfigError(f"serve-decoder: {str(exc)[:300]}") from None
         except Exception as exc:  # noqa: BLE001 - the runtime's own error types: one line naming the folder

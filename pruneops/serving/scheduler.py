@@ -6,6 +6,8 @@ it (or refuses it with `QueueFull` when `max_waiting` jobs already wait, which t
 advances each running job by one token per turn, so a short request that arrives behind long ones
 gets its first token after at most one step of each, and a job whose client left (`Job.cancel`,
 set by the app on a disconnect or a stop string) or whose deadline passed ends within a token.
+A model that batches (`step_batch`, e.g. `pruneops.runtimes.genai.batch.BatchDecoder`) advances
+all its running jobs in one call per turn: new ones prefilled alone, the others decoded together.
 The model runtimes' generators are only ever touched by the worker. Every job ends with one
 `Finished` passed to its `on_end` (an error ends it too, with `error` set).
 """
@@ -75,6 +77,7 @@ class _Running:
     job: Job
     generation: Any
     started: float
+    model: Any  # the model it started on (a promotion does not move it)
     tokens: list[int] = field(default_factory=list)
     first_s: float | None = None
     steps_s: list[float] = field(default_factory=list)
@@ -149,45 +152,79 @@ class Scheduler:
                 except Exception as exc:  # noqa: BLE001 - the job ends with the runtime's error, the worker goes on
                     _safely(job.on_end, Finished([], "error", None, [], started - job.submitted, str(exc)[:300]))
                     continue
-                self._running.append(_Running(job, generation, started))
+                self._running.append(_Running(job, generation, started, model))
         return True
 
     def _work(self) -> None:
         while self._admit():
             turn = time.perf_counter()
-            for run in list(self._running):
-                ended = self._advance(run)
-                if ended is not None:
-                    self._running.remove(run)
-                    waited = run.started - run.job.submitted
-                    _safely(run.job.on_end, Finished(run.tokens, ended, run.first_s, run.steps_s, waited, run.error))
+            live = self._live()
+            for model in {id(r.model): r.model for r in live}.values():
+                runs = [r for r in live if r.model is model]
+                if hasattr(model, "step_batch"):  # one batched step for all its running jobs
+                    self._step_together(model, runs)
+                else:
+                    for run in runs:
+                        self._step(run)
             if self._running:
                 self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - turn) / len(self._running)
 
-    def _advance(self, run: _Running) -> FinishReason | None:
-        """One token of a running job, or why it ends before one."""
-        job = run.job
-        if job.cancelled:
-            return "cancelled"
-        if time.monotonic() > job.deadline:
-            return "deadline"
+    def _live(self) -> list[_Running]:
+        """The running jobs that go on this turn; those cancelled or past their deadline end here."""
+        live = []
+        for run in list(self._running):
+            if run.job.cancelled:
+                self._end(run, "cancelled")
+            elif time.monotonic() > run.job.deadline:
+                self._end(run, "deadline")
+            else:
+                live.append(run)
+        return live
+
+    def _end(self, run: _Running, reason: FinishReason) -> None:
+        self._running.remove(run)
+        waited = run.started - run.job.submitted
+        _safely(run.job.on_end, Finished(run.tokens, reason, run.first_s, run.steps_s, waited, run.error))
+
+    def _failed(self, runs: list[_Running], exc: Exception) -> None:
+        log.error("generation failed: %s", str(exc)[:300])
+        for run in runs:
+            run.error = str(exc)[:300]
+            self._end(run, "error")
+
+    def _step(self, run: _Running) -> None:
+        """One token of one running job (a model that steps its sequences one at a time)."""
         tick = time.perf_counter()
         try:
             token = run.generation.step()
         except Exception as exc:  # noqa: BLE001 - this job ends with the error; the others run on
-            log.error("generation failed: %s", str(exc)[:300])
-            run.error = str(exc)[:300]
-            return "error"
+            self._failed([run], exc)
+            return
+        self._took(run, token, time.perf_counter() - tick)
+
+    def _step_together(self, model: Any, runs: list[_Running]) -> None:
+        """One token of every running job of a batching model: new ones prefilled, the others in one batch."""
+        tick = time.perf_counter()
+        try:
+            tokens = model.step_batch([r.generation for r in runs])
+        except Exception as exc:  # noqa: BLE001 - the batch's jobs end with the error; the worker goes on
+            self._failed(runs, exc)
+            return
         elapsed = time.perf_counter() - tick
+        for run, token in zip(runs, tokens, strict=True):
+            prefill = model.last_prefill_s.pop(id(run.generation), None) if run.first_s is None else None
+            self._took(run, token, elapsed if prefill is None else prefill)
+
+    def _took(self, run: _Running, token: int, elapsed: float) -> None:
+        """Records a job's token: its time, its client's piece, and its end where it ends."""
         if run.first_s is None:
             run.first_s = elapsed
         else:
             run.steps_s.append(elapsed)
         run.tokens.append(token)
-        _safely(job.on_token, token)
+        _safely(run.job.on_token, token)
         if run.generation.done:
-            return "length" if len(run.tokens) >= job.max_new_tokens else "eos"
-        return None
+            self._end(run, "length" if len(run.tokens) >= run.job.max_new_tokens else "eos")
 
 
 def _safely(call: Callable[[Any], None], value: Any) -> None:

@@ -8,6 +8,7 @@ loop. Requires the `llm` extra.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +29,7 @@ from pruneops.runtimes.genai.generation import (
 from pruneops.timing.generation import DecodeWorkload, GenerationTiming
 
 CONFIG_FILE = "genai_config.json"
+log = logging.getLogger(__name__)
 
 
 class Generation:
@@ -71,6 +73,18 @@ class GenaiModel:
         if self._model is None:
             self._model = og.Model(str(self.folder))
         return self
+
+    def serving(self) -> Any:
+        """What a server decodes with: a `BatchDecoder` (sequences batched) where the family allows, else itself."""
+        from pruneops.runtimes.genai.batch import BatchDecoder
+
+        why = BatchDecoder.supports(self.folder)
+        if why is not None:
+            log.warning("%s: sequences are decoded one at a time (no batching with %s)", self.folder.name, why)
+            return self.load()
+        config = json.loads((self.folder / CONFIG_FILE).read_text())["model"]["decoder"]
+        threads = int(config.get("session_options", {}).get("intra_op_num_threads", self.threads))
+        return BatchDecoder(self.folder, threads)
 
     def losses(self, blocks: np.ndarray) -> np.ndarray:
         """Mean next-token NLL of each block (prefill with an empty cache)."""

@@ -106,6 +106,10 @@ class LlamaCppModel:
             self._llama = self._open(logits_all=False)
         return self._llama
 
+    def serving(self) -> LlamaCppModel:
+        """What a server decodes with: this model, one sequence at a time (one llama.cpp context)."""
+        return self.load()
+
     def load(self) -> LlamaCppModel:
         """Loads the model now (a file that does not load fails here, not on a request)."""
         _ = self.llama
