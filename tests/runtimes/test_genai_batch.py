@@ -30,8 +30,9 @@ def test_rows_of_different_lengths_joining_and_leaving_decode_as_they_do_alone(t
     out: dict[int, list[int]] = {id(g): [] for g in generations}
     waiting, running, turns, widest = list(generations), [], 0, 0
     while waiting or running:
-        if waiting and turns % 2 == 0:  # one joins every other step, while others run and end
-            running.append(waiting.pop(0))
+        if waiting and turns % 2 == 0:  # they join every other step (three at once first), while others end
+            for _ in range(3 if turns == 0 else 1):
+                running.append(waiting.pop(0))
         for generation, token in zip(running, decoder.step_batch(running), strict=True):
             out[id(generation)].append(token)
         widest = max(widest, len(running))

@@ -6,8 +6,9 @@ with its neighbours. Its continuous-batching `Engine` runs on the CPU but steps 
 sequence at a time. This module runs the folder's `model.onnx` in ONNX Runtime and keeps the KV
 cache itself, each row padded on the right: GroupQueryAttention takes each row's length from its
 attention mask (`seqlens_k`), so every row attends to its own tokens only and its greedy
-continuation is the one it has alone. A sequence is prefilled alone, then joins the batch; one
-decode step then advances every row by a token. Rows join and leave between steps.
+continuation is the one it has alone. New sequences are prefilled together (prompts padded on the
+right), then join the batch; one decode step then advances every row by a token. Rows join and
+leave between steps.
 
 Sampling (temperature, top-k, top-p, seed) is drawn here, per row, from the row's logits.
 Families with sliding-window attention or explicit position ids are not batched here
@@ -72,7 +73,7 @@ class BatchDecoder:
     """A genai folder's decoder stepping many sequences together (see the module docstring).
 
     Holds the batch: its sequences in row order and their KV cache, (rows, heads, width, dim) per
-    layer and kind, each row's valid tokens first. `step_batch` prefills new sequences alone,
+    layer and kind, each row's valid tokens first. `step_batch` prefills new sequences together,
     rebuilds the batch when its members changed, and decodes one token for every other row.
     """
 
@@ -132,15 +133,29 @@ class BatchDecoder:
         out = self.session.run(["logits", *self.present], feed)
         return out[0], out[1:]
 
-    def _prefill(self, generation: BatchGeneration) -> int:
+    def _prefill(self, fresh: list[BatchGeneration]) -> dict[int, int]:
+        """Reads the prompts of new sequences in one batch, each padded on the right; their first tokens.
+
+        Causal attention keeps a row's tokens from seeing the padding after them, and each row's
+        cache is cut to its own prompt.
+        """
         tick = time.perf_counter()
-        ids = np.asarray([generation.prompt])
-        empty = [np.zeros((1, self.heads, 0, self.dim), self.kv_dtype) for _ in self.past]
-        logits, kv = self._run(ids, np.ones_like(ids), empty)
-        generation.kv, generation.cached = kv, len(generation.prompt)
-        token = generation.choose(logits[0, -1])
-        self.last_prefill_s[id(generation)] = time.perf_counter() - tick
-        return token
+        width = max(len(g.prompt) for g in fresh)
+        ids = np.zeros((len(fresh), width), np.int64)
+        mask = np.zeros((len(fresh), width), np.int64)
+        for b, generation in enumerate(fresh):
+            ids[b, : len(generation.prompt)] = generation.prompt
+            mask[b, : len(generation.prompt)] = 1
+        empty = [np.zeros((len(fresh), self.heads, 0, self.dim), self.kv_dtype) for _ in self.past]
+        logits, kv = self._run(ids, mask, empty)
+        tokens = {}
+        for b, generation in enumerate(fresh):
+            n = len(generation.prompt)
+            generation.kv, generation.cached = [layer[b : b + 1, :, :n] for layer in kv], n
+            tokens[id(generation)] = generation.choose(logits[b, n - 1])
+        took = time.perf_counter() - tick
+        self.last_prefill_s.update((id(g), took) for g in fresh)
+        return tokens
 
     def _rebuild(self, rows: list[BatchGeneration]) -> None:
         """The batch's cache for `rows` (each row's cache from the old batch or its own prefill)."""
@@ -168,7 +183,7 @@ class BatchDecoder:
         Sequences that were in the batch and are not passed (ended, cancelled) leave it.
         """
         fresh = [g for g in generations if g.last is None]
-        tokens = {id(g): self._prefill(g) for g in fresh}
+        tokens = self._prefill(fresh) if fresh else {}
         rows = [g for g in generations if g not in fresh]
         if rows:
             if rows != self._rows:
