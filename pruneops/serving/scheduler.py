@@ -212,13 +212,16 @@ class Scheduler:
             return
         elapsed = time.perf_counter() - tick
         for run, token in zip(runs, tokens, strict=True):
-            prefill = model.last_prefill_s.pop(id(run.generation), None) if run.first_s is None else None
-            self._took(run, token, elapsed if prefill is None else prefill)
+            if token is not None:  # None: a new sequence the model reads in a later step
+                self._took(run, token, elapsed)
 
     def _took(self, run: _Running, token: int, elapsed: float) -> None:
-        """Records a job's token: its time, its client's piece, and its end where it ends."""
+        """Records a job's token: its time, its client's piece, and its end where it ends.
+
+        The first token's time runs from the job's admission: the turns it waited for and its prefill.
+        """
         if run.first_s is None:
-            run.first_s = elapsed
+            run.first_s = time.monotonic() - run.started
         else:
             run.steps_s.append(elapsed)
         run.tokens.append(token)
