@@ -14,7 +14,7 @@ import pandas as pd
 from pruneops.config import ValidateConfig
 from pruneops.core.errors import ConfigError, DataError
 from pruneops.core.plugins import Registry
-from pruneops.data.text import TextTable, describe_columns, read_text_table
+from pruneops.data.text import TextTable, describe_columns, read_text_table, refuse_duplicated_header
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,8 @@ def load_npz(config: ValidateConfig) -> RawData:
             arrays = {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise DataError(f"{path}: not a readable NPZ archive ({exc})") from None
+    except MemoryError:
+        raise DataError(f"{path}: an array declares more data than memory holds (a corrupt NPZ?)") from None
     xtr, xte = arrays["x_train"], arrays["x_test"]
     if any(a.ndim == 0 for a in arrays.values()):
         raise DataError(f"{path}: arrays must hold one entry per sample, found a scalar; {_shapes(arrays)}")
@@ -315,8 +317,11 @@ def load_table(config: ValidateConfig) -> RawData:
         if path.suffix.lower() in (".parquet", ".pq"):
             frame = pd.read_parquet(path)
         else:
+            refuse_duplicated_header(path)
             frame = pd.read_csv(path)
         frame.columns = [str(c) for c in frame.columns]
+    except DataError:
+        raise
     except Exception as exc:  # pandas raises many unrelated types for unreadable files
         raise DataError(f"{path}: cannot read table ({type(exc).__name__}: {exc})") from None
     if config.label_column not in frame.columns:

@@ -86,8 +86,12 @@ def load_split(data_dir: Path, name: str) -> Split:
             return Split(named, npz["y"].astype(np.int64))
     except FileNotFoundError:
         raise DataError(f"{path}: prepared split not found; run `pruneops validate` first") from None
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{path}: cannot read prepared split ({exc})") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        raise DataError(f"{path}: cannot read prepared split ({why}); rerun `pruneops validate`") from None
+    except MemoryError:
+        why = "an array declares more data than memory holds"
+        raise DataError(f"{path}: cannot read prepared split ({why}); rerun `pruneops validate`") from None
 
 
 def load_meta(data_dir: Path) -> DataMeta:

@@ -45,6 +45,19 @@ class TextTable:
     dropped: dict[str, int]
 
 
+def refuse_duplicated_header(path: Path, **read: object) -> None:
+    """Refuses a CSV whose header names a column twice (pandas would rename the second `name.1`).
+
+    Raises:
+        DataError: Naming the file and the repeated names.
+    """
+    header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False, **read)
+    names = [str(v) for v in header.iloc[0].tolist()] if len(header) else []
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise DataError(f"{path}: the header names a column more than once: {repeated[:5]}; rename them")
+
+
 def describe_columns(columns) -> str:
     """The columns a table was read with, for an error message, without echoing a file's first line.
 
@@ -82,6 +95,7 @@ def read_frame(path: Path, encoding: str) -> pd.DataFrame:
         if kind == "jsonl":
             return pd.read_json(path, lines=True, encoding=encoding, compression=compression, dtype=False)
         sep = "\t" if kind == "tsv" else ","
+        refuse_duplicated_header(path, sep=sep, encoding=encoding, compression=compression)
         return pd.read_csv(path, sep=sep, encoding=encoding, compression=compression, dtype=str, keep_default_na=False)
     except UnicodeDecodeError as exc:
         raise DataError(

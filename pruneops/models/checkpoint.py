@@ -99,11 +99,18 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: corrupt checkpoint metadata ({exc})") from None
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
+def load_checkpoint(path: Path, fits: object | None = None) -> Checkpoint:
     """Rebuilds the model saved at `path` (pruned shapes included) in eval mode.
 
+    Args:
+        path: The checkpoint.
+        fits: The prepared data's metadata (`DataMeta`): the checkpoint must be built for its
+            input shape and class count (a checkpoint of another project, copied in with its
+            checksum, is refused here rather than failing inside a forward pass).
+
     Raises:
-        CheckpointError: Missing, corrupt (checksum), or not matching its architecture.
+        CheckpointError: Missing, corrupt (checksum), not matching its architecture, or built for
+            other data than `fits`.
     """
     path = Path(path)
     if not path.is_file():
@@ -121,5 +128,16 @@ def load_checkpoint(path: Path) -> Checkpoint:
         model.load_state_dict(state, strict=True)
     except (KeyError, TypeError, ValueError, RuntimeError, ConfigError) as exc:
         raise CheckpointError(f"{path}: checkpoint does not fit its architecture ({exc})") from None
+    if fits is not None:
+        _check_fits(path, spec, fits)
     model.eval()
     return Checkpoint(model, spec, meta.get("extra", {}))
+
+
+def _check_fits(path: Path, spec: ModelSpec, data: object) -> None:
+    shape, classes = list(getattr(data, "input_shape", spec.input_shape)), getattr(data, "num_classes", None)
+    if list(spec.input_shape) != shape or (classes is not None and spec.num_classes != classes):
+        raise CheckpointError(
+            f"{path}: built for inputs {list(spec.input_shape)} and {spec.num_classes} classes; the prepared data "
+            f"has inputs {shape} and {classes} classes (a checkpoint of another project?); rerun `pruneops train`"
+        )

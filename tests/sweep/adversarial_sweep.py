@@ -221,14 +221,33 @@ DATA_CASES: list[tuple[str, str, bytes]] = [
     ("csv: no label column", "table", b"a,b\n" + b"1,2\n3,4\n" * 10),
     ("csv: inf values", "table", b"label,a\n" + b"0,inf\n1,-inf\n" * 20),
     ("csv: one class only", "table", b"label,a\n" + b"0,1\n0,2\n" * 20),
+    ("csv: a column named twice", "table", b"label,a,a\n" + b"0,1,2\n1,2,3\n" * 20),
+    ("npz: an array declaring 10**6 x 10**6", "npz", b""),  # written by _huge_npz
 ]
+
+
+def _huge_npz() -> bytes:
+    """GOOD with x_train's header declaring (10**6, 10**6) over 12,800 bytes of data."""
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for name, array in GOOD.items():
+            member = io.BytesIO()
+            np.save(member, array)
+            raw = member.getvalue()
+            if name == "x_train":
+                declared = str(tuple(array.shape)).encode()
+                raw = raw.replace(declared, b"(1000000, 1000000)".ljust(len(declared)))
+            archive.writestr(f"{name}.npy", raw)
+    return out.getvalue()
 
 
 def sweep_data(work: Path) -> None:
     for case, kind, content in DATA_CASES:
         root = Path(tempfile.mkdtemp(dir=work))
         data = root / ("data.npz" if kind == "npz" else "data.csv")
-        data.write_bytes(content)
+        data.write_bytes(content or _huge_npz())
         params = base_params()
         params["validate"].update(dataset=kind, path=str(data))
         (root / "params.yaml").write_text(yaml.safe_dump(params))
@@ -300,6 +319,7 @@ def sweep_checkpoints(work: Path, pipeline: Path) -> None:
         ("checksum file removed", lambda p: Path(f"{p}.sha256").unlink()),
         ("checksum file edited", lambda p: Path(f"{p}.sha256").write_text("0" * 64)),
         ("untrained weights, valid checksum", _untrained),
+        ("another project's checkpoint, valid checksum", _other_project),
     ]
     for case, damage in cases:
         root = Path(tempfile.mkdtemp(dir=work))
@@ -308,6 +328,34 @@ def sweep_checkpoints(work: Path, pipeline: Path) -> None:
             shutil.copytree(src, root / part) if src.is_dir() else shutil.copy(src, root / part)
         damage(root / "artifacts/train/model.safetensors")
         run_and_classify("checkpoint", case, root, "sensitivity")
+
+
+def sweep_prepared_splits(work: Path, pipeline: Path) -> None:
+    """A prepared split (validate's output) damaged after the fact: the next stage names the file."""
+    cases: list[tuple[str, Callable[[Path], None]]] = [
+        ("val.npz emptied", lambda p: p.write_bytes(b"")),
+        ("val.npz declaring 10**6 x 10**6", lambda p: p.write_bytes(_huge_npz())),
+        ("val.npz random bytes", lambda p: p.write_bytes(os.urandom(2048))),
+    ]
+    for case, damage in cases:
+        root = Path(tempfile.mkdtemp(dir=work))
+        for part in ("artifacts", "params.yaml"):
+            src = pipeline / part
+            shutil.copytree(src, root / part) if src.is_dir() else shutil.copy(src, root / part)
+        damage(root / "artifacts/validate/val.npz")
+        run_and_classify("data", case, root, "sensitivity")
+
+
+def _other_project(path: Path) -> None:
+    """A checkpoint of the same architecture built for other inputs and classes, saved with its checksum."""
+    from dataclasses import replace
+
+    from pruneops.models import create_model
+    from pruneops.models.checkpoint import load_checkpoint, save_checkpoint
+
+    trained = load_checkpoint(path)
+    other = replace(trained.spec, input_shape=[trained.spec.input_shape[0], 12, 12], num_classes=3)
+    save_checkpoint(path, create_model(other), other, trained.extra)
 
 
 def _untrained(path: Path) -> None:
@@ -1029,6 +1077,7 @@ def main() -> int:
     sweep_data(work)
     sweep_image_folders(work)
     sweep_checkpoints(work, pipeline)
+    sweep_prepared_splits(work, pipeline)
     sweep_registry(work)
     sweep_http(work)
     sweep_receiver()

@@ -66,11 +66,11 @@ def finetune(config: FinetuneConfig, layout: Layout | None = None) -> FinetuneRe
         meta, train, val, test = load_prepared(layout.stage_dir("validate"))
         check_augmentable("finetune", config.augment, meta.input_shape)
         teacher_path = layout.stage_dir("train") / "model.safetensors"
-        baseline = load_checkpoint(teacher_path)
+        baseline = load_checkpoint(teacher_path, fits=meta)
         teacher = baseline.model
         teacher_val = evaluate(teacher, val)[0]
         check_recorded_accuracy(baseline, teacher_val, len(val), teacher_path)
-        pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors")
+        pruned = load_checkpoint(layout.stage_dir("prune") / "model.safetensors", fits=meta)
         masks = load_masks(layout.stage_dir("prune") / "masks.safetensors")
         model = pruned.model
         run_teacher = None

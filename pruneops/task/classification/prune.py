@@ -200,7 +200,7 @@ def prune_iteratively(
     torch.set_num_threads(config.threads)
     meta, train, val, test = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"
-    ckpt = load_checkpoint(base_path)
+    ckpt = load_checkpoint(base_path, fits=meta)
     model, example = ckpt.model, head_tensors(val.x)
     val_accuracy = evaluate(model, val)[0]
     check_recorded_accuracy(ckpt, val_accuracy, len(val), base_path)

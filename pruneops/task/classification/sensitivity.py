@@ -65,7 +65,7 @@ def analyze_sensitivity(
     torch.set_num_threads(config.threads)
     meta, train, val, _ = load_prepared(layout.stage_dir("validate"))
     base_path = layout.stage_dir("train") / "model.safetensors"
-    checkpoint = load_checkpoint(base_path)
+    checkpoint = load_checkpoint(base_path, fits=meta)
     base = checkpoint.model
     structured = METHODS.get(prune.method).structured
     base_acc, base_loss = evaluate(base, val, config.batch_size)
