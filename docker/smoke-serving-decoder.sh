@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of `pruneops serve-decoder` in the serving image (no torch): a tiny random Llama built
 # on the host (transformers, then onnxruntime-genai's builder), published into a scratch registry,
-# served by the image with its decoder command; /generate (plain and streamed, compared with the
-# host's greedy tokens of the same ONNX model), /metrics and the healthcheck are checked.
+# served by the image with its decoder command; /generate (plain and streamed) and the OpenAI API's
+# /v1/completions (compared with the host's greedy tokens of the same ONNX model), /metrics and the
+# healthcheck are checked.
 # Needs the `llm` extra on the host and a built image (docker/build-images.sh serving).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,8 +50,8 @@ def get(path):
     with urllib.request.urlopen(base + path, timeout=5) as r:
         return r.read().decode()
 
-def post(body):
-    req = urllib.request.Request(base + "/generate", data=json.dumps(body).encode(),
+def post(body, path="/generate"):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read().decode()
@@ -69,12 +70,14 @@ streamed = post({"prompt": prompt, "max_new_tokens": 8, "stream": True})
 tokenizer = Tokenizer.from_file(str(work / "onnx/tokenizer.json"))
 ids = np.asarray([tokenizer.encode(prompt, add_special_tokens=False).ids], dtype=np.int32)
 expected = tokenizer.decode(greedy_tokens(work / "onnx", ids, 8)[0][: plain["tokens"]].tolist(), skip_special_tokens=True)
+completion = json.loads(post({"model": "models", "prompt": prompt, "max_tokens": 8, "temperature": 0}, "/v1/completions"))
 metrics = get("/metrics")
 checks = {
+    "OpenAI completion is the greedy text": completion["choices"][0]["text"] == expected,
     "serves v1": health.get("version") == "v1",
     "greedy text is the host's": plain["text"] == expected,
     "stream ends with done": streamed.rstrip().split("\n\n")[-1].startswith("event: done"),
-    "tokens counted": f"pruneops_generated_tokens_total {2.0 * plain['tokens']}" in metrics,
+    "tokens counted": f"pruneops_generated_tokens_total {3.0 * plain['tokens']}" in metrics,
     "TPOT histogram": "pruneops_time_per_output_token_seconds_bucket" in metrics,
 }
 print(json.dumps({"tokens": plain["tokens"], "ttft_ms": round(plain["ttft_ms"], 2), **checks}))
