@@ -31,10 +31,14 @@ def file_sha256(path: Path) -> str:
     """The SHA-256 of a file's bytes (and its ONNX external data, where present), hex."""
     digest = hashlib.sha256()
     for part in _companions(Path(path)):
-        with open(part, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        _read_into(digest, part)
     return digest.hexdigest()
+
+
+def _read_into(digest: object, path: Path) -> None:
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
 
 
 def checksum_path(path: Path) -> Path:
@@ -96,9 +100,7 @@ def folder_manifest(folder: Path) -> dict[str, str]:
 
 def _bytes_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    _read_into(digest, path)
     return digest.hexdigest()
 
 

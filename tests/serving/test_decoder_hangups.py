@@ -96,7 +96,7 @@ def test_twenty_streamed_and_four_plain_clients_that_leave_do_not_delay_the_next
 
 def test_metrics_and_health_answer_while_every_slot_generates(server):
     url, _ = server
-    body = {"model": "tiny", "prompt": "the people", "max_tokens": 400}
+    body = {"model": "tiny", "prompt": "the people", "max_tokens": 50}  # 8 slots stepped in turn: 2 s
     busy = [threading.Thread(target=httpx.post, args=(url + "/v1/completions",), kwargs={"json": body, "timeout": 60})
             for _ in range(10)]  # fmt: skip
     for b in busy:

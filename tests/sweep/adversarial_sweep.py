@@ -303,6 +303,15 @@ def _pipeline(work: Path) -> Path:
     return root
 
 
+def _pipeline_copy(work: Path, pipeline: Path) -> Path:
+    """A scratch copy of the pipeline's artefacts and params (each case damages its own)."""
+    root = Path(tempfile.mkdtemp(dir=work))
+    for part in ("artifacts", "params.yaml"):
+        src = pipeline / part
+        shutil.copytree(src, root / part) if src.is_dir() else shutil.copy(src, root / part)
+    return root
+
+
 def sweep_checkpoints(work: Path, pipeline: Path) -> None:
     def flip(path: Path, n: int) -> None:
         data = bytearray(path.read_bytes())
@@ -322,10 +331,7 @@ def sweep_checkpoints(work: Path, pipeline: Path) -> None:
         ("another project's checkpoint, valid checksum", _other_project),
     ]
     for case, damage in cases:
-        root = Path(tempfile.mkdtemp(dir=work))
-        for part in ("artifacts", "params.yaml"):
-            src = pipeline / part
-            shutil.copytree(src, root / part) if src.is_dir() else shutil.copy(src, root / part)
+        root = _pipeline_copy(work, pipeline)
         damage(root / "artifacts/train/model.safetensors")
         run_and_classify("checkpoint", case, root, "sensitivity")
 
@@ -338,10 +344,7 @@ def sweep_prepared_splits(work: Path, pipeline: Path) -> None:
         ("val.npz random bytes", lambda p: p.write_bytes(os.urandom(2048))),
     ]
     for case, damage in cases:
-        root = Path(tempfile.mkdtemp(dir=work))
-        for part in ("artifacts", "params.yaml"):
-            src = pipeline / part
-            shutil.copytree(src, root / part) if src.is_dir() else shutil.copy(src, root / part)
+        root = _pipeline_copy(work, pipeline)
         damage(root / "artifacts/validate/val.npz")
         run_and_classify("data", case, root, "sensitivity")
 
@@ -555,6 +558,8 @@ def _http_case(client, entry: str, case: str, path: str, kwargs: dict) -> None:
         record(entry, case, "internal", f"{r.status_code} {r.text[:80]}")
     elif r.status_code < 400:
         record(entry, case, "silent", f"{r.status_code} accepted")
+    elif len(r.content) > MAX_ERROR_LINE:
+        record(entry, case, "silent", f"{r.status_code} with a {len(r.content)}-byte answer (echoes input)")
     else:
         record(entry, case, "handled", f"{r.status_code} in {took:.2f}s: {r.text[:70]}")
 
@@ -1091,7 +1096,7 @@ def main() -> int:
     sweep_monitoring_fit()
     from tests.sweep.decoder_sweep import sweep_decoder
 
-    sweep_decoder(work, record)
+    sweep_decoder(work, record, _http_case)
     totals = Counter(outcome for _, _, outcome, _ in RESULTS)
     by_entry = Counter(entry for entry, _, _, _ in RESULTS)
     print(
