@@ -71,7 +71,7 @@ LLAMA_CPP_ONLY = ("olmo", "olmo2", "cohere", "starcoder2", "stablelm", "bloom")
 
 @needs_converter
 @needs_llama_cpp
-@pytest.mark.slow  # reason: twelve family probes, each a converter run and a builder run (about 90 s)
+@pytest.mark.slow(reason="twelve family probes, each a converter run and a builder run (about 90 s)")
 @pytest.mark.parametrize("family", LLAMA_CPP_ONLY)
 def test_llama_cpp_serves_families_the_genai_builder_cannot(family):
     from pruneops.models.decoders import load_causal_tokenizer
@@ -117,7 +117,7 @@ def _run_all(params: Path, root: Path, monkeypatch) -> None:
 
 @needs_converter
 @needs_llama_cpp
-@pytest.mark.slow  # reason: every stage of a decoder with a 49k vocabulary in two runtimes (about 3 min)
+@pytest.mark.slow(reason="every stage of a decoder with a 49k vocabulary in two runtimes (about 3 min)")
 def test_auto_ships_the_fastest_candidate_of_either_runtime_within_the_budgets(tmp_path, monkeypatch):
     from pruneops.core.io import Layout
 
@@ -144,7 +144,7 @@ def test_auto_ships_the_fastest_candidate_of_either_runtime_within_the_budgets(t
 
 @needs_converter
 @needs_llama_cpp
-@pytest.mark.slow  # reason: every stage of a decoder with a 49k vocabulary, in llama.cpp (about 2 min)
+@pytest.mark.slow(reason="every stage of a decoder with a 49k vocabulary, in llama.cpp (about 2 min)")
 def test_a_family_the_genai_builder_cannot_build_is_pruned_timed_and_served_by_llama_cpp(tmp_path, monkeypatch):
     from pruneops.core.io import Layout
     from pruneops.modelstore.decoder import check_decoder_runs
