@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
@@ -51,7 +50,7 @@ from pruneops.serving.decoder_service import (
 from pruneops.serving.limits import BodyLimit
 from pruneops.serving.openai_api import error_body, install_openai_routes
 from pruneops.serving.scheduler import QueueFull
-from pruneops.serving.streaming import Detokenizer, Ended, JobOutput, pieces
+from pruneops.serving.streaming import Ended, JobOutput, pieces
 
 __all__ = ["DecoderService", "EmptyText", "GenerateRequest", "ServeLimits", "create_decoder_app", "follow_production"]
 
@@ -63,19 +62,6 @@ log = logging.getLogger(__name__)
 def _event(name: str, data: dict) -> str:
     """One server-sent event."""
     return f"event: {name}\ndata: {json.dumps(data)}\n\n"
-
-
-def _token_events(events: queue.Queue, tokenizer: object) -> Iterator[str]:
-    """Token ids from a queue as `token` events (`Detokenizer`'s pieces), then the queue's last event passed on."""
-    detok = Detokenizer(tokenizer)
-    while True:
-        item = events.get()
-        if not isinstance(item, int):
-            yield _event(*item)
-            return
-        piece = detok.add(item)
-        if piece is not None:
-            yield _event("token", {"tokens": piece[0], "text": piece[1]})
 
 
 async def _generate_events(stream: AsyncIterator, tokenizer: object) -> AsyncIterator[str]:

@@ -25,7 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pruneops.runtimes.chat import TemplateError
-from pruneops.serving.decoder_service import CLIENT_GONE
+from pruneops.serving.decoder_service import CLIENT_GONE, BadPrompt
 from pruneops.serving.scheduler import QueueFull
 from pruneops.serving.streaming import Ended, JobOutput, pieces
 
@@ -243,7 +243,7 @@ async def _run(
         job = service.submit(prompt, limit, body.sampling(service.vocab), output)
     except QueueFull as exc:
         raise HTTPException(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
-    except ValueError as exc:  # BadPrompt: the context or the prompt bound
+    except BadPrompt as exc:  # the context or the prompt bound
         raise OpenAIError(400, str(exc), "prompt" if call.kind == "text" else "messages",
                           "context_length_exceeded") from None  # fmt: skip
     stream = pieces(job, output, service.tokenizer, body.stops(), request.is_disconnected)
@@ -280,7 +280,7 @@ def install_openai_routes(app: FastAPI, service: DecoderService, served_name: st
         _check_model(body.model, served_name)
         try:
             prompt = service.text_ids(body.text())
-        except ValueError as exc:
+        except BadPrompt as exc:
             raise OpenAIError(400, str(exc), "prompt") from None
         return await _run(_Call(service, "text", served_name), body, prompt, body.max_tokens or 16, request)
 

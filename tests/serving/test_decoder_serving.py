@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -227,15 +226,12 @@ def test_a_skipped_special_token_does_not_eat_the_space_after_it(folders):
 
 
 def _pieces(ids: list[int], tokenizer) -> list[dict]:
-    import queue
+    """The `token` events' data a stream of `ids` is sent as (what /generate streams, piece by piece)."""
+    from pruneops.serving.streaming import Detokenizer
 
-    from pruneops.serving.generate import _token_events
-
-    events: queue.Queue = queue.Queue()
-    for i in ids:
-        events.put(i)
-    events.put(("done", {}))
-    return [json.loads(e.split("data: ", 1)[1]) for e in _token_events(events, tokenizer)][:-1]
+    detok = Detokenizer(tokenizer)
+    added = (detok.add(i) for i in ids)
+    return [{"tokens": piece[0], "text": piece[1]} for piece in added if piece is not None]
 
 
 def test_a_promoted_version_that_does_not_load_is_refused_once_and_the_served_one_stays(folders, tmp_path):
