@@ -81,11 +81,13 @@ def verify_file(path: Path, expected: str | None = None, error: type[PruneOpsErr
         raise error(f"{path}: missing; rerun the stage that wrote it")
     actual = file_sha256(path)
     if actual != expected:
-        raise error(
-            f"{path}: checksum mismatch (recorded {expected[:12]}…, file {actual[:12]}…): "
-            "the file changed after it was written (corrupt or edited); rerun the stage that wrote it"
-        )
+        raise error(_mismatch(path, expected, actual, "the file changed after it was written (corrupt or edited); "
+                              "rerun the stage that wrote it"))  # fmt: skip
     return actual
+
+
+def _mismatch(path: Path, expected: str, actual: str, why: str) -> str:
+    return f"{path}: checksum mismatch (recorded {str(expected)[:12]}…, file {actual[:12]}…): {why}"
 
 
 MANIFEST_EXCLUDED = ("metadata.json",)  # where the manifest itself is kept
@@ -94,8 +96,12 @@ MANIFEST_EXCLUDED = ("metadata.json",)  # where the manifest itself is kept
 def folder_manifest(folder: Path) -> dict[str, str]:
     """The SHA-256 of every file under `folder` (its relative path to digest), the manifest's own file aside."""
     folder = Path(folder)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in MANIFEST_EXCLUDED)
-    return {p.relative_to(folder).as_posix(): _bytes_sha256(p) for p in files}
+    return {name: _bytes_sha256(folder / name) for name in sorted(_files(folder) - set(MANIFEST_EXCLUDED))}
+
+
+def _files(folder: Path) -> set[str]:
+    """Every file under `folder`, as its path relative to it."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
 
 def _bytes_sha256(path: Path) -> str:
@@ -114,8 +120,7 @@ def verify_manifest(folder: Path, manifest: dict[str, str], error: type[PruneOps
     folder = Path(folder)
     if not isinstance(manifest, dict) or not manifest:
         raise error(f"{folder}: no file digests recorded; register it again")
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-    added = sorted(present - set(manifest) - set(MANIFEST_EXCLUDED))
+    added = sorted(_files(folder) - set(manifest) - set(MANIFEST_EXCLUDED))
     if added:
         raise error(f"{folder / added[0]}: not among the files recorded when the version was registered")
     for name, expected in manifest.items():
@@ -124,7 +129,5 @@ def verify_manifest(folder: Path, manifest: dict[str, str], error: type[PruneOps
             raise error(f"{path}: missing (recorded when the version was registered)")
         actual = _bytes_sha256(path)
         if actual != expected:
-            raise error(
-                f"{path}: checksum mismatch (recorded {str(expected)[:12]}…, file {actual[:12]}…): "
-                "changed after the version was registered (corrupt or edited)"
-            )
+            why = "changed after the version was registered (corrupt or edited)"
+            raise error(_mismatch(path, expected, actual, why))
