@@ -31,6 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,25 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
 def run_and_classify(entry: str, case: str, root: Path, stage: str) -> None:
     before = snapshot(root)
     classify_cli(entry, case, root, cli(root, stage), stage, snapshot(root) != before)
+
+
+def run_all(cases: list[tuple[str, str, Path, str]]) -> None:
+    """`run_and_classify` for cases that each own their project folder, two CLI processes at a time.
+
+    Each process mostly imports (torch, pandas): two at once take both cores of a 2-core machine,
+    and the records keep the cases' order.
+    """
+
+    def run(item: tuple[str, str, Path, str]) -> tuple[subprocess.CompletedProcess, bool]:
+        _, _, root, stage = item
+        before = snapshot(root)
+        result = cli(root, stage)
+        return result, snapshot(root) != before
+
+    assert len({root for _, _, root, _ in cases}) == len(cases), "cases share a project folder"
+    with ThreadPoolExecutor(2) as pool:
+        for (entry, case, root, stage), (result, wrote) in zip(cases, pool.map(run, cases), strict=True):
+            classify_cli(entry, case, root, result, stage, wrote)
 
 
 def classify_cli(
@@ -160,20 +180,22 @@ RAW_PARAM_FILES: list[tuple[str, bytes]] = [
 
 
 def sweep_params(work: Path, pipeline: Path) -> None:
+    cases = []
     for case, stage, mutate in PARAM_CASES:
         root = Path(tempfile.mkdtemp(dir=work))
         shutil.copytree(pipeline / "artifacts/validate", root / "artifacts/validate")  # what train reads
         params = base_params()
         mutate(params)
         (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True))
-        run_and_classify("params", case, root, stage)
+        cases.append(("params", case, root, stage))
     for case, content in RAW_PARAM_FILES:
         root = Path(tempfile.mkdtemp(dir=work))
         if case == "a directory":
             (root / "params.yaml").mkdir()
         else:
             (root / "params.yaml").write_bytes(content)
-        run_and_classify("params", case, root, "validate")
+        cases.append(("params", case, root, "validate"))
+    run_all(cases)
 
 
 def _npz(**arrays) -> bytes:
@@ -244,6 +266,7 @@ def _huge_npz() -> bytes:
 
 
 def sweep_data(work: Path) -> None:
+    cases = []
     for case, kind, content in DATA_CASES:
         root = Path(tempfile.mkdtemp(dir=work))
         data = root / ("data.npz" if kind == "npz" else "data.csv")
@@ -251,7 +274,8 @@ def sweep_data(work: Path) -> None:
         params = base_params()
         params["validate"].update(dataset=kind, path=str(data))
         (root / "params.yaml").write_text(yaml.safe_dump(params))
-        run_and_classify("data", case, root, "validate")
+        cases.append(("data", case, root, "validate"))
+    run_all(cases)
 
 
 def _png(pixels: np.ndarray, fmt: str = "PNG") -> bytes:
@@ -283,6 +307,7 @@ def _image_folder_cases() -> list[tuple[str, dict[str, bytes]]]:
 
 
 def sweep_image_folders(work: Path) -> None:
+    cases = []
     for case, files in _image_folder_cases():
         root = Path(tempfile.mkdtemp(dir=work))
         for name, data in files.items():
@@ -291,7 +316,8 @@ def sweep_image_folders(work: Path) -> None:
         params = base_params()
         params["validate"].update(dataset="image_folder", path=str(root / "images"))
         (root / "params.yaml").write_text(yaml.safe_dump(params))
-        run_and_classify("data", case, root, "validate")
+        cases.append(("data", case, root, "validate"))
+    run_all(cases)
 
 
 def _pipeline(work: Path) -> Path:
@@ -330,10 +356,12 @@ def sweep_checkpoints(work: Path, pipeline: Path) -> None:
         ("untrained weights, valid checksum", _untrained),
         ("another project's checkpoint, valid checksum", _other_project),
     ]
+    runs = []
     for case, damage in cases:
         root = _pipeline_copy(work, pipeline)
         damage(root / "artifacts/train/model.safetensors")
-        run_and_classify("checkpoint", case, root, "sensitivity")
+        runs.append(("checkpoint", case, root, "sensitivity"))
+    run_all(runs)
 
 
 def sweep_prepared_splits(work: Path, pipeline: Path) -> None:
@@ -343,10 +371,12 @@ def sweep_prepared_splits(work: Path, pipeline: Path) -> None:
         ("val.npz declaring 10**6 x 10**6", lambda p: p.write_bytes(_huge_npz())),
         ("val.npz random bytes", lambda p: p.write_bytes(os.urandom(2048))),
     ]
+    runs = []
     for case, damage in cases:
         root = _pipeline_copy(work, pipeline)
         damage(root / "artifacts/validate/val.npz")
-        run_and_classify("data", case, root, "sensitivity")
+        runs.append(("data", case, root, "sensitivity"))
+    run_all(runs)
 
 
 def _other_project(path: Path) -> None:
@@ -946,7 +976,6 @@ def sweep_slow_clients() -> None:
 def sweep_receiver_triggers() -> None:
     """An alert during the cooldown, and one during an unconfirmed trigger, are never lost."""
     import threading
-    from concurrent.futures import ThreadPoolExecutor
 
     from fastapi.testclient import TestClient
 

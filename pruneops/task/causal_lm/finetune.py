@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +60,20 @@ def _with_self_text(dense: torch.nn.Module, train: np.ndarray, config: FinetuneC
 
     Each written block starts from the first tokens of a training block (its BOS, if any, included)
     and is sampled by the dense model; written blocks make up `self_text_fraction` of the mixed set.
+    Where `max_tokens` reads fewer blocks than that set would hold, only what it reads is made: that
+    many blocks, the share written and the rest drawn from the training blocks (writing costs a
+    generation per token, so blocks recovery would never read are not written).
     """
     if not config.self_text_fraction:
         return train, 0
-    count = max(1, round(len(train) * config.self_text_fraction / (1 - config.self_text_fraction)))
-    starts = train[np.random.default_rng(config.seed).integers(0, len(train), count), :SELF_TEXT_PROMPT]
+    fraction, rng = config.self_text_fraction, np.random.default_rng(config.seed)
+    count = max(1, round(len(train) * fraction / (1 - fraction)))
+    starts = train[rng.integers(0, len(train), count), :SELF_TEXT_PROMPT]
+    read = math.ceil(config.max_tokens / train.shape[1])  # blocks recovery reads
+    if 0 < read < len(train) + count:
+        count = max(1, round(read * fraction))
+        starts = starts[:count]
+        train = train[np.sort(rng.choice(len(train), max(1, read - count), replace=False))]
     written = self_written_blocks(dense, starts, train.shape[1], config.seed)
     return np.concatenate([train, written.astype(train.dtype)]), count
 

@@ -32,3 +32,14 @@ def test_self_text_makes_up_its_share_of_the_recovery_blocks(fraction, added):
     np.testing.assert_array_equal(mixed[:10], train)  # the corpus blocks first, as they were
     if added:
         assert written / len(mixed) == pytest.approx(fraction, abs=0.05)
+
+
+def test_self_text_writes_only_the_blocks_recovery_reads():
+    model = tiny_decoder("llama").eval()
+    train = random_blocks(40, length=24).numpy()
+    config = FinetuneConfig(self_text_fraction=0.5, max_tokens=10 * 24)  # recovery reads 10 blocks of 40 + 40
+    mixed, written = _with_self_text(model, train, config)
+    assert written == 5 and mixed.shape == (10, 24)
+    rows = {row.tobytes() for row in train}
+    assert all(row.tobytes() in rows for row in mixed[:5])  # the rest are corpus blocks, drawn from the split
+    assert not any(row.tobytes() in rows for row in mixed[5:])

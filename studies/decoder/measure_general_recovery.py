@@ -1,0 +1,135 @@
+"""Whether recovery can keep a cut decoder general: today's recipe against self-written text, same plan.
+
+Usage: `python studies/decoder/measure_general_recovery.py --project PROJECT --model assets/llm/smollm2-135m
+--tokens 60000 --recipes corpus self:0.5 distill`
+
+Reads a decoder project's blocks (`artifacts/validate/corpus.npz`: train, val, test and the general
+text's blocks) and the plan its prune stage kept (`plan.json`: shape and the layers removed), cuts
+the dense model to that plan as the prune stage does (activation importance, least-squares
+reconstruction, 32 calibration blocks), and recovers a copy of the cut model with each recipe for
+the same number of tokens (the same shape: the same decode time):
+
+- `corpus`: the pipeline's default recipe (`finetune`: half KL to the dense model, half next-token
+  loss on the corpus's training blocks);
+- `self:F`: the same, a fraction F of the blocks written by the dense model itself
+  (`finetune.self_text_fraction: F`, what the finetune stage mixes in);
+- `distill`: KL to the dense model alone, on the corpus.
+
+Prints validation, test and general-text perplexity of the cut model and of each recovered one
+against dense (torch fp32, paired 95 % bootstrap interval over blocks) and writes them to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # studies is not installed
+from pruneops.config import FinetuneConfig
+from pruneops.models.decoders import load_causal_lm
+from pruneops.models.language import block_losses, paired_ratio_interval, perplexity_from_losses
+from pruneops.planning.decode_cost import DecoderShape
+from pruneops.pruning.decoder_cuts import calibrate
+from pruneops.task.causal_lm.common import cut_to_shape
+from pruneops.task.causal_lm.finetune import _with_self_text
+from pruneops.training.recovery import RecoverySettings, recover_
+
+SPLITS = ("val", "test", "general")
+
+
+def _scores(model: torch.nn.Module, blocks: dict[str, np.ndarray], dense: dict[str, np.ndarray]) -> dict:
+    out = {}
+    for split in SPLITS:
+        losses = block_losses(model, blocks[split])
+        ppl = perplexity_from_losses(losses, 0)
+        ratio, low, high = paired_ratio_interval(ppl, perplexity_from_losses(dense[split], 0))
+        out[split] = {"perplexity": ppl.value, "ratio": ratio, "low": low, "high": high}
+    return out
+
+
+def _line(name: str, scores: dict) -> str:
+    def pct(x: float) -> str:
+        return f"{100 * (x - 1):+.1f}"
+
+    cells = [
+        f"{row['perplexity']:.2f} ({pct(row['ratio'])} % [{pct(row['low'])}, {pct(row['high'])}])"
+        for row in scores.values()
+    ]
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def _recipe(name: str, tokens: int, dtype: str) -> tuple[FinetuneConfig, RecoverySettings]:
+    fraction = float(name.split(":")[1]) if name.startswith("self:") else 0.0
+    weight = 1.0 if name == "distill" else 0.5
+    config = FinetuneConfig(max_tokens=tokens, self_text_fraction=fraction, distill_weight=weight)
+    settings = RecoverySettings(
+        max_tokens=tokens,
+        batch_blocks=config.batch_size,
+        lr=3e-4,
+        temperature=1.0,
+        distill_weight=weight,
+        weight_decay=0.0,
+        seed=0,
+        compute_dtype=dtype,
+        device="cpu",
+    )
+    return config, settings
+
+
+def main() -> None:
+    """Prints the table and writes `--out`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--project", required=True, help="a decoder project whose validate and prune ran")
+    parser.add_argument("--model", required=True, help="the dense model (folder or .gguf)")
+    parser.add_argument("--tokens", type=int, default=60_000)
+    parser.add_argument("--recipes", nargs="+", default=["corpus", "self:0.5", "distill"])
+    parser.add_argument("--compute-dtype", default="bf16", choices=["fp32", "bf16"])
+    parser.add_argument("--out", default="studies/decoder/general_recovery.json")
+    args = parser.parse_args()
+    project = Path(args.project)
+    torch.set_num_threads(2)
+    with np.load(project / "artifacts/validate/corpus.npz") as npz:
+        blocks = {name: npz[name].astype(np.int64) for name in npz.files}
+    plan = json.loads((project / "plan.json").read_text())
+    shape = DecoderShape(**plan["shape"])
+    dense, _ = load_causal_lm(Path(args.model))
+    dense.eval()
+    removed = list(plan["layers_removed"])
+    order = removed + [i for i in range(dense.config.num_hidden_layers) if i not in removed]
+    dense_losses = {split: block_losses(dense, blocks[split]) for split in SPLITS}
+    calibration = calibrate(dense, torch.as_tensor(blocks["train"][:32]))
+    cut = cut_to_shape(dense, shape, calibration, "activation", True, order)
+    rows = {"cut, not recovered": _scores(cut, blocks, dense_losses)}
+    walls = {}
+    print("| model | validation | test | general text |\n|---|---|---|---|")
+    print(_line("cut, not recovered", rows["cut, not recovered"]), flush=True)
+    for name in args.recipes:
+        config, settings = _recipe(name, args.tokens, args.compute_dtype)
+        model = cut_to_shape(dense, shape, calibration, "activation", True, order)
+        start = time.perf_counter()
+        train, written = _with_self_text(dense, blocks["train"], config)
+        recover_(model, dense, train, settings)
+        walls[name] = {"wall_s": time.perf_counter() - start, "written_blocks": written}
+        model.eval()
+        rows[name] = _scores(model, blocks, dense_losses)
+        print(_line(f"{name} ({args.tokens:,} tokens, {walls[name]['wall_s'] / 60:.1f} min)", rows[name]), flush=True)
+    record = {
+        "rows": rows,
+        "runs": walls,
+        "shape": plan["shape"],
+        "layers_removed": plan["layers_removed"],
+        "args": vars(args),
+        "machine": {"cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d")},
+    }
+    Path(args.out).write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
