@@ -14,7 +14,7 @@ class RepruneConfig(StageConfig):
 
     TASK_KEYS = task_keys(
         classification="accuracy_tolerance latency_slo_ms latency_repeats",
-        causal_lm="perplexity_tolerance decode_slo_ms prefill_slo_ms",
+        causal_lm="perplexity_tolerance decode_slo_ms prefill_slo_ms zero_shot_tolerance",
     )
 
     accuracy_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.005
@@ -31,6 +31,9 @@ class RepruneConfig(StageConfig):
     perplexity_tolerance: Annotated[float, Field(ge=0.0, le=100.0)] = 0.02
     decode_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] | None = None
     prefill_slo_ms: Annotated[float, Field(gt=0.0, le=1e6)] | None = None
+    # Decoder LLMs with `validate.zero_shot`: the most accuracy points a candidate may lose against
+    # production on the check's reported half, at the far end of the paired 95 % interval (null: not judged).
+    zero_shot_tolerance: Annotated[float, Field(ge=0.0, le=100.0)] | None = 3.0
 
 
 class ServeConfig(StageConfig):

@@ -1,8 +1,8 @@
 """The re-prune gate's evaluation: a candidate against production on recent and held-out data.
 
 Classifiers by accuracy and batch-1 latency (`decide_promotion`), decoder LLMs by perplexity of
-their own exported logits (recent, held-out and general text), time per output token and time to first
-token (`decide_decoder_promotion`); the held-out
+their own exported logits (recent, held-out and general text), the zero-shot check where `validate`
+has one, time per output token and time to first token (`decide_decoder_promotion`); the held-out
 set is frozen in the registry the first time it is needed.
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 
 from pruneops.core.io import Layout
 from pruneops.data import Split, load_split
+from pruneops.data.zero_shot import read_zero_shot
 from pruneops.modelstore.decoder import is_decoder_version
 from pruneops.modelstore.promotion import (
     PromotionDecision,
@@ -66,13 +67,15 @@ def _decoder_decision(
     source = workspace if (workspace.stage_dir("validate") / "corpus.npz").exists() else experiment
     datasets = decoder_datasets(experiment, holdout_blocks(registry_dir, source))
     folders = {"candidate": candidate.path, **({"production": production.path} if production else {})}
-    evaluations = evaluate_decoders(folders, datasets, bench.prompt_length, bench.new_tokens, bench.rounds)
+    zero_shot = read_zero_shot(experiment.stage_dir("validate"))
+    evaluations = evaluate_decoders(folders, datasets, bench.prompt_length, bench.new_tokens, bench.rounds, zero_shot)
     return decide_decoder_promotion(
         evaluations["candidate"],
         evaluations.get("production"),
         cfg.perplexity_tolerance,
         cfg.decode_slo_ms,
         cfg.prefill_slo_ms,
+        cfg.zero_shot_tolerance,
     )
 
 

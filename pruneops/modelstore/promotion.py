@@ -7,7 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pruneops.core.quality import QualityBudget, accuracy_change
 from pruneops.data.splits import Split
+from pruneops.data.zero_shot import zero_shot_correct
 from pruneops.runtimes import runtime_of
 from pruneops.runtimes.onnxruntime.files import make_session, median_latency_ms, ort_accuracy
 
@@ -93,12 +95,21 @@ class DecoderEvaluation:
     perplexity: dict[str, float]
     tpot_ms_b1: float
     ttft_ms_b1: float
+    zero_shot_correct: tuple[bool, ...] = ()  # each item of the zero-shot check's reported half, right or not
 
 
 def evaluate_decoders(
-    folders: dict[str, Path], datasets: dict[str, np.ndarray], prompt_length: int, new_tokens: int, rounds: int
+    folders: dict[str, Path],
+    datasets: dict[str, np.ndarray],
+    prompt_length: int,
+    new_tokens: int,
+    rounds: int,
+    zero_shot: dict | None = None,
 ) -> dict[str, DecoderEvaluation]:
-    """Scores each export folder (any decoder runtime's) on each set of blocks and times them interleaved at batch 1."""
+    """Scores each export folder (any decoder runtime's) on each set of blocks and times them interleaved at batch 1.
+
+    With `zero_shot` (`validate`'s check), each also answers the check's reported half.
+    """
     from pruneops.timing.generation import DecodeWorkload, time_together
 
     runtimes = {name: runtime_of(folder, "causal_lm") for name, folder in folders.items()}
@@ -112,9 +123,14 @@ def evaluate_decoders(
             {d: float(np.exp(runtimes[name].open(folder).losses(blocks).mean())) for d, blocks in datasets.items()},
             timings[name].tpot_ms,
             timings[name].ttft_ms,
+            _answers(runtimes[name].open(folder), zero_shot),
         )
         for name, folder in folders.items()
     }
+
+
+def _answers(opened: object, zero_shot: dict | None) -> tuple[bool, ...]:
+    return () if zero_shot is None else tuple(bool(x) for x in zero_shot_correct(opened, zero_shot, "zero_shot"))
 
 
 def _time_rule(what: str, candidate_ms: float, production_ms: float | None, slo_ms: float | None) -> tuple[bool, str]:
@@ -137,12 +153,15 @@ def decide_decoder_promotion(
     perplexity_tolerance: float,
     decode_slo_ms: float | None,
     prefill_slo_ms: float | None = None,
+    zero_shot_tolerance: float | None = None,
 ) -> PromotionDecision:
     """Whether a decoder candidate replaces production.
 
     Its time per output token must meet `decode_slo_ms` and its time to the first token
     `prefill_slo_ms` (each null: no slower than production's beyond `DECODE_TIMING_NOISE`), and on
     every dataset its perplexity must be at most production's times `1 + perplexity_tolerance`.
+    Where both answered the zero-shot check, its accuracy may fall at most `zero_shot_tolerance`
+    points below production's, judged at the far end of the paired 95 % interval (None: not judged).
     With no production model, the SLOs alone decide.
     """
     decode_ok, decode_reason = _time_rule(
@@ -165,6 +184,13 @@ def decide_decoder_promotion(
                 f"{name} perplexity {cand_ppl:.3f} {'<=' if good else '>'} production {prod_ppl:.3f} "
                 f"x (1 + {perplexity_tolerance})"
             )
+        if zero_shot_tolerance is not None and candidate.zero_shot_correct and production.zero_shot_correct:
+            change = accuracy_change(np.asarray(candidate.zero_shot_correct), np.asarray(production.zero_shot_correct))
+            budget = QualityBudget(zero_shot_tolerance, "points")
+            held = budget.holds(change)
+            ok &= held
+            state = f"{'within' if held else 'outside'} {budget.text()}"
+            reasons.append(f"zero-shot {change.text()} against production ({change.samples} items): {state}")
     return PromotionDecision(
         ok,
         reasons,
@@ -172,5 +198,5 @@ def decide_decoder_promotion(
         production,
         perplexity_tolerance,
         decode_slo_ms,
-        extra={"task": "causal_lm", "prefill_slo_ms": prefill_slo_ms},
+        extra={"task": "causal_lm", "prefill_slo_ms": prefill_slo_ms, "zero_shot_tolerance": zero_shot_tolerance},
     )

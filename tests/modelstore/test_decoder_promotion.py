@@ -69,3 +69,31 @@ def test_a_re_pruned_decoder_is_scored_on_general_text_where_the_corpus_has_it(g
     worse = DecoderEvaluation({"recent": 20.0, "holdout": 30.0, "general": 60.0}, 9.0, 500.0)
     production = DecoderEvaluation({"recent": 20.0, "holdout": 30.0, "general": 50.0}, 10.0, 500.0)
     assert not decide_decoder_promotion(worse, production, 0.02, None).promote  # +20 % on general text
+
+
+def _answers(right: int, items: int = 60) -> tuple[bool, ...]:
+    return tuple(i < right for i in range(items))
+
+
+@pytest.mark.parametrize(
+    ("candidate_right", "tolerance", "promote"),
+    [
+        (45, 3.0, True),  # the same items right: +0.00 pts [+0.00, +0.00]
+        (44, 3.0, False),  # one item of 60 lost: -1.67 pts [-5.00, +0.00], the interval's far end beyond 3
+        (44, 6.0, True),
+        (30, 3.0, False),  # 15 items lost: -25 pts
+        (30, None, True),  # not judged
+    ],
+)  # fmt: skip
+def test_a_candidate_may_lose_at_most_the_zero_shot_tolerance_against_production(candidate_right, tolerance, promote):
+    production = DecoderEvaluation({"recent": 20.0}, 10.0, 500.0, _answers(45))
+    candidate = DecoderEvaluation({"recent": 20.0}, 9.0, 500.0, _answers(candidate_right))
+    decision = decide_decoder_promotion(candidate, production, 0.02, None, zero_shot_tolerance=tolerance)
+    assert decision.promote is promote
+    assert any(reason.startswith("zero-shot") for reason in decision.reasons) is (tolerance is not None)
+
+
+def test_zero_shot_is_judged_only_where_both_answered_the_check():
+    production = DecoderEvaluation({"recent": 20.0}, 10.0, 500.0)
+    candidate = DecoderEvaluation({"recent": 20.0}, 9.0, 500.0, _answers(0))
+    assert decide_decoder_promotion(candidate, production, 0.02, None, zero_shot_tolerance=3.0).promote

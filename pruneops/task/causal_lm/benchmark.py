@@ -11,10 +11,11 @@ from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.core.progress import progress
 from pruneops.core.quality import accuracy_change, perplexity_change
+from pruneops.data.zero_shot import zero_shot_correct
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.reports.decoder_plots import plot_decoder_frontier
 from pruneops.reports.summary import BenchmarkSummary, ordered
-from pruneops.task.causal_lm.common import DECODER_RUNTIMES, _timed, load_blocks, load_zero_shot, zero_shot_correct
+from pruneops.task.causal_lm.common import DECODER_RUNTIMES, _timed, load_blocks, load_zero_shot
 from pruneops.timing.machine import machine_info
 
 

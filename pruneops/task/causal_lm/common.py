@@ -17,6 +17,7 @@ from pruneops.config.prune import DecoderMetric
 from pruneops.core.errors import ConfigError, DataError, PruneOpsError
 from pruneops.core.io import Layout, read_json
 from pruneops.core.progress import progress
+from pruneops.data.zero_shot import read_zero_shot
 from pruneops.models.language import block_losses
 from pruneops.planning.decode_cost import (
     DecodeCostModel,
@@ -64,28 +65,9 @@ CHOICE_FILE = "precision.json"  # quantize's choice and every candidate's figure
 RUNTIMES_FILE = "runtimes.json"  # train's `RuntimeChoice`
 
 
-ZERO_SHOT_FILE = "zero_shot.json"  # validate's zero-shot check, tokenised
-ZERO_SHOT_SPLITS = ("zero_shot_val", "zero_shot")  # the budget's half, the benchmark's half
-
-
 def load_zero_shot(layout: Layout) -> dict | None:
     """The zero-shot check `validate` wrote (None: `validate.zero_shot` not set)."""
-    path = layout.stage_dir("validate") / ZERO_SHOT_FILE
-    return read_json(path) if path.is_file() else None
-
-
-def zero_shot_correct(opened: object, check: dict, split: str) -> np.ndarray:
-    """Whether an opened model (any runtime's) answers each item of `split` right: the likeliest label by its logits.
-
-    A label's score is the summed next-token loss of its tokens after the item's context, in the
-    model's own exported logits (`token_losses`), as lm-eval's multiple-choice log-likelihood is.
-    """
-    right = []
-    for item in check[split]:
-        context = item["context"]
-        nll = [float(opened.token_losses(np.asarray(context + t))[len(context) - 1 :].sum()) for t in check["targets"]]
-        right.append(int(np.argmin(nll)) == item["answer"])
-    return np.asarray(right)
+    return read_zero_shot(layout.stage_dir("validate"))
 
 
 # The runtimes a causal LM may be served by, in the order `auto` prefers them (the first servable

@@ -15,6 +15,7 @@ from pruneops.config.prune import DecoderMetric
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.core.progress import progress
 from pruneops.core.quality import QualityBudget, QualityChange, accuracy_change, perplexity_change
+from pruneops.data.zero_shot import zero_shot_correct
 from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
 from pruneops.pruning.decoder_vocabulary import vocabulary_cut_copy, vocabulary_evidence
@@ -27,7 +28,6 @@ from pruneops.task.causal_lm.common import (
     load_blocks,
     load_zero_shot,
     read_runtimes,
-    zero_shot_correct,
 )
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,10 @@ from pruneops.data.corpus import affixes_of, hf_encode, read_documents, read_lab
 from pruneops.data.drift import prompt_reference
 from pruneops.data.expectations import raise_if_failed, run_corpus_suite
 from pruneops.data.text import text_digests
+from pruneops.data.zero_shot import ZERO_SHOT_FILE, ZERO_SHOT_SPLITS
 from pruneops.models.decoders import load_causal_tokenizer
 from pruneops.pipeline.stages import StageReport
-from pruneops.task.causal_lm.common import CORPUS_FILE, REFERENCE_FILE, ZERO_SHOT_FILE, ZERO_SHOT_SPLITS
+from pruneops.task.causal_lm.common import CORPUS_FILE, REFERENCE_FILE
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ REVIEWS = [{"text": f"the {w} film", "label": label} for w, label in [("great", 
 
 @pytest.mark.parametrize("bos", [False, True])
 def test_the_zero_shot_check_is_tokenised_as_the_model_reads_it_in_two_halves(bos, tmp_path):
-    from pruneops.task.causal_lm.common import ZERO_SHOT_SPLITS
+    from pruneops.data.zero_shot import ZERO_SHOT_SPLITS
     from pruneops.task.causal_lm.validate import _zero_shot_items
 
     tokenizer = tiny_tokenizer(bos=bos)
