@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pruneops.compare.report import REPORT, RESULTS
 from pruneops.core.io import read_json
+from pruneops.core.quality import QualityChange
 
 RESULTS_DIR = "results"  # under docs/
 HEADLINE_START = "<!-- results:start: written by `pruneops reference` from docs/results -->"
@@ -67,7 +68,18 @@ def _decoder_pick(data: dict) -> dict | None:
     if not pick:  # none within the budget
         return {}
     row = next((r for r in data.get("rows", []) if r.get("name") == pick["name"]), {})
-    return {"speedup_b1_vs_dense_deployed": row.get("speedup_b1_vs_dense_deployed"), **pick}
+    beyond = {key: row[key] for key in ("general_change", "zero_shot_change") if row.get(key)}
+    return {"speedup_b1_vs_dense_deployed": row.get("speedup_b1_vs_dense_deployed"), **beyond, **pick}
+
+
+def _beyond_corpus(pick: dict) -> str:
+    """`; general text +350.4 % [+306.0, +401.2]; zero-shot -2.00 pts [...]`: the pick's changes beyond its corpus."""
+    parts = []
+    if pick.get("general_change"):
+        parts.append(f"general text {QualityChange(**pick['general_change']).text()}")
+    if pick.get("zero_shot_change"):
+        parts.append(f"zero-shot {QualityChange(**pick['zero_shot_change']).text()}")
+    return "".join(f"; {part}" for part in parts)
 
 
 def _decoder_cells(pick: dict) -> list[str]:
@@ -78,7 +90,8 @@ def _decoder_cells(pick: dict) -> list[str]:
     deployed = pick.get("speedup_b1_vs_dense_deployed")
     return [
         f"`{pick['name']}`",
-        f"perplexity {100 * (pick['test_ratio'] - 1):+.1f} % [{100 * (low - 1):+.1f}, {100 * (high - 1):+.1f}]",
+        f"perplexity {100 * (pick['test_ratio'] - 1):+.1f} % [{100 * (low - 1):+.1f}, {100 * (high - 1):+.1f}]"
+        + _beyond_corpus(pick),
         f"{pick['speedup_b1']:.2f}× per generated token" + (f" ({deployed:.2f}× vs dense INT8)" if deployed else ""),
         "–",
     ]

@@ -176,3 +176,19 @@ def test_a_decoder_row_on_the_results_page_gives_its_speed_up_against_dense_as_d
     (report / "results.json").write_text(json.dumps({"decoder_selected": pick, "rows": rows, "machine": machine}))
     (report / "report.md").write_text("# w\n")
     assert "3.90× per generated token (1.60× vs dense INT8)" in headline_table(tmp_path)
+
+
+def test_the_headline_gives_a_decoder_picks_general_text_and_zero_shot_changes(tmp_path):
+    from pruneops.compare.results import headline_table
+
+    report = tmp_path / "results" / "llm" / "w"
+    report.mkdir(parents=True)
+    pick = {"name": "ours deployed", "speedup_b1": 3.9, "test_ratio": 1.04, "test_ratio_ci": [1.0, 1.09]}
+    general = {"value": 3.5, "low": 3.06, "high": 4.01, "unit": "perplexity", "samples": 32}
+    zero_shot = {"value": -2.0, "low": -6.0, "high": 1.0, "unit": "points", "samples": 50}
+    rows = [{**pick, "general_change": general, "zero_shot_change": zero_shot}]
+    machine = {"cpu": "AMD EPYC 7B13", "date": "2026-12-05"}
+    (report / "results.json").write_text(json.dumps({"decoder_selected": pick, "rows": rows, "machine": machine}))
+    (report / "report.md").write_text("# w\n")
+    cell = "perplexity +4.0 % [+0.0, +9.0]; general text +350.0 % [+306.0, +401.0]; zero-shot -2.00 pts [-6.00, +1.00]"
+    assert cell in headline_table(tmp_path)
