@@ -22,6 +22,7 @@ against dense (torch fp32, paired 95 % bootstrap interval over blocks) and write
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
@@ -91,10 +92,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=60_000)
     parser.add_argument("--recipes", nargs="+", default=["corpus", "self:0.5", "distill"])
     parser.add_argument("--compute-dtype", default="bf16", choices=["fp32", "bf16"])
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="studies/decoder/general_recovery.json")
     args = parser.parse_args()
     project = Path(args.project)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     with np.load(project / "artifacts/validate/corpus.npz") as npz:
         blocks = {name: npz[name].astype(np.int64) for name in npz.files}
     plan = json.loads((project / "plan.json").read_text())
@@ -104,15 +106,29 @@ def main() -> None:
     removed = list(plan["layers_removed"])
     order = removed + [i for i in range(dense.config.num_hidden_layers) if i not in removed]
     dense_losses = {split: block_losses(dense, blocks[split]) for split in SPLITS}
-    calibration = calibrate(dense, torch.as_tensor(blocks["train"][:32]))
-    cut = cut_to_shape(dense, shape, calibration, "activation", True, order)
+    cut = cut_to_shape(dense, shape, calibrate(dense, torch.as_tensor(blocks["train"][:32])), "activation", True, order)
     rows = {"cut, not recovered": _scores(cut, blocks, dense_losses)}
+    cut_state = {name: tensor.clone() for name, tensor in cut.state_dict().items()}  # each recipe starts from it
+    gc.collect()
     walls = {}
+
+    def write() -> None:  # after each recipe: a run cut short keeps what it measured
+        record = {
+            "rows": rows,
+            "runs": walls,
+            "shape": plan["shape"],
+            "layers_removed": plan["layers_removed"],
+            "args": vars(args),
+            "machine": {"cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d")},
+        }
+        Path(args.out).write_text(json.dumps(record, indent=1))
+
     print("| model | validation | test | general text |\n|---|---|---|---|")
     print(_line("cut, not recovered", rows["cut, not recovered"]), flush=True)
     for name in args.recipes:
         config, settings = _recipe(name, args.tokens, args.compute_dtype)
-        model = cut_to_shape(dense, shape, calibration, "activation", True, order)
+        model = cut
+        model.load_state_dict(cut_state)
         start = time.perf_counter()
         train, written = _with_self_text(dense, blocks["train"], config)
         recover_(model, dense, train, settings)
@@ -120,15 +136,9 @@ def main() -> None:
         model.eval()
         rows[name] = _scores(model, blocks, dense_losses)
         print(_line(f"{name} ({args.tokens:,} tokens, {walls[name]['wall_s'] / 60:.1f} min)", rows[name]), flush=True)
-    record = {
-        "rows": rows,
-        "runs": walls,
-        "shape": plan["shape"],
-        "layers_removed": plan["layers_removed"],
-        "args": vars(args),
-        "machine": {"cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d")},
-    }
-    Path(args.out).write_text(json.dumps(record, indent=1))
+        write()
+        del train
+        gc.collect()
 
 
 if __name__ == "__main__":
