@@ -72,3 +72,30 @@ def test_exported_perplexity_matches_torch_in_fp32(built):
     blocks = random_blocks(3, 20, seed=7)
     expected = block_losses(AutoModelForCausalLM.from_pretrained(hf).eval(), blocks)
     np.testing.assert_allclose(exported_block_losses(onnx, blocks.numpy()), expected, rtol=1e-4)
+
+
+def test_a_sliding_window_longer_than_the_generation_is_probed_timed_and_served(tmp_path):
+    # Gemma 3 270M's local window is 512 tokens, longer than a probe's 8 + 8 tokens or a timing's
+    # 256 + 32: onnxruntime-genai refuses a KV cache shorter than the window ("KV cache capacity
+    # (16) must be at least local_window_size (512)"), so the cache is sized to the window while the
+    # generation stops where it was asked to.
+    from pruneops.models.decoders import save_causal_lm
+    from pruneops.runtimes.genai import GenaiModel
+    from pruneops.runtimes.genai.export import family_problem
+    from pruneops.runtimes.genai.generation import GenaiTimed
+    from tests.decoder_helpers import family_decoder, tiny_tokenizer
+
+    model = family_decoder("gemma3_text", layers=2).eval()
+    model.config.sliding_window, model.config.max_position_embeddings = 512, 32768  # Gemma 3 270M's
+    tokenizer = tiny_tokenizer()
+    assert family_problem(model, tokenizer) is None
+    folder = build_genai_model(save_causal_lm(model, tokenizer, tmp_path / "hf"), tmp_path / "fp32", "fp32", threads=1)
+    prompt = random_blocks(1, 8, seed=5)
+    greedy = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False, "pad_token_id": 2}
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), **greedy)[:, 8:]
+    np.testing.assert_array_equal(greedy_tokens(folder, prompt.numpy(), 8), expected.numpy())
+    assert GenaiTimed(folder).generate_timed(prompt.numpy(), 8)[2].shape == (1, 8)
+    generation, served = GenaiModel(folder).start(prompt[0].tolist(), max_length=12), []
+    while not generation.done:
+        served.append(generation.step())
+    assert served == expected[0, :4].tolist()

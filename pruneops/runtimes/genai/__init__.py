@@ -24,6 +24,7 @@ from pruneops.runtimes.genai.generation import (
     exported_block_losses,
     generate_once,
     greedy_tokens,
+    sliding_window,
     time_generation,
 )
 from pruneops.timing.generation import DecodeWorkload, GenerationTiming
@@ -33,10 +34,15 @@ log = logging.getLogger(__name__)
 
 
 class Generation:
-    """One sequence being generated: the prompt is read on the first `step`, each `step` yields one token."""
+    """One sequence being generated: the prompt is read on the first `step`, each `step` yields one token.
 
-    def __init__(self, generator: Any, prompt: np.ndarray):
+    `max_length` (prompt included) ends it even where the generator's cache is longer (a sliding
+    window wants a cache at least a window long).
+    """
+
+    def __init__(self, generator: Any, prompt: np.ndarray, max_length: int):
         self._generator, self._prompt = generator, prompt
+        self._length, self._max_length = len(prompt), max_length
 
     def step(self) -> int:
         """Generates the next token (the first one reads the prompt: prefill) and returns it."""
@@ -44,12 +50,13 @@ class Generation:
             self._generator.append_tokens(self._prompt)
             self._prompt = None
         self._generator.generate_next_token()
+        self._length += 1
         return int(self._generator.get_next_tokens()[0])
 
     @property
     def done(self) -> bool:
         """Whether the sequence ended (end of sequence, or its length)."""
-        return bool(self._generator.is_done())
+        return self._length >= self._max_length or bool(self._generator.is_done())
 
 
 class GenaiModel:
@@ -62,6 +69,7 @@ class GenaiModel:
         config = json.loads((self.folder / CONFIG_FILE).read_text())["model"]
         self.vocab_size = int(config["vocab_size"])
         self.context_length = int(config.get("context_length", 2048))  # prompt and generated tokens together
+        self.window = sliding_window(self.folder)  # the cache holds at least this many tokens
         self.max_concurrent = 8  # generations a server may step in turn (each its own generator and cache)
         self._model: Any = None
         self._scorer: tuple[Any, dict] | None = None
@@ -104,7 +112,7 @@ class GenaiModel:
 
     def generate_timed(self, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
         """One timed greedy generation of a (batch, length) prompt (`time_interleaved`'s protocol)."""
-        return generate_once(self.load()._model, np.ascontiguousarray(prompt, dtype=np.int32), new_tokens)
+        return generate_once(self.load()._model, np.ascontiguousarray(prompt, dtype=np.int32), new_tokens, self.window)
 
     def start(self, prompt: Sequence[int], max_length: int, sampling: Mapping[str, Any] | None = None) -> Generation:
         """A generation of one sequence up to `max_length` tokens (prompt included).
@@ -115,13 +123,13 @@ class GenaiModel:
 
         self.load()
         params = og.GeneratorParams(self._model)
-        options: dict[str, Any] = {"max_length": max_length, "do_sample": sampling is not None}
+        options: dict[str, Any] = {"max_length": max(max_length, self.window), "do_sample": sampling is not None}
         if sampling is not None:
             options.update({k: v for k, v in sampling.items() if k != "seed"})
             if sampling.get("seed") is not None:
                 options["random_seed"] = sampling["seed"]
         params.set_search_options(**options)
-        return Generation(og.Generator(self._model, params), np.asarray(prompt, dtype=np.int32))
+        return Generation(og.Generator(self._model, params), np.asarray(prompt, dtype=np.int32), max_length)
 
 
 class GenaiRuntime(Runtime):

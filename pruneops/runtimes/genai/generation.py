@@ -53,14 +53,31 @@ def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "
     return out
 
 
-def generate_once(model: object, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
-    """One greedy generation; returns (time to first token, per-step times, generated tokens)."""
+def sliding_window(folder: str | Path) -> int:
+    """The local attention window of an exported model (0: none): its KV cache must hold at least that many.
+
+    At most the model's context length (no generation is longer).
+    """
+    model = json.loads((Path(folder) / "genai_config.json").read_text())["model"]
+    window = int((model["decoder"].get("sliding_window") or {}).get("window_size", 0))
+    return min(window, int(model.get("context_length", window)))
+
+
+def generate_once(
+    model: object, prompt: np.ndarray, new_tokens: int, window: int = 0
+) -> tuple[float, list[float], np.ndarray]:
+    """One greedy generation; returns (time to first token, per-step times, generated tokens).
+
+    `window`: the model's sliding window (`sliding_window`): the cache is sized to hold it (Gemma 2
+    and 3 refuse a shorter one) while exactly `new_tokens` are generated.
+    """
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(model)
     length = prompt.shape[1] + new_tokens
-    # min_length = max_length: end-of-sequence is never chosen, so every run times `new_tokens` steps.
-    params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=prompt.shape[0])
+    # min_length = length: end-of-sequence is never chosen, so every run times `new_tokens` steps.
+    capacity = max(length, window)
+    params.set_search_options(max_length=capacity, min_length=length, do_sample=False, batch_size=prompt.shape[0])
     generator = og.Generator(model, params)
     start = time.perf_counter()
     generator.append_tokens(prompt)
@@ -104,17 +121,19 @@ class GenaiTimed:
         import onnxruntime_genai as og
 
         self.model = og.Model(str(folder))
+        self.window = sliding_window(folder)
 
     def generate_timed(self, prompt: np.ndarray, new_tokens: int) -> tuple[float, list[float], np.ndarray]:
         """One greedy generation: time to first token, per-step times, tokens."""
-        return generate_once(self.model, np.ascontiguousarray(prompt, dtype=np.int32), new_tokens)
+        return generate_once(self.model, np.ascontiguousarray(prompt, dtype=np.int32), new_tokens, self.window)
 
 
 def greedy_tokens(model_folder: str | Path, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
     """Greedy continuation of a prompt by an onnxruntime-genai model, (batch, new_tokens)."""
     import onnxruntime_genai as og
 
-    return generate_once(og.Model(str(model_folder)), np.ascontiguousarray(prompt, dtype=np.int32), new_tokens)[2]
+    model, window = og.Model(str(model_folder)), sliding_window(model_folder)
+    return generate_once(model, np.ascontiguousarray(prompt, dtype=np.int32), new_tokens, window)[2]
 
 
 def exported_block_losses(model_folder: str | Path, blocks: np.ndarray, threads: int = 2) -> np.ndarray:
