@@ -59,7 +59,7 @@ def sliding_window(folder: str | Path) -> int:
     At most the model's context length (no generation is longer).
     """
     model = json.loads((Path(folder) / "genai_config.json").read_text())["model"]
-    window = int((model["decoder"].get("sliding_window") or {}).get("window_size", 0))
+    window = int((model.get("decoder", {}).get("sliding_window") or {}).get("window_size", 0))
     return min(window, int(model.get("context_length", window)))
 
 
