@@ -176,6 +176,9 @@ def _stand_ins(root: Path, overrides: dict) -> dict | None:
     return {} if validate.get("dataset") in (None, "digits") else None
 
 
+@pytest.mark.slow(
+    reason="all nine stages once per params block (about 11 s each); each block is checked as params in make test"
+)
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r.params.name)
 def test_every_params_block_prunes_and_benchmarks_a_model_on_tiny_data(recipe, tmp_path, monkeypatch):
     extra = _stand_ins(tmp_path, recipe.overrides)

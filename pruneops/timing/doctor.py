@@ -79,7 +79,8 @@ def check_noise(model: Path, sessions: int = 3, passes: int = 4, calls: int = 20
         per_session = [float(np.median(s[1])) for s in samples.values()]
         spreads.append(max(per_session) / min(per_session) - 1)
         medians.append(float(np.median(per_session)))
-    spread, drift = max(spreads), max(medians) / min(medians) - 1
+    # Judged on the figures as printed (0.1 %): a spread shown as "1.0 %" is the 1 % tie, not over it.
+    spread, drift = round(max(spreads), 3), round(max(medians) / min(medians) - 1, 3)
     return [
         Finding(
             "noise",

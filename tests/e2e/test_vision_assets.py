@@ -35,6 +35,7 @@ PREPROCESS = {"resize": [32, 32], "channels": 3, "mean": [0.485, 0.456, 0.406], 
 
 
 @needs_assets
+@pytest.mark.slow(reason="real assets: ImageNet MobileNetV2 adopted through validate and train on Fashion-MNIST")
 def test_epochs_0_adopts_the_imagenet_weights_bit_for_bit(tmp_path):
     layout = Layout(tmp_path)
     validate_dataset(ValidateConfig(dataset="idx", path=str(FASHION), max_train_samples=200), layout)

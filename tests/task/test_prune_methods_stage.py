@@ -8,6 +8,25 @@ from pruneops.core.io import read_json
 from pruneops.pipeline.runner import run_stage
 from tests.conftest import prune_section, tiny_params, write_params
 
+_TRAINED: dict[str, object] = {}  # model kind -> a project where validate and train ran (the same for every method)
+
+
+def _trained(model: str, pipeline_dir, tmp_path_factory, project) -> None:
+    """`project` gets the digits split and the `model` train fits with its params (fitted once per kind).
+
+    Train reads no `prune` key, so the methods of one kind share one fit: seeded, it is the same model.
+    """
+    if model not in _TRAINED:
+        root = tmp_path_factory.mktemp(f"trained-{model}")
+        shutil.copytree(pipeline_dir / "artifacts/validate", root / "artifacts/validate")
+        shutil.copy(project / "params.yaml", root / "params.yaml")
+        run_stage("train", root / "params.yaml", root)
+        _TRAINED[model] = root
+    root = _TRAINED[model]
+    for part in [p for p in root.iterdir() if p.name != "params.yaml"]:
+        copy = shutil.copytree if part.is_dir() else shutil.copy
+        copy(part, project / part.name)
+
 
 @pytest.mark.parametrize(
     ("method", "model", "target"),
@@ -20,8 +39,7 @@ from tests.conftest import prune_section, tiny_params, write_params
         ("channel", "transformer", 0.5),
     ],
 )
-def test_method_through_stages(pipeline_dir, tmp_path, method, model, target):
-    shutil.copytree(pipeline_dir / "artifacts/validate", tmp_path / "artifacts/validate")
+def test_method_through_stages(pipeline_dir, tmp_path_factory, tmp_path, method, model, target):
     kwargs = {"cnn": {"widths": [16, 32]}, "mlp": {"hidden": [64, 64]}, "transformer": {"dim": 32, "ffn_dim": 64}}[
         model
     ]
@@ -33,7 +51,8 @@ def test_method_through_stages(pipeline_dir, tmp_path, method, model, target):
             sensitivity={"ratios": [0.25, 0.5, 0.75, 0.9]},
         ),
     )
-    for stage in ("train", "sensitivity", "prune", "finetune"):
+    _trained(model, pipeline_dir, tmp_path_factory, tmp_path)
+    for stage in ("sensitivity", "prune", "finetune"):
         run_stage(stage, params, tmp_path)
     alloc = {
         **read_json(tmp_path / "artifacts/sensitivity/sensitivity.json"),

@@ -1,17 +1,25 @@
-"""onnxruntime-genai's model builder, run on configs as transformers 5 writes them.
+"""onnxruntime-genai's model builder, run on configs as transformers 5 writes them, in this process.
 
-`python -m pruneops.runtimes.genai.builder_main <the builder's arguments>` runs the builder's own
-command line after one adaptation: transformers 5 keeps the RoPE parameters of models with
-sliding and global layers per layer type (`rope_parameters: {"full_attention": {...},
-"sliding_attention": {...}}`, Gemma 3), where the builder (0.18) reads one flat dict and, for the
-local layers, `rope_local_base_freq`. The global layers' dict becomes the flat one and the sliding
-layers' theta the local frequency; a config already flat is left as it is. Nothing else changes,
-and the export is checked against torch's greedy tokens like any other.
+`build(arguments)` runs the builder's own command line (`python -m onnxruntime_genai.models.builder
+<arguments>`) in the calling process, after one adaptation: transformers 5 keeps the RoPE
+parameters of models with sliding and global layers per layer type (`rope_parameters:
+{"full_attention": {...}, "sliding_attention": {...}}`, Gemma 3), where the builder (0.18) reads one
+flat dict and, for the local layers, `rope_local_base_freq`. The global layers' dict becomes the
+flat one and the sliding layers' theta the local frequency; a config already flat is left as it is.
+Nothing else changes, and the export is checked against torch's greedy tokens like any other.
+
+In process, not a subprocess per export: the builder's imports (every family's transformers
+modules, about 7 s on a 2-core CPU) are paid once per process, not once per precision.
+`python -m pruneops.runtimes.genai.builder_main <arguments>` runs it on its own.
 """
 
 from __future__ import annotations
 
 import runpy
+import sys
+import threading
+
+_LOCK = threading.Lock()  # the builder's command line goes through sys.argv: one build at a time
 
 
 def _flatten_rope_per_layer_type(config: object) -> None:
@@ -29,14 +37,33 @@ def _patch_builder() -> None:
     from builders import base  # the module object the builder itself imports (not ...models.builders.base)
 
     original = base.Model.make_rope_init
+    if getattr(original, "flattens_rope_per_layer_type", False):
+        return
 
     def make_rope_init(self: object, config: object) -> None:
         _flatten_rope_per_layer_type(config)
         original(self, config)
 
+    make_rope_init.flattens_rope_per_layer_type = True
     base.Model.make_rope_init = make_rope_init
 
 
+def build(arguments: list[str]) -> None:
+    """Runs the builder's command line with `arguments` (`-i <folder> -o <out> -p <precision> -e cpu`).
+
+    Raises:
+        SystemExit: The builder's argument parser refused `arguments`.
+        Exception: Whatever the builder raised on the model.
+    """
+    with _LOCK:
+        _patch_builder()
+        saved = sys.argv
+        sys.argv = ["builder.py", *arguments]
+        try:
+            runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+        finally:
+            sys.argv = saved
+
+
 if __name__ == "__main__":
-    _patch_builder()
-    runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
+    build(sys.argv[1:])

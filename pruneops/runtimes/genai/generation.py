@@ -10,10 +10,13 @@ token (each further greedy step with the KV cache), at a batch size. Requires th
 
 from __future__ import annotations
 
+import contextlib
 import json
-import subprocess
+import os
 import sys
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,21 +31,28 @@ PRECISIONS = ("fp32", "int8", "int4")
 def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "fp32", threads: int = 1) -> Path:
     """Exports a causal LM folder with onnxruntime-genai's builder (CPU) and pins its threads.
 
+    The builder runs in this process (`builder_main.build`), its output in `out/build.log`.
+
     Raises:
-        PruneOpsError: The builder failed (its log's last line is in the message).
+        PruneOpsError: The builder failed (its error, else its log's last line, is in the message).
     """
     if precision not in PRECISIONS:
         raise PruneOpsError(f"decode export: precision {precision!r} is not one of {PRECISIONS}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "build.log"
-    # The builder's command line, through the adapter (imported, so it is in every export stage's DVC deps).
-    command = [sys.executable, "-m", builder_main.__name__, "-i", str(hf_folder), "-o", str(out)]
-    command += ["-p", precision, "-e", "cpu"]
-    with log.open("w") as handle:
-        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
-    if done.returncode != 0 or not (out / "genai_config.json").is_file():
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+    arguments = ["-i", str(hf_folder), "-o", str(out), "-p", precision, "-e", "cpu"]
+    failure: BaseException | None = None
+    with log.open("w") as handle, _output_to(handle):
+        try:
+            builder_main.build(arguments)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the builder's reason goes into the message
+            failure = exc
+    if failure is not None or not (out / "genai_config.json").is_file():
+        # An exception's own last line (`KeyError: 'rope_type'`); the log's for the parser's exit or no exception.
+        reason = [] if failure is None or isinstance(failure, SystemExit) else traceback.format_exception_only(failure)
+        tail = reason[-1:] or log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        tail = [tail[0].strip()]
         raise PruneOpsError(f"decode export: the onnxruntime-genai builder failed on {hf_folder}: {tail[0][:300]}")
     config_path = out / "genai_config.json"
     config = json.loads(config_path.read_text())
@@ -51,6 +61,27 @@ def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "
     options["inter_op_num_threads"] = 1
     config_path.write_text(json.dumps(config, indent=2))
     return out
+
+
+@contextlib.contextmanager
+def _output_to(handle: object) -> Iterator[None]:
+    """Standard output and error, Python's and the libraries' (file descriptors 1 and 2), go to `handle`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(handle.fileno(), 1)
+    os.dup2(handle.fileno(), 2)
+    try:
+        with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        handle.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 def sliding_window(folder: str | Path) -> int:

@@ -10,6 +10,7 @@ virtual environment, the converter beside it (`<venv>/share/llama.cpp/`, or `$PR
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ QUANTIZED = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 CONVERTER_FILE = "convert_hf_to_gguf.py"
 # The tokenizer's files, copied beside each GGUF file (llama.cpp reads its own copy inside the file).
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "chat_template")
+LOAD_CHECK_FILE = "load_check.json"  # what `check_loaded_back` measured on the file
 
 
 def converter_path() -> Path:
@@ -112,7 +114,10 @@ def export_gguf(
 
 
 def _written(model: torch.nn.Module, hf: Path, folder: Path, precisions: list[str], threads: int) -> dict[str, Path]:
-    """Each precision's GGUF folder, converted or quantised from fp32, every file checked through transformers."""
+    """Each precision's GGUF folder, converted or quantised from fp32, every file checked by reading it back.
+
+    The check's largest logit difference from the model is kept beside the file (`load_check.json`).
+    """
     out: dict[str, Path] = {}
     fp32 = folder / "fp32" / MODEL_FILE
     try:
@@ -124,7 +129,9 @@ def _written(model: torch.nn.Module, hf: Path, folder: Path, precisions: list[st
                 if not fp32.is_file():
                     convert(hf, fp32, "f32")
                 quantize(fp32, target, QUANTIZED[precision], threads)
-            check_loaded_back(model, target, precision)
+            error = check_loaded_back(model, target, precision)
+            record = {"precision": precision, "tokens": CHECK_TOKENS, "largest_logit_difference": error}
+            (target.parent / LOAD_CHECK_FILE).write_text(json.dumps(record, indent=2) + "\n")
             for file in hf.iterdir():  # the tokenizer beside the file: what serving tokenises with, digests cover
                 if file.name.startswith(TOKENIZER_FILES):
                     shutil.copy(file, target.parent / file.name)
