@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,35 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
+# (file, its modification time in ns, its size) -> the pruneops modules it imports: each file is
+# parsed once per process while it is unchanged (every stage's closure walks the same files).
+_IMPORTS_SEEN: dict[tuple[Path, int, int], frozenset[str]] = {}
+
+
 def _imported_modules(path: Path, module: str) -> set[str]:
     """`pruneops` modules that `path` imports anywhere (lazy imports inside functions included)."""
+    stat = path.stat()
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key not in _IMPORTS_SEEN:
+        _IMPORTS_SEEN[key] = frozenset(_parsed_imports(path, module))
+    return set(_IMPORTS_SEEN[key])
+
+
+def _statements(tree: ast.Module) -> Iterator[ast.AST]:
+    """Every statement of `tree`, nested ones included (an import is a statement: expressions need no visit)."""
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            todo.extend(getattr(node, field, None) or ())
+
+
+def _parsed_imports(path: Path, module: str) -> set[str]:
+    """`_imported_modules`, read from the file's syntax tree."""
     found: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _statements(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "pruneops")
         elif isinstance(node, ast.ImportFrom):

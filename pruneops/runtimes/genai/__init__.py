@@ -24,8 +24,8 @@ from pruneops.runtimes.genai.generation import (
     exported_block_losses,
     generate_once,
     greedy_tokens,
-    sliding_window,
     time_generation,
+    window_of,
 )
 from pruneops.timing.generation import DecodeWorkload, GenerationTiming
 
@@ -69,7 +69,7 @@ class GenaiModel:
         config = json.loads((self.folder / CONFIG_FILE).read_text())["model"]
         self.vocab_size = int(config["vocab_size"])
         self.context_length = int(config.get("context_length", 2048))  # prompt and generated tokens together
-        self.window = sliding_window(self.folder)  # the cache holds at least this many tokens
+        self.window = window_of(config)  # the cache holds at least this many tokens
         self.max_concurrent = 8  # generations a server may step in turn (each its own generator and cache)
         self._model: Any = None
         self._scorer: tuple[Any, dict] | None = None

@@ -23,6 +23,7 @@ import numpy as np
 
 import pruneops.runtimes.genai.builder_main as builder_main
 from pruneops.core.errors import PruneOpsError
+from pruneops.runtimes.genai.scoring import decoder_window
 from pruneops.timing.generation import DecodeWorkload, GenerationTiming, time_interleaved
 
 PRECISIONS = ("fp32", "int8", "int4")
@@ -85,12 +86,19 @@ def _output_to(handle: object) -> Iterator[None]:
 
 
 def sliding_window(folder: str | Path) -> int:
+    """The local attention window of an exported model folder (0: none): `window_of` its config."""
+    return window_of(json.loads((Path(folder) / "genai_config.json").read_text())["model"])
+
+
+def window_of(model: dict) -> int:
     """The local attention window of an exported model (0: none): its KV cache must hold at least that many.
+
+    Args:
+        model: The `model` block of its `genai_config.json`.
 
     At most the model's context length (no generation is longer).
     """
-    model = json.loads((Path(folder) / "genai_config.json").read_text())["model"]
-    window = int((model.get("decoder", {}).get("sliding_window") or {}).get("window_size", 0))
+    window = decoder_window(model.get("decoder", {}))
     return min(window, int(model.get("context_length", window)))
 
 

@@ -12,6 +12,11 @@ from pathlib import Path
 import numpy as np
 
 
+def decoder_window(decoder: dict) -> int:
+    """The local attention window of a `genai_config.json` decoder block (0: none; Gemma 2 and 3 have one)."""
+    return int((decoder.get("sliding_window") or {}).get("window_size", 0))
+
+
 def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarray:
     """Next-token NLL at every position of one sequence under an exported decoder (empty KV cache).
 
@@ -27,7 +32,7 @@ def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarra
     feed: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     # Sliding-window attention (Gemma 2 and 3) wants a cache buffer at least a window long; it stays
     # empty (the mask covers the sequence only), so the logits are those of an empty cache.
-    window = (decoder.get("sliding_window") or {}).get("window_size", 0)
+    window = decoder_window(decoder)
     capacity = max(window, ids.shape[1]) if window else 0
     for spec in session.get_inputs():
         if spec.name == "position_ids":
