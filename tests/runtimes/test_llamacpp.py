@@ -104,6 +104,7 @@ def test_a_missing_converter_is_one_line_naming_the_make_target(tmp_path, monkey
 
 @needs_converter
 @needs_llama_cpp
+@pytest.mark.slow(reason="Q4_K_M made, scored, generated and timed beside onnxruntime-genai (about 20 s)")
 def test_llama_cpp_quantizes_scores_generates_and_times_the_export(llama_gguf, tokenizer, tmp_path):
     from pruneops.models.language import block_losses
     from pruneops.timing.generation import DecodeWorkload, time_interleaved
