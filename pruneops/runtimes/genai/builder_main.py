@@ -15,11 +15,15 @@ modules, about 7 s on a 2-core CPU) are paid once per process, not once per prec
 
 from __future__ import annotations
 
+import contextlib
+import os
 import runpy
 import sys
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
-_LOCK = threading.Lock()  # the builder's command line goes through sys.argv: one build at a time
+_LOCK = threading.Lock()  # the builder's command line and output go through sys.argv and fds 1, 2: one build at a time
 
 
 def _flatten_rope_per_layer_type(config: object) -> None:
@@ -48,14 +52,20 @@ def _patch_builder() -> None:
     base.Model.make_rope_init = make_rope_init
 
 
-def build(arguments: list[str]) -> None:
+def build(arguments: list[str], log: Path | None = None) -> None:
     """Runs the builder's command line with `arguments` (`-i <folder> -o <out> -p <precision> -e cpu`).
+
+    Args:
+        arguments: The builder's command-line arguments.
+        log: Where its output goes (Python's and the libraries': file descriptors 1 and 2); None: as it is.
 
     Raises:
         SystemExit: The builder's argument parser refused `arguments`.
         Exception: Whatever the builder raised on the model.
     """
-    with _LOCK:
+    with _LOCK, contextlib.ExitStack() as stack:
+        if log is not None:
+            stack.enter_context(_output_to(stack.enter_context(Path(log).open("w"))))
         _patch_builder()
         saved = sys.argv
         sys.argv = ["builder.py", *arguments]
@@ -63,6 +73,27 @@ def build(arguments: list[str]) -> None:
             runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
         finally:
             sys.argv = saved
+
+
+@contextlib.contextmanager
+def _output_to(handle: object) -> Iterator[None]:
+    """Standard output and error, Python's and the libraries' (file descriptors 1 and 2), go to `handle`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(handle.fileno(), 1)
+    os.dup2(handle.fileno(), 2)
+    try:
+        with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        handle.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 if __name__ == "__main__":

@@ -10,13 +10,9 @@ token (each further greedy step with the KV cache), at a batch size. Requires th
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,11 +40,10 @@ def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "
     log = out / "build.log"
     arguments = ["-i", str(hf_folder), "-o", str(out), "-p", precision, "-e", "cpu"]
     failure: BaseException | None = None
-    with log.open("w") as handle, _output_to(handle):
-        try:
-            builder_main.build(arguments)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the builder's reason goes into the message
-            failure = exc
+    try:
+        builder_main.build(arguments, log)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the builder's reason goes into the message
+        failure = exc
     if failure is not None or not (out / "genai_config.json").is_file():
         # An exception's own last line (`KeyError: 'rope_type'`); the log's for the parser's exit or no exception.
         reason = [] if failure is None or isinstance(failure, SystemExit) else traceback.format_exception_only(failure)
@@ -62,27 +57,6 @@ def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "
     options["inter_op_num_threads"] = 1
     config_path.write_text(json.dumps(config, indent=2))
     return out
-
-
-@contextlib.contextmanager
-def _output_to(handle: object) -> Iterator[None]:
-    """Standard output and error, Python's and the libraries' (file descriptors 1 and 2), go to `handle`."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(handle.fileno(), 1)
-    os.dup2(handle.fileno(), 2)
-    try:
-        with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
-            yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        handle.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
 
 
 def sliding_window(folder: str | Path) -> int:
