@@ -47,9 +47,10 @@ def build_genai_model(hf_folder: str | Path, out: str | Path, precision: str = "
     if failure is not None or not (out / "genai_config.json").is_file():
         # An exception's own last line (`KeyError: 'rope_type'`); the log's for the parser's exit or no exception.
         reason = [] if failure is None or isinstance(failure, SystemExit) else traceback.format_exception_only(failure)
-        tail = reason[-1:] or log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        tail = [tail[0].strip()]
-        raise PruneOpsError(f"decode export: the onnxruntime-genai builder failed on {hf_folder}: {tail[0][:300]}")
+        lines = reason or log.read_text(errors="replace").strip().splitlines() or ["(no output)"]
+        raise PruneOpsError(
+            f"decode export: the onnxruntime-genai builder failed on {hf_folder}: {lines[-1].strip()[:300]}"
+        )
     config_path = out / "genai_config.json"
     config = json.loads(config_path.read_text())
     options = config["model"]["decoder"].setdefault("session_options", {})
