@@ -10,7 +10,6 @@ virtual environment, the converter beside it (`<venv>/share/llama.cpp/`, or `$PR
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from pruneops.core.errors import PruneOpsError
+from pruneops.core.io import dump_json
 from pruneops.core.progress import progress
 from pruneops.models.decoders import save_causal_lm
 from pruneops.pruning.decoder_vocabulary import OutputHead
@@ -131,7 +131,7 @@ def _written(model: torch.nn.Module, hf: Path, folder: Path, precisions: list[st
                 quantize(fp32, target, QUANTIZED[precision], threads)
             error = check_loaded_back(model, target, precision)
             record = {"precision": precision, "tokens": CHECK_TOKENS, "largest_logit_difference": error}
-            (target.parent / LOAD_CHECK_FILE).write_text(json.dumps(record, indent=2) + "\n")
+            dump_json(record, target.parent / LOAD_CHECK_FILE)
             for file in hf.iterdir():  # the tokenizer beside the file: what serving tokenises with, digests cover
                 if file.name.startswith(TOKENIZER_FILES):
                     shutil.copy(file, target.parent / file.name)
