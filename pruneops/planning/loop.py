@@ -410,6 +410,9 @@ class LatencyLoop:
         return dataclasses.replace(
             g,
             measured_ms={**g.measured_ms, key: reading},
+            # Taken as planned, the planned widths' time is this reading too (else the report's
+            # measured_latency_ms would keep the gate's first reading beside the runoff's).
+            planned_ms={**g.planned_ms, key: reading} if g.timed_as_planned else g.planned_ms,
             dense_ms={**g.dense_ms, key: dense},
             speedups={**g.speedups, key: dense / reading},
             reference_ms={**g.reference_ms, key: ref} if referenced else g.reference_ms,

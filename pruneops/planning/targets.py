@@ -305,6 +305,11 @@ class GateResult:
     reason: str = ""
 
     @property
+    def timed_as_planned(self) -> bool:
+        """Whether `measured_ms` are the planned widths' own times (the gate took them, or refused them)."""
+        return self.decision not in (GateDecision.WIDENED, GateDecision.BACKED_OFF)
+
+    @property
     def text(self) -> str:
         """The decision as the report and its warnings say it (e.g. `backed off: widths rounded up ...`)."""
         label = "passed" if self.decision is GateDecision.WIDENED else self.decision.value

@@ -272,6 +272,41 @@ def test_a_runoff_without_a_plan_under_the_target_reads_against_its_own_dense(tm
     assert result.dense_ms["1"] == 2.0
 
 
+@pytest.mark.parametrize("decision", ["passed", "widened"])
+def test_a_runoff_reading_is_the_planned_widths_time_only_where_the_gate_took_them(tmp_path, monkeypatch, decision):
+    """Found on the tiny CNN's latency target (2026-12-06): a plan the gate took as planned, timed again
+    in a runoff, kept the gate's first reading as its planned widths' time, so the prune report's
+    measured latency (the planned widths' time) differed from the kept plan's measured time. Widths
+    the gate rounded up keep the planned widths' own gate reading: the runoff does not time those."""
+    from pruneops.planning import targets
+    from pruneops.planning.targets import GateDecision, GateResult, Plan
+
+    reads = {0.5: 1.04, 0.52: 1.03}  # ratio -> gate fraction, both just over: no anchor
+
+    def staircase(config, sweep, directory, threads, aim_ms=None, measured=(), choose=None):
+        r = 0.52 if measured else 0.5
+        return Plan(r, None, {"u": r}, 0.5, 1.0, 0.5, [], aim_ms or 0.5)
+
+    def gate(config, benchmark, model, example, shape, target):  # planned_ms as the real gate fills it
+        ms = 0.5 * reads[target.ratios["u"]]
+        planned = ms if decision == "passed" else 1.1 * ms
+        return GateResult(DECISION[decision], target.ratios, {"1": 1.0 / ms}, {"1": ms}, {"1": 1.0}, {"1": planned})
+
+    DECISION = {"passed": GateDecision.PASSED, "widened": GateDecision.WIDENED}  # noqa: N806
+    monkeypatch.setattr(
+        targets,
+        "retime",
+        lambda m, e, s, plans, b, bench, form="fp32", reference=None: {
+            "dense": 2.0,
+            **{p: 2.0 * 0.5 * (0.99 if w["u"] == 48 else 1.02) for p, w in plans.items()},
+        },
+    )
+    target, result, _ = _one_unit_loop(monkeypatch, tmp_path, staircase, gate)
+    assert target.ratios == {"u": 0.52} and result.measured_ms["1"] == pytest.approx(0.99)
+    planned = 0.99 if decision == "passed" else 1.1 * 0.5 * reads[0.52]
+    assert loop_module.planned_ms(result, "1") == pytest.approx(planned)
+
+
 def test_a_plan_kept_under_the_band_says_it_is_pruned_further_than_asked(tmp_path, monkeypatch):
     """When the only plan measured within the target is well under it (no plan lands in the band),
     the loop keeps it and the report says the model is pruned further than asked."""
