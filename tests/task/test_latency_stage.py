@@ -28,7 +28,9 @@ def test_the_latency_stage_times_every_swept_unit_in_the_configured_form(pipelin
     from pruneops.core.io import read_json
     from pruneops.pipeline.runner import run_stage
 
-    prune = {"target": {"kind": "latency_ratio", "value": 0.8, "form": "static"}}
+    # Half of dense: out of this tiny model's reach (its fastest plans read about 0.8 of dense, fixed
+    # cost), however the machine's load moves its table; 0.8 was borderline (a shortlist on a loaded machine).
+    prune = {"target": {"kind": "latency_ratio", "value": 0.5, "form": "static"}}
     params = _stage_copy(pipeline_dir, tmp_path, prune=prune)
     report = run_stage("latency", params, tmp_path)
     sweep = read_json(tmp_path / "artifacts/sensitivity/sensitivity.json")
