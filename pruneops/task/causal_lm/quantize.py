@@ -264,12 +264,19 @@ class DenseReference:
     losses: dict[str, np.ndarray]
     check: dict | None = None  # validate's zero-shot check (None: not set)
     zero_shot_correct: np.ndarray | None = None  # dense's answer to each gating item, right or not
+    folder: Path | None = None  # the export these were scored on: as a candidate, it is not scored again
+
+    def scores(self, runtime: Runtime, folder: Path, splits: dict[str, np.ndarray]) -> tuple[dict, np.ndarray | None]:
+        """A candidate's losses and zero-shot answers: this reference's own where it is the same export."""
+        if folder == self.folder:
+            return self.losses, self.zero_shot_correct
+        return _scored(runtime, folder, splits, self.check)
 
 
 def _reference(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None) -> DenseReference:
     """Dense fp32's losses on each split and, with a zero-shot check, its answers on the gating half."""
     losses, correct = _scored(runtime, folder, splits, check)
-    return DenseReference(losses, check, correct)
+    return DenseReference(losses, check, correct, folder)
 
 
 def _judged(folders: dict, forms: dict, timings: dict, splits, dense: DenseReference, budgets: Budgets) -> dict:
@@ -282,7 +289,7 @@ def _judged(folders: dict, forms: dict, timings: dict, splits, dense: DenseRefer
     candidates = {}
     for name, folder in progress(folders.items(), "quantize: scoring candidates", len(folders), "models"):
         runtime, precision, vocabulary = forms[name]
-        losses, correct = _scored(runtime, folder, splits, dense.check)
+        losses, correct = dense.scores(runtime, folder, splits)
         change = perplexity_change(losses["val"], dense_losses["val"])
         within = budgets.val.holds(change)
         candidates[name] = {

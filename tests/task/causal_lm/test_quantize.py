@@ -146,3 +146,31 @@ def test_a_pruned_decoder_that_loses_the_zero_shot_check_backs_off_unless_that_b
     else:
         assert report.source == "dense" and "zero-shot" in report.warnings[0]
         assert report.zero_shot_change["value"] == 0.0  # dense against itself
+
+
+def test_every_export_is_scored_once_dense_fp32_included(tmp_path, monkeypatch):
+    """Dense fp32 is the reference every candidate is judged against and a dense candidate itself:
+    scored once (on Gemma 3's 262k-token vocabulary a scoring pass of its validation blocks is ~9 min)."""
+    from collections import Counter
+
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.runtimes.genai.generation import GenerationTiming
+    from pruneops.task.causal_lm import quantize as quantize_stage
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)
+    scored = Counter()
+
+    def timed(folders, vocab, batch, benchmark, seed=0):
+        return {n: GenerationTiming(9.0, 5.0, (5.0,), 16, 8, batch) for n in folders}
+
+    def losses(opened, splits):
+        scored[str(opened.folder)] += 1
+        return {name: np.full(len(blocks), 3.0) for name, blocks in splits.items()}
+
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
+    monkeypatch.setattr(quantize_stage, "_losses", losses)
+    _no_exports(monkeypatch, quantize_stage)
+    config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
+    quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
+    assert len(scored) == 4 and set(scored.values()) == {1}, scored  # pruned and dense, fp32 and int8
