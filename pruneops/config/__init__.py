@@ -485,7 +485,10 @@ class QuantizeConfig(StageConfig):
             "method calibration_samples per_channel activation_type accuracy_tolerance latency_repeats "
             "opset exporter reduce_range"
         ),
-        causal_lm="decoder_precisions gguf_precisions perplexity_tolerance decoder_vocabulary decoder_tail_groups",
+        causal_lm=(
+            "decoder_precisions gguf_precisions perplexity_tolerance other_metric_tolerance decoder_vocabulary "
+            "decoder_tail_groups"
+        ),
     )
 
     method: str = "auto"
@@ -505,6 +508,11 @@ class QuantizeConfig(StageConfig):
     # Causal LMs served by llama.cpp (`export.runtime`): the GGUF types tried beside fp32.
     gguf_precisions: list[Literal["f16", "q8_0", "q4_k_m"]] = Field(default_factory=lambda: ["q8_0", "q4_k_m"])
     perplexity_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = 0.05
+    # Causal LMs: the most a form may be slower than dense fp32 (what is served today) in the metric it
+    # is not chosen on (to the first token where prune.target's metric is decode, per output token where
+    # it is prefill), relative: 0.1 = 10 % (null: not judged; a form that decodes faster but prefills
+    # slower than dense then ships on decode alone).
+    other_metric_tolerance: Annotated[float, Field(ge=0.0, le=100.0)] | None = 0.1
     # Causal LMs: output vocabulary sizes tried beside the full one, each in every precision: that
     # many tokens keep their row of the output projection, the rest are scored through
     # `decoder_tail_groups` fitted tail logits.

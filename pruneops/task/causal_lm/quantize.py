@@ -167,14 +167,18 @@ def quantize_decoder(
         dense_timings = {n: timings[f"dense {n}"] for n in dense_folders}
         dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, reference, budgets)
         source, warnings = "pruned", []
-        chosen = _choose(candidates, config, metric)
+        today = dense_candidates["fp32"]  # what the user serves now: no form ships much slower in either metric
+        chosen = _choose(candidates, config, metric, today)
         if chosen is None:  # within tolerance, none within the budget: dense ships
             warnings.append(_backed_off(candidates, budgets))
-            chosen, source = _choose(dense_candidates, config, metric), "dense"
+            chosen, source = _choose(dense_candidates, config, metric, today), "dense"
             folders, forms = dense_folders, dense_forms
+        refused = _refused_elsewhere(dense_candidates if source == "dense" else candidates, config, metric, today)
+        warnings.extend([refused] if refused else [])
+        if source == "dense":
             candidates = {**{f"pruned {n}": c for n, c in candidates.items()}, **dense_candidates}
         runtime, precision, vocabulary = forms[chosen]
-        kept = _dense_kept(runtime, precision, runtimes[0], _choose(dense_candidates, config, metric))
+        kept = _dense_kept(runtime, precision, runtimes[0], _choose(dense_candidates, config, metric, today))
         for name in dict.fromkeys(kept.values()):  # before the move below: what ships may be one of these
             shutil.copytree(dense_folders[name], staged.path(out) / "dense" / _folder_name(name))
         folders[chosen].rename(staged.path(out) / MODEL_DIR)
@@ -313,12 +317,59 @@ def _judged(folders: dict, forms: dict, timings: dict, splits, dense: DenseRefer
     return candidates
 
 
-def _choose(candidates: dict[str, dict], config: QuantizeConfig, metric: DecoderMetric) -> str | None:
-    """The fastest in `metric` within the tolerance of fp32 and the budget; None where the budget leaves none."""
+# Each metric a form is chosen on -> its timing key, and the other metric's key and words.
+METRIC_KEYS: dict[DecoderMetric, str] = {"decode": "tpot_b1_ms", "prefill": "ttft_b1_ms"}
+OTHER_METRIC: dict[DecoderMetric, tuple[str, str]] = {
+    "decode": ("ttft_b1_ms", "to the first token"),
+    "prefill": ("tpot_b1_ms", "per output token"),
+}
+
+
+def _choose(candidates: dict[str, dict], config: QuantizeConfig, metric: DecoderMetric, dense: dict) -> str | None:
+    """The fastest in `metric` within the tolerance of fp32 and the budget, not slower than dense in the other metric.
+
+    `dense` is dense fp32's record (what the user serves today). None where the quality leaves none.
+    """
+    kept = [
+        n for n in _within_quality(candidates, config) if n not in _slower_elsewhere(candidates, config, metric, dense)
+    ]
+    return min(kept, key=lambda n: candidates[n][METRIC_KEYS[metric]]) if kept else None
+
+
+def _within_quality(candidates: dict[str, dict], config: QuantizeConfig) -> list[str]:
+    """The forms within `perplexity_tolerance` of fp32 and within the budget."""
     ceiling = candidates["fp32"]["val_perplexity"] * (1 + config.perplexity_tolerance)
-    within = [n for n, c in candidates.items() if c["val_perplexity"] <= ceiling and c["within_budget"]]
-    key = "tpot_b1_ms" if metric == "decode" else "ttft_b1_ms"
-    return min(within, key=lambda n: candidates[n][key]) if within else None
+    return [n for n, c in candidates.items() if c["val_perplexity"] <= ceiling and c["within_budget"]]
+
+
+def _slower_elsewhere(candidates: dict[str, dict], config: QuantizeConfig, metric: DecoderMetric, dense: dict) -> dict:
+    """Each form slower than dense fp32 in the other metric beyond `other_metric_tolerance`: its ratio to dense's."""
+    if config.other_metric_tolerance is None:
+        return {}
+    key = OTHER_METRIC[metric][0]
+    ratios = {n: c[key] / dense[key] for n, c in candidates.items()}
+    return {n: r for n, r in ratios.items() if r > 1 + config.other_metric_tolerance}
+
+
+def _refused_elsewhere(
+    candidates: dict[str, dict], config: QuantizeConfig, metric: DecoderMetric, dense: dict
+) -> str | None:
+    """The warning where a form faster in `metric` than the one chosen, within quality, was refused for the other."""
+    chosen = _choose(candidates, config, metric, dense)
+    slower = _slower_elsewhere(candidates, config, metric, dense)
+    if chosen is None or not slower:
+        return None
+    key, within = METRIC_KEYS[metric], _within_quality(candidates, config)
+    faster = {n: r for n, r in slower.items() if n in within and candidates[n][key] < candidates[chosen][key]}
+    if not faster:
+        return None
+    words = OTHER_METRIC[metric][1]
+    listed = ", ".join(f"{n} ({candidates[n][key]:.2f} ms, {r:.2f}x dense's time {words})" for n, r in faster.items())
+    return (
+        f"quantize.other_metric_tolerance: {listed} would be faster in {metric} than {chosen} "
+        f"({candidates[chosen][key]:.2f} ms) but is more than {100 * config.other_metric_tolerance:.0f} % slower "
+        f"than dense fp32 {words}, so {chosen} ships (null ships the fastest in {metric} whatever its time {words})"
+    )
 
 
 def _backed_off(candidates: dict[str, dict], budgets: Budgets) -> str:
