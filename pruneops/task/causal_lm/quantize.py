@@ -367,7 +367,7 @@ def _refused_elsewhere(
     listed = ", ".join(f"{n} ({candidates[n][key]:.2f} ms, {r:.2f}x dense's time {words})" for n, r in faster.items())
     return (
         f"quantize.other_metric_tolerance: {listed} would be faster in {metric} than {chosen} "
-        f"({candidates[chosen][key]:.2f} ms) but is more than {100 * config.other_metric_tolerance:.0f} % slower "
+        f"({candidates[chosen][key]:.2f} ms), each more than {100 * config.other_metric_tolerance:.0f} % slower "
         f"than dense fp32 {words}, so {chosen} ships (null ships the fastest in {metric} whatever its time {words})"
     )
 
