@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from pruneops.config import BenchmarkConfig
+from pruneops.core.integrity import file_sha256
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.core.progress import progress
 from pruneops.core.quality import accuracy_change, perplexity_change
@@ -15,8 +17,11 @@ from pruneops.data.zero_shot import zero_shot_correct
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.reports.decoder_plots import plot_decoder_frontier
 from pruneops.reports.summary import BenchmarkSummary, ordered
+from pruneops.runtimes.base import Runtime
 from pruneops.task.causal_lm.common import DECODER_RUNTIMES, _timed, load_blocks, load_zero_shot
 from pruneops.timing.machine import machine_info
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,17 +75,20 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         for name, timing in _timed(timed, vocab, batch, config).items():
             figures[name][f"ttft_b{batch}_ms"] = timing.ttft_ms
             figures[name][f"tpot_b{batch}_ms"] = timing.tpot_ms
-    opened = {name: runtime.open(folder, threads=2) for name, (runtime, folder) in models.items()}
+    first_of = same_files(models)  # what ships may be a dense row's very files (the gate backed off): scored once
+    distinct = {name: models[name] for name in dict.fromkeys(first_of.values())}
+    opened = {name: runtime.open(folder, threads=2) for name, (runtime, folder) in distinct.items()}
     scoring = progress(opened.items(), "benchmark: scoring test blocks", len(opened), "models")
-    losses = {name: model.losses(blocks["test"]) for name, model in scoring}
+    losses = _per_row({name: model.losses(blocks["test"]) for name, model in scoring}, first_of)
     if "general" in blocks:  # text beyond the corpus's domain: what the model keeps of general text
-        general = {name: model.losses(blocks["general"]) for name, model in opened.items()}
+        general = _per_row({name: model.losses(blocks["general"]) for name, model in opened.items()}, first_of)
         for name, nll in general.items():
             change = perplexity_change(nll, general["dense_fp32"]).record()
             figures[name].update(general_perplexity=float(np.exp(nll.mean())), general_change=change)
     check = load_zero_shot(layout)
     if check is not None:  # the zero-shot check's reported half: accuracy and change against dense, item by item
-        correct = {name: zero_shot_correct(model, check, "zero_shot") for name, model in opened.items()}
+        answers = {name: zero_shot_correct(model, check, "zero_shot") for name, model in opened.items()}
+        correct = _per_row(answers, first_of)
         for name, right in correct.items():
             change = accuracy_change(right, correct["dense_fp32"]).record()
             figures[name].update(zero_shot_accuracy=float(right.mean()), zero_shot_change=change)
@@ -141,6 +149,20 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         )
         dump_json(report.metrics(), staged.path(layout.metrics("benchmark")))
     return report
+
+
+def same_files(models: dict[str, tuple[Runtime, Path]]) -> dict[str, str]:
+    """Each row -> the first row whose runtime and files (names and SHA-256) are the same as its own."""
+    keys = {
+        name: (runtime.name, tuple((p.relative_to(folder).as_posix(), file_sha256(p)) for p in runtime.files(folder)))
+        for name, (runtime, folder) in models.items()
+    }
+    return {name: next(first for first in models if keys[first] == key) for name, key in keys.items()}
+
+
+def _per_row(scores: dict[str, T], same: dict[str, str]) -> dict[str, T]:
+    """Scores of the distinct rows given to every row (`same_files`), in the rows' order."""
+    return {name: scores[first] for name, first in same.items()}
 
 
 def _against(figures: dict[str, dict], row: str | None) -> float | None:
