@@ -99,3 +99,20 @@ def test_a_sliding_window_longer_than_the_generation_is_probed_timed_and_served(
     while not generation.done:
         served.append(generation.step())
     assert served == expected[0, :4].tolist()
+
+
+def test_a_logging_handler_the_builder_adds_does_not_outlive_its_closed_log(tmp_path):
+    """onnxruntime's MatMulNBits quantizer calls logging.basicConfig on import, inside the builder's
+    redirected output: every later log line of the process failed on the closed log file."""
+    import logging
+
+    from pruneops.runtimes.genai.builder_main import _output_to, _root_logging_kept
+
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    with _root_logging_kept(), (tmp_path / "builder.log").open("w") as log, _output_to(log):
+        root.addHandler(logging.StreamHandler())  # what basicConfig adds: bound to the redirected stderr
+        root.setLevel(logging.INFO)
+        logging.getLogger("builder").info("inside")
+    assert root.handlers == before and root.level == level
+    assert "inside" in (tmp_path / "builder.log").read_text()

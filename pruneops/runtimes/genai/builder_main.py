@@ -16,6 +16,7 @@ modules, about 7 s on a 2-core CPU) are paid once per process, not once per prec
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import runpy
 import sys
@@ -64,6 +65,7 @@ def build(arguments: list[str], log: Path | None = None) -> None:
         Exception: Whatever the builder raised on the model.
     """
     with _LOCK, contextlib.ExitStack() as stack:
+        stack.enter_context(_root_logging_kept())
         if log is not None:
             stack.enter_context(_output_to(stack.enter_context(Path(log).open("w"))))
         _patch_builder()
@@ -73,6 +75,24 @@ def build(arguments: list[str], log: Path | None = None) -> None:
             runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
         finally:
             sys.argv = saved
+
+
+@contextlib.contextmanager
+def _root_logging_kept() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the builder ran.
+
+    onnxruntime's MatMulNBits quantizer (the builder's INT8/INT4) calls `logging.basicConfig` when first
+    imported: inside `_output_to` that handler writes to the builder's log, closed when the build
+    ends, and every later log line of the process (PruneOps' progress included) failed on it.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
 
 
 @contextlib.contextmanager
