@@ -9,7 +9,7 @@ from typing import TypeVar
 import numpy as np
 
 from pruneops.config import BenchmarkConfig
-from pruneops.core.integrity import file_sha256
+from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.core.progress import progress
 from pruneops.core.quality import accuracy_change, perplexity_change
@@ -152,11 +152,8 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
 
 
 def same_files(models: dict[str, tuple[Runtime, Path]]) -> dict[str, str]:
-    """Each row -> the first row whose runtime and files (names and SHA-256) are the same as its own."""
-    keys = {
-        name: (runtime.name, tuple((p.relative_to(folder).as_posix(), file_sha256(p)) for p in runtime.files(folder)))
-        for name, (runtime, folder) in models.items()
-    }
+    """Each row -> the first row whose runtime and files (`folder_manifest`: names and SHA-256) are its own."""
+    keys = {name: (runtime.name, folder_manifest(folder)) for name, (runtime, folder) in models.items()}
     return {name: next(first for first in models if keys[first] == key) for name, key in keys.items()}
 
 
