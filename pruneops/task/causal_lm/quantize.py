@@ -168,17 +168,18 @@ def quantize_decoder(
         dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, reference, budgets)
         source, warnings = "pruned", []
         today = dense_candidates["fp32"]  # what the user serves now: no form ships much slower in either metric
+        fastest_dense = _choose(dense_candidates, config, metric, today)
         chosen = _choose(candidates, config, metric, today)
         if chosen is None:  # within tolerance, none within the budget: dense ships
             warnings.append(_backed_off(candidates, budgets))
-            chosen, source = _choose(dense_candidates, config, metric, today), "dense"
+            chosen, source = fastest_dense, "dense"
             folders, forms = dense_folders, dense_forms
         refused = _refused_elsewhere(dense_candidates if source == "dense" else candidates, config, metric, today)
         warnings.extend([refused] if refused else [])
         if source == "dense":
             candidates = {**{f"pruned {n}": c for n, c in candidates.items()}, **dense_candidates}
         runtime, precision, vocabulary = forms[chosen]
-        kept = _dense_kept(runtime, precision, runtimes[0], _choose(dense_candidates, config, metric, today))
+        kept = _dense_kept(runtime, precision, runtimes[0], fastest_dense)
         for name in dict.fromkeys(kept.values()):  # before the move below: what ships may be one of these
             shutil.copytree(dense_folders[name], staged.path(out) / "dense" / _folder_name(name))
         folders[chosen].rename(staged.path(out) / MODEL_DIR)
