@@ -17,9 +17,13 @@ def _change(row: dict, split: str) -> str:
 def _table(rows: list[dict], batches: list[int]) -> list[str]:
     big = max(batches)
     general = any("general_perplexity" in r for r in rows)
+    zero_shot = any(r.get("zero_shot_change") for r in rows)
+    fastest = any(r.get("speedup_b1_vs_fastest_dense") for r in rows)
     head = ["model", "shape", "val ppl", "Δ val (%) [95% CI]", "test ppl", "Δ test (%) [95% CI]"]
     head += ["general ppl", "Δ general (%) [95% CI]"] if general else []
+    head += ["zero-shot (%)", "Δ zero-shot (pts) [95% CI]"] if zero_shot else []
     head += ["TTFT b1 (ms)", "TPOT b1 (ms)", f"TPOT b{big} (ms)", "b1 decode speed-up", "vs dense as deployed"]
+    head += ["vs fastest dense"] if fastest else []
     head += ["predicted TPOT b1 (ms)", "size (MiB)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -29,8 +33,13 @@ def _table(rows: list[dict], batches: list[int]) -> list[str]:
                  _change(r, "test")]  # fmt: skip
         if general:
             cells += [f"{r['general_perplexity']:.2f}" if "general_perplexity" in r else "–", _change(r, "general")]
-        cells += [f"{r['ttft_b1_ms']:.1f}", f"{r['tpot_b1_ms']:.2f}", f"{r[f'tpot_b{big}_ms']:.2f}"]
+        if zero_shot:
+            accuracy = r.get("zero_shot_accuracy")
+            cells += [f"{100 * accuracy:.1f}" if accuracy is not None else "–", _change(r, "zero_shot")]
+        batch = r.get(f"tpot_b{big}_ms")  # llama.cpp times one sequence at a time
+        cells += [f"{r['ttft_b1_ms']:.1f}", f"{r['tpot_b1_ms']:.2f}", f"{batch:.2f}" if batch else "–"]
         cells += [f"{r['speedup_b1']:.2f}×", f"{r['speedup_b1_vs_dense_deployed']:.2f}×"]
+        cells += [f"{r['speedup_b1_vs_fastest_dense']:.2f}×" if r.get("speedup_b1_vs_fastest_dense") else "–"] * fastest
         cells += [f"{predicted:.2f} ({100 * (predicted / r['tpot_b1_ms'] - 1):+.1f} %)" if predicted else "–"]
         cells += [f"{r['size_bytes'] / 2**20:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -38,8 +47,11 @@ def _table(rows: list[dict], batches: list[int]) -> list[str]:
 
 
 def _name(row: dict) -> str:
-    """`ours 0.7 int8, deployed`; a pruned variant whose quality budget backed off to dense says so."""
-    name = f"{row['label']} {row['precision']}" + (", deployed" if row["deployed"] else "")
+    """`ours 0.7 int8, deployed`; dense's fastest form within the budgets, and a back-off to dense, say so."""
+    runtime = f" ({row['runtime']})" if row.get("runtime", "genai") != "genai" else ""
+    name = f"{row['label']} {row['precision']}{runtime}" + (", deployed" if row["deployed"] else "")
+    if row.get("fastest_dense"):
+        name += ", the fastest dense within the budgets"
     return name + (" (dense: the pruned model was outside the budget)" if row.get("source") == "dense" and
                    row["family"] != "dense" and row["deployed"] else "")  # fmt: skip
 
@@ -106,6 +118,13 @@ def _cost_and_plans(directory: Path | None) -> list[str]:
     return lines
 
 
+def _runtimes(machine: dict) -> str:
+    """`onnxruntime-genai 0.18.0 (ONNX Runtime 1.31.1)`, and llama-cpp-python's version where it timed rows."""
+    ort = f"(ONNX Runtime {machine.get('onnxruntime', '?')})"
+    genai = f"onnxruntime-genai {machine.get('onnxruntime_genai', '?')} {ort}"
+    return genai + (f", llama-cpp-python {machine['llama_cpp_python']}" if "llama_cpp_python" in machine else "")
+
+
 def write_decoder_report(
     workload, rows: list[dict], selected: dict | None, failed: dict, machine: dict, timing, command: str, dirs
 ) -> str:
@@ -119,8 +138,8 @@ def write_decoder_report(
         f"Reproduce: `{command}`",
         "",
         f"Machine: {machine['cpu']} ({machine.get('cpu_features', '')}), {machine['cores']} cores; "
-        f"onnxruntime-genai {machine.get('onnxruntime_genai', '?')} (ONNX Runtime {machine.get('onnxruntime', '?')}), "
-        f"{timing.threads} thread(s); {machine['date']}. Each variant ran as a DVC experiment of the workload's "
+        f"{_runtimes(machine)}, {timing.threads} thread(s); {machine['date']}. "
+        "Each variant ran as a DVC experiment of the workload's "
         "project; every exported decoder was then timed interleaved in one process, "
         f"{timing.rounds} rounds of a {timing.prompt_length}-token prompt and {timing.new_tokens} generated tokens, "
         "medians (TTFT: prefill and first token; TPOT: each further token with the KV cache).",

@@ -1,10 +1,12 @@
 """`pruneops bench` for causal LMs: the variants' exported decoders timed interleaved and scored by their own logits.
 
 Each variant is the pipeline run as a DVC experiment (`pruneops.compare.run`); its export's
-manifest names the decoders it produced (dense fp32 and what a dense variant ships; pruned fp32
-and what a pruned variant ships). They are all timed in one process through the runtime that
-exported them, round by round at each batch size, and scored on the workload's validation, test
-and general-text blocks, each change paired against dense fp32 on the same blocks.
+manifest names the decoders it produced (dense fp32, what a dense variant ships and the fastest
+dense form within the budgets, e.g. llama.cpp's Q4_K_M; pruned fp32 and what a pruned variant
+ships). They are all timed in one process, each through the runtime that exported it, round by
+round at each batch size (a runtime that times fewer sequences at once sits a batch out), and
+scored on the workload's validation, test and general-text blocks and on its zero-shot check's
+reported half (`validate.zero_shot`), each change paired against dense fp32 on the same blocks.
 """
 
 from __future__ import annotations
@@ -16,43 +18,55 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pruneops.config import BenchmarkConfig
+from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, read_json
-from pruneops.core.quality import QualityBudget, QualityChange, perplexity_change
+from pruneops.core.quality import QualityBudget, QualityChange, accuracy_change, perplexity_change
+from pruneops.data.zero_shot import read_zero_shot, zero_shot_correct
 from pruneops.runtimes import get_runtime
-from pruneops.timing.generation import DecodeWorkload
+from pruneops.timing.generation import DecodeWorkload, time_together
 
 if TYPE_CHECKING:
     from pruneops.compare.workloads import VariantConfig, WorkloadConfig
+    from pruneops.runtimes.base import Runtime
 
 SPLITS = ("val", "test", "general")
 
 
 def decoder_rows(variant: VariantConfig, directory: Path) -> list[dict]:
-    """A variant's rows: dense fp32 and what it ships (a dense variant), or pruned fp32 and what it ships."""
+    """A variant's rows: dense fp32, what it ships and the fastest dense form; or pruned fp32 and what it ships.
+
+    The fastest dense form within the budgets (the manifest's `fastest_dense`: what a user who never
+    pruned would deploy, e.g. llama.cpp's Q4_K_M) is a row of the dense variant unless it is the very
+    files of one already (then that row is marked `fastest_dense`); each row names its runtime.
+    """
     export = Layout(directory).stage_dir("export")
     manifest = read_json(export / "manifest.json")
-    metrics = read_json(directory / "metrics.json")
-    prune = metrics.get("prune", {})
+    prune = read_json(directory / "metrics.json").get("prune", {})
     keys = ("dense_fp32", "pruned_deployed") if variant.kind == "dense" else ("pruned_fp32", "pruned_deployed")
+    fastest = manifest.get("fastest_dense") if variant.kind == "dense" else None
+    content = {k: (m.get("runtime", manifest["runtime"]), folder_manifest(export / m["file"]))
+               for k, m in manifest["models"].items() if k in {*keys, fastest}}  # fmt: skip
+    fastest_key = next((k for k in keys if fastest and content[k] == content[fastest]), fastest)
     rows = []
-    for key in keys:
+    for key in dict.fromkeys((*keys, fastest_key) if fastest_key else keys):
         m = manifest["models"][key]
         deployed = key == "pruned_deployed"
         vocabulary = m.get("vocabulary") if deployed else None
-        shape = prune.get("shape", "") + (f", vocabulary {vocabulary}" if vocabulary else "")
+        role = "deployed" if deployed else ("fp32" if key in keys else "fastest")
         rows.append(
             {
-                "name": f"{variant.name} {'deployed' if deployed else 'fp32'}",
+                "name": f"{variant.name} {role}",
                 "deployed": deployed,
                 "variant": variant.name,
                 "family": variant.family,
                 "label": variant.label or variant.name,
                 "precision": m["precision"],
                 "source": m.get("source", "pruned") if deployed else ("dense" if key.startswith("dense") else "pruned"),
-                "shape": shape,
-                "runtime": manifest["runtime"],
+                "shape": prune.get("shape", "") + (f", vocabulary {vocabulary}" if vocabulary else ""),
+                "runtime": content.get(key, (m.get("runtime", manifest["runtime"]),))[0],
                 "path": str(export / m["file"]),
                 "predicted_tpot_b1_ms": prune.get("predicted_ms") if key == "pruned_fp32" else None,
+                "fastest_dense": key == fastest_key,
             }
         )
     return rows
@@ -68,29 +82,29 @@ def measure_decoder_workload(
     with np.load(Layout(first).stage_dir("validate") / "corpus.npz") as npz:
         blocks = {s: npz[s].astype(np.int64) for s in SPLITS if s in npz}
     rows = [r for v in workload.variants if v.name in dirs for r in decoder_rows(v, dirs[v.name])]
-    runtime = get_runtime(rows[0]["runtime"])
-    folders = {r["name"]: Path(r["path"]) for r in rows}
-    vocab = runtime.open(next(iter(folders.values()))).vocab_size
-    rng = np.random.default_rng(0)
-    for batch in sorted({1, *timing.batch_sizes}):
-        prompt = rng.integers(0, vocab, (batch, timing.prompt_length))
-        timed = runtime.time(folders, DecodeWorkload(prompt, timing.new_tokens, timing.rounds))
-        for r in rows:
-            r[f"ttft_b{batch}_ms"], r[f"tpot_b{batch}_ms"] = timed[r["name"]].ttft_ms, timed[r["name"]].tpot_ms
-    losses = {
-        r["name"]: {s: runtime.open(folders[r["name"]], threads=2).losses(b) for s, b in blocks.items()} for r in rows
-    }
+    models = {r["name"]: (get_runtime(r["runtime"]), Path(r["path"])) for r in rows}
+    _time_rows(rows, models, timing)
+    opened = {name: runtime.open(folder, threads=2) for name, (runtime, folder) in models.items()}
+    losses = {name: {s: model.losses(b) for s, b in blocks.items()} for name, model in opened.items()}
+    check = read_zero_shot(Layout(first).stage_dir("validate"))
+    answers = {n: zero_shot_correct(m, check, "zero_shot") for n, m in opened.items()} if check else {}
     dense = next(r for r in rows if r["family"] == "dense" and r["precision"] == "fp32")
     quantised = next((r for r in rows if r["family"] == "dense" and r["deployed"]), dense)
+    fastest = next((r for r in rows if r["fastest_dense"]), None)
+    sizes = {name: sum(p.stat().st_size for p in runtime.files(folder)) for name, (runtime, folder) in models.items()}
     for r in rows:
         for split in blocks:
             nll = losses[r["name"]][split]
             r[f"{split}_perplexity"] = float(math.exp(nll.mean()))
             r[f"{split}_change"] = perplexity_change(nll, losses[dense["name"]][split]).record()
+        if answers:  # the zero-shot check's reported half, item by item against dense fp32
+            r["zero_shot_accuracy"] = float(answers[r["name"]].mean())
+            r["zero_shot_change"] = accuracy_change(answers[r["name"]], answers[dense["name"]]).record()
         r["speedup_b1"] = dense["tpot_b1_ms"] / r["tpot_b1_ms"]
         r["speedup_b1_vs_dense_deployed"] = quantised["tpot_b1_ms"] / r["tpot_b1_ms"]
-        r["size_bytes"] = sum(p.stat().st_size for p in runtime.files(folders[r["name"]]))
-        r["size_reduction"] = _size(dense, runtime) / r["size_bytes"]
+        r["speedup_b1_vs_fastest_dense"] = fastest["tpot_b1_ms"] / r["tpot_b1_ms"] if fastest else None
+        r["size_bytes"] = sizes[r["name"]]
+        r["size_reduction"] = sizes[dense["name"]] / r["size_bytes"]
     for r in rows:
         r["paired_against"] = {
             o["name"]: perplexity_change(losses[r["name"]]["test"], losses[o["name"]]["test"]).record()
@@ -103,8 +117,18 @@ def measure_decoder_workload(
     return rows, []
 
 
-def _size(row: dict, runtime) -> int:
-    return row.get("size_bytes") or sum(p.stat().st_size for p in runtime.files(Path(row["path"])))
+def _time_rows(rows: list[dict], models: dict[str, tuple[Runtime, Path]], timing: BenchmarkConfig) -> None:
+    """Each row's TTFT and TPOT at every batch size, all runtimes interleaved; one that times fewer sits a batch out."""
+    runtime, folder = next(iter(models.values()))
+    vocab = runtime.open(folder).vocab_size
+    rng = np.random.default_rng(0)
+    for batch in sorted({1, *timing.batch_sizes}):
+        prompt = rng.integers(0, vocab, (batch, timing.prompt_length))
+        here = {n: m for n, m in models.items() if m[0].max_batch is None or batch <= m[0].max_batch}
+        timed = time_together(here, DecodeWorkload(prompt, timing.new_tokens, timing.rounds))
+        for r in rows:
+            if r["name"] in timed:
+                r[f"ttft_b{batch}_ms"], r[f"tpot_b{batch}_ms"] = timed[r["name"]].ttft_ms, timed[r["name"]].tpot_ms
 
 
 def select_decoder(rows: list[dict], budget: float) -> dict | None:

@@ -513,7 +513,7 @@ def _write_decoder_report(workload, rows, pick, failed, timing, command, here: P
     """A causal-LM workload's `report.md`, `results.json` (its pick as `decoder_selected`) and frontier plot."""
     from pruneops.compare.decoder_report import plot_decoder_bench, write_decoder_report
 
-    machine = machine_info(timing.threads, rows[0]["runtime"] if rows else "genai")
+    machine = machine_info(timing.threads, *(dict.fromkeys(r["runtime"] for r in rows) if rows else ["genai"]))
     plot_decoder_bench(rows, workload.name, here / FRONTIER)
     (here / PREDICTIONS).unlink(missing_ok=True)
     selected = None
