@@ -170,8 +170,11 @@ def quantize_decoder(
         today = dense_candidates["fp32"]  # what the user serves now: no form ships much slower in either metric
         fastest_dense = _choose(dense_candidates, config, metric, today)
         chosen = _choose(candidates, config, metric, today)
-        if chosen is None:  # within tolerance, none within the budget: dense ships
-            warnings.append(_backed_off(candidates, budgets))
+        if chosen is None:  # none within the budgets (or slower than dense in the other metric): dense ships
+            elsewhere = _slower_elsewhere(candidates, config, metric, today)
+            within = [n for n in _within_quality(candidates, config) if n in elsewhere]
+            warnings.append(_backed_off_elsewhere(within, elsewhere, config, metric)
+                            if within else _backed_off(candidates, budgets))  # fmt: skip
             chosen, source = fastest_dense, "dense"
             folders, forms = dense_folders, dense_forms
         refused = _refused_elsewhere(dense_candidates if source == "dense" else candidates, config, metric, today)
@@ -370,6 +373,18 @@ def _refused_elsewhere(
         f"quantize.other_metric_tolerance: {listed} would be faster in {metric} than {chosen} "
         f"({candidates[chosen][key]:.2f} ms), each more than {100 * config.other_metric_tolerance:.0f} % slower "
         f"than dense fp32 {words}, so {chosen} ships (null ships the fastest in {metric} whatever its time {words})"
+    )
+
+
+def _backed_off_elsewhere(within: list[str], ratios: dict, config: QuantizeConfig, metric: DecoderMetric) -> str:
+    """The warning of a back-off to dense where forms within the budgets were all refused for the other metric."""
+    words = OTHER_METRIC[metric][1]
+    listed = ", ".join(f"{n} {ratios[n]:.2f}x" for n in within)
+    return (
+        f"quantize.other_metric_tolerance: every form of the pruned model within the budgets is more than "
+        f"{100 * config.other_metric_tolerance:.0f} % slower than dense fp32 {words} ({listed} dense's time); "
+        "the dense model ships instead "
+        f"(null ships the fastest in {metric} whatever its time {words})"
     )
 
 

@@ -210,3 +210,33 @@ def test_a_form_that_decodes_faster_but_prefills_slower_than_dense_ships_only_wi
         assert "quantize.other_metric_tolerance" in warning
     else:
         assert not report.warnings
+
+
+def test_a_pruned_model_slower_than_dense_to_the_first_token_in_every_form_backs_off_and_says_why(
+    tmp_path, monkeypatch
+):
+    """Every pruned form is within quality and faster per token, and each is refused for its first token:
+    dense's fastest form ships, and the warning names the other metric, not the quality budget."""
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.runtimes.genai.generation import GenerationTiming
+    from pruneops.task.causal_lm import quantize as quantize_stage
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)
+    ttft = {"dense fp32": 10.0, "dense int8": 10.5, "fp32": 12.0, "int8": 14.0}  # pruned: 1.2x and 1.4x dense's
+    tpot = {"dense fp32": 8.0, "dense int8": 4.0, "fp32": 6.0, "int8": 3.0}
+
+    def timed(folders, vocab, batch, benchmark, seed=0):
+        return {n: GenerationTiming(ttft[n], tpot[n], (tpot[n],), 16, 8, batch) for n in folders}
+
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
+    monkeypatch.setattr(
+        quantize_stage, "_losses", lambda opened, splits: {n: np.full(len(b), 3.0) for n, b in splits.items()}
+    )  # noqa: E501
+    _no_exports(monkeypatch, quantize_stage)
+    config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], other_metric_tolerance=0.1)
+    report = quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
+    assert (report.source, report.precision, report.tpot_b1_ms) == ("dense", "int8", 4.0)
+    (warning,) = report.warnings
+    assert "more than 10 % slower than dense fp32 to the first token (fp32 1.20x, int8 1.40x dense's time)" in warning
+    assert "prune.gate" not in warning
