@@ -28,6 +28,7 @@ from pruneops.config.base import (
     lookup,
     registered,
     task_keys,
+    with_task_defaults,
 )
 from pruneops.config.orchestration import ComputeConfig, RepruneConfig, ServeConfig
 from pruneops.config.prune import (
@@ -55,6 +56,7 @@ Task = Literal["classification", "causal_lm"]
 __all__ = [
     "TASK_NOUNS",
     "keys_of_other_task",
+    "with_task_defaults",
     "AUTO_FORM",
     "ComputeConfig",
     "CORPUS_DATASET",
@@ -420,6 +422,9 @@ class FinetuneConfig(FitParams):
         ),
         causal_lm="max_tokens compute_dtype device lora_rank lora_alpha self_text_fraction",
     )
+    # A causal LM's recovery: 4 blocks a step (64 would hold 64 blocks' logits over the whole
+    # vocabulary at once: 3 GiB each for a 49k vocabulary), a gentle rate, unsoftened logits.
+    TASK_DEFAULTS = {"causal_lm": {"batch_size": 4, "lr": 3e-4, "distill_temperature": 1.0}}
 
     epochs: Annotated[int, Field(ge=0, le=10_000)] = 20
     lr: LearningRate = 1e-3

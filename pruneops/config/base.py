@@ -42,6 +42,9 @@ class StageConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
     TASK_KEYS: ClassVar[dict[str, frozenset[str]]] = {}
+    # Shared keys whose default differs for one task (`with_task_defaults`): what the file leaves
+    # unset takes the task's value, e.g. a causal LM's recovery steps 4 token blocks, not 64 images.
+    TASK_DEFAULTS: ClassVar[dict[str, dict[str, Any]]] = {}
 
     @classmethod
     def keys_for(cls, task: str) -> frozenset[str]:
@@ -53,6 +56,12 @@ class StageConfig(BaseModel):
 def task_keys(**by_task: str) -> dict[str, frozenset[str]]:
     """`TASK_KEYS` from space-separated key names per task."""
     return {task: frozenset(names.split()) for task, names in by_task.items()}
+
+
+def with_task_defaults(config: StageConfig, task: str) -> StageConfig:
+    """`config` with its `TASK_DEFAULTS` for `task` in place of every such key the file did not set."""
+    defaults = {k: v for k, v in config.TASK_DEFAULTS.get(task, {}).items() if k not in config.model_fields_set}
+    return config.model_copy(update=defaults) if defaults else config
 
 
 def keys_of_other_task(config: StageConfig, task: str, prefix: str) -> list[tuple[str, str]]:

@@ -34,6 +34,7 @@ from pruneops.config import (
     TrainConfig,
     ValidateConfig,
     keys_of_other_task,
+    with_task_defaults,
 )
 from pruneops.core.errors import ConfigError
 from pruneops.core.io import Layout
@@ -405,8 +406,9 @@ def load_configs(params: dict[str, Any], sections: tuple[str, ...] | None = None
             )
         configs[name] = parse_section(name, params.get(name), SECTIONS[name])
     _check_target_batch(configs)
-    _check_task(configs, _task_in(params, configs))
-    return configs
+    task = _task_in(params, configs)
+    _check_task(configs, task)
+    return {name: with_task_defaults(config, task) for name, config in configs.items()} if task else configs
 
 
 def _task_in(params: dict[str, Any], configs: dict[str, StageConfig]) -> Task | None:

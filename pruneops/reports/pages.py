@@ -120,7 +120,10 @@ def _config_table(prefix: str, config: type[StageConfig], helps: dict[str, str])
         only = [task for task, keys in config.TASK_KEYS.items() if name in keys]
         if only:
             help_text = f"*{only[0]} only:* {help_text}"
-        lines.append(f"| `{name}` | {type_name} | {_default(field)} | {bounds} | {help_text} |")
+        default = _default(field) + "".join(
+            f" ({task}: `{values[name]!r}`)" for task, values in config.TASK_DEFAULTS.items() if name in values
+        )
+        lines.append(f"| `{name}` | {type_name} | {default} | {bounds} | {help_text} |")
         nested += [(f"{prefix}.{name}", sub) for sub in _nested_configs(field.annotation)]
     lines.append("")
     for sub_prefix, sub in nested:

@@ -66,15 +66,23 @@ def _line(name: str, scores: dict) -> str:
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
-def _recipe(name: str, tokens: int, dtype: str) -> tuple[FinetuneConfig, RecoverySettings]:
+def _recipe(name: str, tokens: int, dtype: str, batch: int) -> tuple[FinetuneConfig, RecoverySettings]:
+    """The pipeline's recovery settings (`examples/causal-lm/params.yaml`), the recipe's data and loss."""
     fraction = float(name.split(":")[1]) if name.startswith("self:") else 0.0
     weight = 1.0 if name == "distill" else 0.5
-    config = FinetuneConfig(max_tokens=tokens, self_text_fraction=fraction, distill_weight=weight)
+    config = FinetuneConfig(
+        max_tokens=tokens,
+        self_text_fraction=fraction,
+        distill_weight=weight,
+        batch_size=batch,  # FitParams' default (64, a classifier's) would hold 64 blocks' logits at once
+        lr=3e-4,
+        distill_temperature=1.0,
+    )
     settings = RecoverySettings(
         max_tokens=tokens,
         batch_blocks=config.batch_size,
-        lr=3e-4,
-        temperature=1.0,
+        lr=config.lr,
+        temperature=config.distill_temperature,
         distill_weight=weight,
         weight_decay=0.0,
         seed=0,
@@ -93,6 +101,7 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=["corpus", "self:0.5", "distill"])
     parser.add_argument("--compute-dtype", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=4, help="blocks per step (the example params' 4)")
     parser.add_argument("--out", default="studies/decoder/general_recovery.json")
     args = parser.parse_args()
     project = Path(args.project)
@@ -126,7 +135,7 @@ def main() -> None:
     print("| model | validation | test | general text |\n|---|---|---|---|")
     print(_line("cut, not recovered", rows["cut, not recovered"]), flush=True)
     for name in args.recipes:
-        config, settings = _recipe(name, args.tokens, args.compute_dtype)
+        config, settings = _recipe(name, args.tokens, args.compute_dtype, args.batch_size)
         model = cut
         model.load_state_dict(cut_state)
         start = time.perf_counter()

@@ -265,3 +265,15 @@ def test_a_huge_value_is_not_echoed_back_whole():
     with pytest.raises(ConfigError) as raised:
         parse_section("train", {"epochs": list(range(10_000))}, TrainConfig)
     assert len(str(raised.value)) < 300 and "characters)" in str(raised.value)
+
+
+def test_a_causal_lms_recovery_takes_its_own_defaults_where_the_file_sets_none():
+    """A decoder's `finetune: {max_tokens: N}` alone once stepped 64 blocks at a time (a classifier's
+    batch): 64 blocks' logits over a 49k vocabulary are 3 GiB each, and the recovery study ran out of
+    24 GiB in its first step. A causal LM's unset keys take its own defaults; set ones are kept."""
+    train = {"task": "causal_lm", "model": "hf", "pretrained": "model", "epochs": 0}
+    decoder = load_configs({"train": train, "finetune": {"max_tokens": 1024, "lr": 0.001}}, ("train", "finetune"))
+    finetune = decoder["finetune"]
+    assert (finetune.batch_size, finetune.lr, finetune.distill_temperature) == (4, 0.001, 1.0)
+    classifier = load_configs({"train": {"epochs": 1}, "finetune": {}}, ("train", "finetune"))["finetune"]
+    assert (classifier.batch_size, classifier.lr, classifier.distill_temperature) == (64, 0.001, 4.0)
