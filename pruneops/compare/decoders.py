@@ -45,7 +45,7 @@ def decoder_rows(variant: VariantConfig, directory: Path) -> list[dict]:
     keys = ("dense_fp32", "pruned_deployed") if variant.kind == "dense" else ("pruned_fp32", "pruned_deployed")
     fastest = manifest.get("fastest_dense") if variant.kind == "dense" else None
     content = {k: (m.get("runtime", manifest["runtime"]), folder_manifest(export / m["file"]))
-               for k, m in manifest["models"].items() if k in {*keys, fastest}}  # fmt: skip
+               for k, m in manifest["models"].items() if fastest and k in {*keys, fastest}}  # fmt: skip
     fastest_key = next((k for k in keys if fastest and content[k] == content[fastest]), fastest)
     rows = []
     for key in dict.fromkeys((*keys, fastest_key) if fastest_key else keys):
@@ -63,7 +63,7 @@ def decoder_rows(variant: VariantConfig, directory: Path) -> list[dict]:
                 "precision": m["precision"],
                 "source": m.get("source", "pruned") if deployed else ("dense" if key.startswith("dense") else "pruned"),
                 "shape": prune.get("shape", "") + (f", vocabulary {vocabulary}" if vocabulary else ""),
-                "runtime": content.get(key, (m.get("runtime", manifest["runtime"]),))[0],
+                "runtime": m.get("runtime", manifest["runtime"]),
                 "path": str(export / m["file"]),
                 "predicted_tpot_b1_ms": prune.get("predicted_ms") if key == "pruned_fp32" else None,
                 "fastest_dense": key == fastest_key,
