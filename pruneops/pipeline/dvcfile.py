@@ -241,16 +241,32 @@ def stage_params(stage: Stage, task: Task, params: dict[str, Any] | None = None)
     the raw `params` (as read from the file), only the keys the file holds: DVC refuses a params
     dependency the file does not hold, and a key left out takes its default from the code, which
     is a dependency already. A key inside a block the file sets to null (`prune.target.kind`
-    without a target) names the block instead.
+    without a target) names the block instead. A block with keys the stage passes on to a later
+    one (`Impl.passes_on`: `prune.gate`'s quality budgets) is listed key by key without them.
     """
-    own = [f"{stage.name}.{key}" for key in stage.config.model_fields if key in stage.config.keys_for(task)]
-    keys = [*own, *stage.impl(task).reads]
+    keys = [*_own_keys(stage, task), *stage.impl(task).reads]
     if stage.name != "train":
         keys.append("train.task")
     if params is None:
         return keys
     held = (_held(key, params) for key in keys)
     return list(dict.fromkeys(key for key in held if key is not None))
+
+
+def _own_keys(stage: Stage, task: Task) -> list[str]:
+    """Its own section's keys for `task`: each block whole, or key by key less those it passes on."""
+    passed = {tuple(key.split(".", 1)) for key in stage.impl(task).passes_on}
+    keys = []
+    for name in (k for k in stage.config.model_fields if k in stage.config.keys_for(task)):
+        left = {sub for block, sub in passed if block == name}
+        if not left:
+            keys.append(f"{stage.name}.{name}")
+            continue
+        block = stage.config.model_fields[name].annotation
+        if not (isinstance(block, type) and issubclass(block, StageConfig)):
+            raise TypeError(f"{stage.name}.{name}: passes on {sorted(left)}, but it is not a block of keys")
+        keys += [f"{stage.name}.{name}.{sub}" for sub in block.model_fields if sub in block.keys_for(task) - left]
+    return keys
 
 
 def _held(key: str, params: dict[str, Any]) -> str | None:
@@ -332,7 +348,7 @@ def stage_problems(
     problems += [
         f"stage {stage.name}: does not list param {key}"
         for key in stage_params(stage, task_of(configs), params)
-        if key not in listed
+        if not any(key == name or key.startswith(f"{name}.") for name in listed)  # a listed block holds its keys
     ]
     out = RELATIVE.stage_dir(stage.name).as_posix()
     if out not in entry.get("outs", []):

@@ -103,6 +103,9 @@ class Impl:
             `package.module:factory` is then one of its dependencies).
         fans_out: Whether it runs independent evaluations on the `compute` backend (passed as
             `compute=`; not a DVC dependency: where they run does not change the results).
+        passes_on: Keys of its own section that a later stage reads and it does not, as
+            `block.key` (`gate.max_perplexity_increase`): its dependency on that block narrows to
+            the block's other keys, so a change to one of them reruns the stage that reads it alone.
     """
 
     function: str
@@ -111,6 +114,7 @@ class Impl:
     plots: tuple[Plot, ...] = ()
     builds_model: bool = False
     fans_out: bool = False
+    passes_on: tuple[str, ...] = ()
 
     @property
     def module(self) -> str:
@@ -179,6 +183,12 @@ _DECODE_TIMING = ("benchmark.threads", "benchmark.prompt_length", "benchmark.new
 _CLS = "pruneops.task.classification"
 _LM = "pruneops.task.causal_lm"
 _HISTORY = (Plot("history.json", "epoch", "val_accuracy"), Plot("history.png"))
+# `prune.gate`'s quality budgets are judged by `quantize` (on the model as recovered), its speed floor
+# by `prune`: a changed budget reruns quantize onwards, never the plan search or the recovery.
+_BUDGETS: dict[Task, tuple[str, ...]] = {
+    "classification": ("gate.max_accuracy_drop",),
+    "causal_lm": ("gate.max_perplexity_increase", "gate.max_general_perplexity_increase", "gate.max_zero_shot_drop"),
+}
 
 STAGES: tuple[Stage, ...] = (
     Stage(
@@ -271,6 +281,7 @@ STAGES: tuple[Stage, ...] = (
                 f"{_CLS}.prune:prune_iteratively",
                 reads=("benchmark.threads", "benchmark.batch_sizes"),
                 files=(UserFile("prune.target.reference"),),
+                passes_on=_BUDGETS["classification"],
                 plots=(
                     Plot("history.json", "step", "val_accuracy"),
                     Plot("history.png"),
@@ -283,6 +294,7 @@ STAGES: tuple[Stage, ...] = (
                 f"{_LM}.prune:prune_decoder",
                 reads=_DECODE_TIMING,
                 files=(UserFile("prune.target.reference", folder=True),),
+                passes_on=_BUDGETS["causal_lm"],
                 plots=(
                     Plot("history.json", "step", "search_perplexity"),
                     Plot("history.png"),
@@ -316,10 +328,14 @@ STAGES: tuple[Stage, ...] = (
                     "benchmark.batch_sizes",
                     "prune.target.kind",
                     "prune.target.form",
+                    *(f"prune.{key}" for key in _BUDGETS["classification"]),
                 ),
                 builds_model=True,
             ),
-            "causal_lm": Impl(f"{_LM}.quantize:quantize_stage", reads=(*_DECODE_TIMING, "prune.target.metric")),
+            "causal_lm": Impl(
+                f"{_LM}.quantize:quantize_stage",
+                reads=(*_DECODE_TIMING, "prune.target.metric", *(f"prune.{key}" for key in _BUDGETS["causal_lm"])),
+            ),
         },
         upstream=("validate", "prune", "finetune"),
         timed=True,

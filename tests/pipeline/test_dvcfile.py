@@ -188,3 +188,54 @@ def test_the_guides_example_paths_lie_where_dvc_tracks_them():
         for path in re.findall(r"(?:pretrained|tokenizer|init_weights|path): ([\w./-]+)", doc.read_text()):
             top = "/" + path.split("/")[0] + "/"
             assert top not in rules, f"{doc.name}: {path} lies in {top}, which .dvcignore excludes"
+
+
+def test_a_changed_quality_budget_reruns_quantize_not_the_plan_search(tmp_path):
+    """`prune.gate`'s budgets are judged by quantize: changing one leaves prune (and so the recovery) up to date."""
+    write_params(tmp_path, tiny_params())
+    write_dvc_yaml(tmp_path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    dvc = str(Path(sys.executable).parent / "dvc")
+
+    def sh(*cmd):
+        out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return out.stdout
+
+    sh("git", "init", "-q")
+    sh(dvc, "init", "-q")
+    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
+    for entry in stages.values():  # stand-in outputs: the lock records hashes, nothing here is run
+        for out in [*entry.get("outs", []), *entry.get("metrics", []), *entry.get("plots", [])]:
+            path = tmp_path / (next(iter(out)) if isinstance(out, dict) else out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.suffix:
+                path.write_text("{}")
+            else:
+                path.mkdir(exist_ok=True)
+                (path / "out.json").write_text("{}")
+    sh(dvc, "commit", "--force")
+    assert "changed" not in sh(dvc, "status")
+    params = tiny_params()
+    params["prune"]["gate"]["max_accuracy_drop"] = 5.0
+    write_params(tmp_path, params)
+    status = sh(dvc, "status")
+    assert "quantize:" in status and "prune.gate.max_accuracy_drop" in status
+    assert "prune:" not in status and "finetune:" not in status
+    params["prune"]["gate"]["min_speedup"] = 1.5  # the speed floor is the plan search's own
+    write_params(tmp_path, params)
+    assert "prune:" in sh(dvc, "status")
+
+
+def test_a_dvc_yaml_listing_a_whole_block_covers_its_keys(tmp_path):
+    """A dvc.yaml written before the budgets moved to quantize lists `prune.gate` whole: still complete."""
+    doc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    params = doc["stages"]["prune"]["params"]
+    params[params.index("prune.gate.min_speedup")] = "prune.gate"
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(doc))
+    assert check_dvc_yaml(ROOT, dvc_yaml=tmp_path / "dvc.yaml") == []
+    params.remove("prune.gate")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(doc))
+    assert check_dvc_yaml(ROOT, dvc_yaml=tmp_path / "dvc.yaml") == [
+        "stage prune: does not list param prune.gate.min_speedup"
+    ]
