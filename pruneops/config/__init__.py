@@ -191,7 +191,8 @@ class ValidateConfig(StageConfig):
     # dataset `corpus`: a zero-shot check, a labelled file (CSV/TSV/JSONL/Parquet: `text_column`,
     # `zero_shot_label_column`) whose texts, in `zero_shot_prompt` ({text} marks where), the model
     # answers by the likeliest of `zero_shot_labels` (null: the file's labels); at most
-    # `zero_shot_items` items, alternately in a half that gates and a half that is reported.
+    # `zero_shot_items` items (drawn with `seed` across a longer file), alternately in a half that
+    # gates and a half that is reported.
     zero_shot: Text | None = None
     zero_shot_prompt: Text = "{text}\nAnswer:"
     zero_shot_labels: Annotated[list[Text], Field(min_length=2, max_length=1000)] | None = None

@@ -86,14 +86,17 @@ def _zero_shot_items(config: ValidateConfig, tokenizer: object) -> dict:
     """The zero-shot check tokenised as the model reads it: each item's context, each label's tokens, the answer.
 
     The context is the tokenizer's own prefix (a BOS where it adds one) and the prompt with the
-    text; a label follows it after one space. Items alternate between `zero_shot_val` (what
+    text; a label follows it after one space. A file with more than `zero_shot_items` items gives
+    that many, drawn with `seed` across it. Items alternate between `zero_shot_val` (what
     `quantize` holds to `prune.gate.max_zero_shot_drop`) and `zero_shot` (what the benchmark reports).
 
     Raises:
         DataError: A label outside `zero_shot_labels`, fewer than two labels, or fewer than two items a half.
     """
     items = read_labelled(config.zero_shot, config.text_column, config.zero_shot_label_column)
-    items = items[: config.zero_shot_items]
+    if len(items) > config.zero_shot_items:  # drawn across the file (seeded), in its order: one sorted by label
+        drawn = np.random.default_rng(config.seed).choice(len(items), config.zero_shot_items, replace=False)
+        items = [items[i] for i in sorted(drawn)]  # still gives every label
     labels = list(config.zero_shot_labels or sorted({label for _, label in items}))
     unknown = sorted({label for _, label in items} - set(labels))
     if unknown or len(labels) < 2:

@@ -83,3 +83,19 @@ def test_a_zero_shot_label_outside_the_labels_given_is_one_line(tmp_path):
 def test_a_zero_shot_prompt_without_the_text_is_refused():
     with pytest.raises(ValueError, match=r"\{text\}"):
         ValidateConfig(dataset="corpus", path="c.txt", tokenizer="t", zero_shot_prompt="Answer:")
+
+
+def test_a_zero_shot_file_sorted_by_label_gives_every_label_when_it_holds_more_items_than_asked(tmp_path):
+    from collections import Counter
+
+    from pruneops.task.causal_lm.validate import _zero_shot_items
+
+    rows = [{"text": f"the great film {i}", "label": "good"} for i in range(60)]
+    rows += [{"text": f"the awful film {i}", "label": "bad"} for i in range(60)]  # a file sorted by label
+    check = _zero_shot_items(_zero_shot_config(tmp_path, rows, zero_shot_items=40), tiny_tokenizer())
+    answers = Counter(item["answer"] for half in ("zero_shot_val", "zero_shot") for item in check[half])
+    assert sum(answers.values()) == 40
+    # 40 of 120 drawn without replacement: each label's count is hypergeometric (mean 20, sd 2.6); 8 is 4.6 sd out.
+    assert min(answers.values()) >= 8
+    again = _zero_shot_items(_zero_shot_config(tmp_path, rows, zero_shot_items=40), tiny_tokenizer())
+    assert again == check  # seeded: the same items every run
