@@ -221,12 +221,14 @@ SPEECHES := $(ASSETS)/llm/political_data.csv
 REVIEW_CHECK := $(ASSETS)/llm/reviews.csv
 llm-assets: $(SMOLLM2)/config.json $(SPEECHES) $(REVIEWS) $(REVIEW_CHECK)
 
-# The zero-shot check of benchmarks/llm.yaml: Rotten Tomatoes' reviews (fresh or rotten), its plot summaries left out.
+# The zero-shot check of benchmarks/llm.yaml: Rotten Tomatoes' reviews labelled positive (fresh) or negative
+# (rotten), the words a model answers with (SmolLM2 answers "fresh" to every review), plot summaries left out.
 $(REVIEW_CHECK): $(REVIEWS)
 	mkdir -p $(dir $@)
 	$(BIN)/python -c "import bz2, csv, sys; rows = csv.DictReader(bz2.open(sys.argv[1], 'rt', encoding='utf-8')); \
-		out = csv.writer(open(sys.argv[2] + '.tmp', 'w', newline='', encoding='utf-8')); out.writerow(['text', 'category']); \
-		[out.writerow([r['text'], r['category']]) for r in rows if r['category'] in ('fresh', 'rotten')]" $< $@
+		f = open(sys.argv[2] + '.tmp', 'w', newline='', encoding='utf-8'); out = csv.writer(f); \
+		out.writerow(['text', 'label']); words = {'fresh': 'positive', 'rotten': 'negative'}; \
+		[out.writerow([r['text'], words[r['category']]]) for r in rows if r['category'] in words]; f.close()" $< $@
 	mv $@.tmp $@
 
 $(SMOLLM2_GGUF): | $(BIN)/.installed-dev

@@ -11,6 +11,7 @@ drift falls on every model alike; `pruneops.compare.report` selects and writes t
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -28,7 +29,7 @@ from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.core.io import Layout, dump_json, read_json
 from pruneops.core.params import parse_section, read_params
 from pruneops.pipeline.experiments import apply_overrides, run_experiment, tool_env
-from pruneops.pipeline.stages import STAGE_NAMES, project_importable
+from pruneops.pipeline.stages import STAGE_NAMES, STAGES, project_importable
 
 # In each variant's results: the stages DVC restored from its run-cache or found unchanged.
 NOT_RUN = "stages_not_run.json"
@@ -48,25 +49,22 @@ class BenchReport:
 def workload_params(base: dict[str, Any], workload: WorkloadConfig, root: Path) -> dict[str, Any]:
     """The project's params with the workload's sections over them; file paths made absolute.
 
-    The data (`validate.path`), its tokenizer (`validate.tokenizer`) and the starting weights
-    (`train.init_weights`, `train.pretrained`) are named relative to the project; each workload
-    runs in its own directory.
+    Every file the stage table says a stage of the workload's task reads (`UserFile`: the data,
+    its tokenizer, general text, a zero-shot check, the starting weights) is named relative to the
+    project; each workload runs in its own directory.
     """
     base_task = (base.get("train") or {}).get("task", "classification")
     # A workload of the other task starts from that task's defaults: the project's keys would be refused.
     params = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()} if base_task == workload.task else {}
-    for section, values in workload.params.items():
+    for section, values in copy.deepcopy(workload.params).items():
         params.setdefault(section, {}).update(values)
-    for section, key in (
-        ("validate", "path"),
-        ("validate", "tokenizer"),
-        ("validate", "general_text"),
-        ("train", "init_weights"),
-        ("train", "pretrained"),
-    ):
-        path = params.get(section, {}).get(key)
-        if path:
-            params[section][key] = str((root / path).resolve())
+    for key in dict.fromkeys(f.key for stage in STAGES for f in stage.impl(workload.task).files):
+        *blocks, name = key.split(".")
+        node = params
+        for block in blocks:
+            node = node.get(block) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(name):
+            node[name] = str((root / node[name]).resolve())
     return apply_overrides(params, {})
 
 

@@ -264,6 +264,24 @@ def test_workload_paths_are_resolved_against_the_project(tmp_path):
     assert params["train"]["pretrained"] == str(tmp_path / "m") and params["train"]["init_weights"] is None
 
 
+def test_a_decoder_workloads_general_text_and_zero_shot_check_are_resolved_against_the_project(tmp_path):
+    """Every file the stage table says a causal LM's stages read, the zero-shot check among them."""
+    from pruneops.compare.run import workload_params
+    from pruneops.compare.workloads import WorkloadConfig
+
+    validate = {"dataset": "corpus", "path": "c.txt", "tokenizer": "m", "general_text": "g.txt", "zero_shot": "z.csv"}
+    workload = WorkloadConfig(
+        name="w",
+        params={"validate": validate, "train": {"task": "causal_lm", "model": "hf", "pretrained": "m", "epochs": 0}},
+        variants=[{"name": "dense", "kind": "dense"}],
+    )
+    params = workload_params({}, workload, tmp_path)
+    for key, path in validate.items():
+        assert params["validate"][key] == (path if key == "dataset" else str(tmp_path / path))
+    assert params["train"]["pretrained"] == str(tmp_path / "m")
+    assert workload.params["validate"]["zero_shot"] == "z.csv"  # the workload's own params are left as they are
+
+
 def test_a_variant_deployed_as_fp32_says_why(tmp_path):
     """Two fp32 rows of one variant would read as a duplicate: the deployed one names the reason."""
     from pruneops.compare.report import _why_fp32_deployed
