@@ -11,7 +11,6 @@ reported half (`validate.zero_shot`), each change paired against dense fp32 on t
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,14 +19,13 @@ import numpy as np
 from pruneops.config import BenchmarkConfig
 from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, read_json
-from pruneops.core.quality import QualityBudget, QualityChange, accuracy_change, perplexity_change
-from pruneops.data.zero_shot import read_zero_shot, zero_shot_correct
+from pruneops.core.quality import QualityBudget, QualityChange, perplexity_change
+from pruneops.data.zero_shot import read_zero_shot
 from pruneops.runtimes import get_runtime
-from pruneops.timing.generation import DecodeWorkload, time_together
+from pruneops.task.causal_lm.rows import quality_figures, score_rows, time_rows
 
 if TYPE_CHECKING:
     from pruneops.compare.workloads import VariantConfig, WorkloadConfig
-    from pruneops.runtimes.base import Runtime
 
 SPLITS = ("val", "test", "general")
 
@@ -83,28 +81,23 @@ def measure_decoder_workload(
         blocks = {s: npz[s].astype(np.int64) for s in SPLITS if s in npz}
     rows = [r for v in workload.variants if v.name in dirs for r in decoder_rows(v, dirs[v.name])]
     models = {r["name"]: (get_runtime(r["runtime"]), Path(r["path"])) for r in rows}
-    _time_rows(rows, models, timing)
-    opened = {name: runtime.open(folder, threads=2) for name, (runtime, folder) in models.items()}
-    losses = {name: {s: model.losses(b) for s, b in blocks.items()} for name, model in opened.items()}
-    check = read_zero_shot(Layout(first).stage_dir("validate"))
-    answers = {n: zero_shot_correct(m, check, "zero_shot") for n, m in opened.items()} if check else {}
+    runtime, folder = next(iter(models.values()))
+    timed = time_rows(models, runtime.open(folder).vocab_size, timing)
+    scores = score_rows(models, blocks, read_zero_shot(Layout(first).stage_dir("validate")), "bench")
     dense = next(r for r in rows if r["family"] == "dense" and r["precision"] == "fp32")
+    quality = quality_figures(scores, dense["name"])
+    for r in rows:
+        r.update(timed[r["name"]], **quality[r["name"]])
     quantised = next((r for r in rows if r["family"] == "dense" and r["deployed"]), dense)
     fastest = next((r for r in rows if r["fastest_dense"]), None)
     sizes = {name: sum(p.stat().st_size for p in runtime.files(folder)) for name, (runtime, folder) in models.items()}
     for r in rows:
-        for split in blocks:
-            nll = losses[r["name"]][split]
-            r[f"{split}_perplexity"] = float(math.exp(nll.mean()))
-            r[f"{split}_change"] = perplexity_change(nll, losses[dense["name"]][split]).record()
-        if answers:  # the zero-shot check's reported half, item by item against dense fp32
-            r["zero_shot_accuracy"] = float(answers[r["name"]].mean())
-            r["zero_shot_change"] = accuracy_change(answers[r["name"]], answers[dense["name"]]).record()
         r["speedup_b1"] = dense["tpot_b1_ms"] / r["tpot_b1_ms"]
         r["speedup_b1_vs_dense_deployed"] = quantised["tpot_b1_ms"] / r["tpot_b1_ms"]
         r["speedup_b1_vs_fastest_dense"] = fastest["tpot_b1_ms"] / r["tpot_b1_ms"] if fastest else None
         r["size_bytes"] = sizes[r["name"]]
         r["size_reduction"] = sizes[dense["name"]] / r["size_bytes"]
+    losses = {name: s.losses for name, s in scores.items()}
     for r in rows:
         r["paired_against"] = {
             o["name"]: perplexity_change(losses[r["name"]]["test"], losses[o["name"]]["test"]).record()
@@ -115,20 +108,6 @@ def measure_decoder_workload(
             and not o["deployed"]  # the cuts themselves, both in fp32
         }
     return rows, []
-
-
-def _time_rows(rows: list[dict], models: dict[str, tuple[Runtime, Path]], timing: BenchmarkConfig) -> None:
-    """Each row's TTFT and TPOT at every batch size, all runtimes interleaved; one that times fewer sits a batch out."""
-    runtime, folder = next(iter(models.values()))
-    vocab = runtime.open(folder).vocab_size
-    rng = np.random.default_rng(0)
-    for batch in sorted({1, *timing.batch_sizes}):
-        prompt = rng.integers(0, vocab, (batch, timing.prompt_length))
-        here = {n: m for n, m in models.items() if m[0].max_batch is None or batch <= m[0].max_batch}
-        timed = time_together(here, DecodeWorkload(prompt, timing.new_tokens, timing.rounds))
-        for r in rows:
-            if r["name"] in timed:
-                r[f"ttft_b{batch}_ms"], r[f"tpot_b{batch}_ms"] = timed[r["name"]].ttft_ms, timed[r["name"]].tpot_ms
 
 
 def select_decoder(rows: list[dict], budget: float) -> dict | None:

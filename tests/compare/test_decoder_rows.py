@@ -14,6 +14,7 @@ from pruneops.compare.decoder_report import _table
 from pruneops.compare.results import _decoder_cells, _decoder_pick
 from pruneops.compare.workloads import VariantConfig, WorkloadConfig
 from pruneops.data.zero_shot import ZERO_SHOT_FILE
+from pruneops.task.causal_lm import common
 from pruneops.timing.generation import GenerationTiming
 
 TPOT_MS = {"fp32": 30.0, "int8": 12.0, "q4_k_m": 10.0}  # what the fake runtimes time per output token
@@ -113,7 +114,7 @@ def _fake_time(artefacts, workload) -> dict[str, GenerationTiming]:
 def test_the_bench_times_every_runtime_together_and_reports_zero_shot_and_the_fastest_dense(tmp_path, monkeypatch):
     runtimes = {"genai": _Runtime("genai", None), "llamacpp": _Runtime("llamacpp", 1)}
     monkeypatch.setattr(decoders, "get_runtime", runtimes.__getitem__)
-    monkeypatch.setattr(decoders, "time_together", _fake_time)
+    monkeypatch.setattr(common, "time_together", _fake_time)
     dense = _dense_project(tmp_path / "dense")
     ours = _project(
         tmp_path / "ours",

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
-
-import numpy as np
 
 from pruneops.config import BenchmarkConfig
-from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.core.progress import progress
-from pruneops.core.quality import accuracy_change, perplexity_change
-from pruneops.data.zero_shot import zero_shot_correct
+from pruneops.core.quality import perplexity_change
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.reports.decoder_plots import plot_decoder_frontier
 from pruneops.reports.summary import BenchmarkSummary, ordered
-from pruneops.runtimes.base import Runtime
-from pruneops.task.causal_lm.common import DECODER_RUNTIMES, _timed, load_blocks, load_zero_shot
+from pruneops.task.causal_lm.common import DECODER_RUNTIMES, load_blocks, load_zero_shot
+from pruneops.task.causal_lm.rows import quality_figures, score_rows, time_rows
 from pruneops.timing.machine import machine_info
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,29 +61,13 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
     shipped = manifest["models"]["pruned_deployed"]
     blocks = load_blocks(layout)
     vocab = models["dense_fp32"][0].open(models["dense_fp32"][1]).vocab_size
-    figures: dict[str, dict] = {n: {"precision": m["precision"], "runtime": m["runtime"]} for n, m in rows.items()}
-    for batch in sorted({1, *config.batch_sizes}):  # a runtime that times fewer sequences at once sits this batch out
-        timed = {n: m for n, m in models.items() if m[0].max_batch is None or batch <= m[0].max_batch}
-        for name, timing in _timed(timed, vocab, batch, config).items():
-            figures[name][f"ttft_b{batch}_ms"] = timing.ttft_ms
-            figures[name][f"tpot_b{batch}_ms"] = timing.tpot_ms
-    first_of = same_files(models)  # what ships may be a dense row's very files (the gate backed off): scored once
-    distinct = {name: models[name] for name in dict.fromkeys(first_of.values())}
-    opened = {name: runtime.open(folder, threads=2) for name, (runtime, folder) in distinct.items()}
-    scoring = progress(opened.items(), "benchmark: scoring test blocks", len(opened), "models")
-    losses = _per_row({name: model.losses(blocks["test"]) for name, model in scoring}, first_of)
-    if "general" in blocks:  # text beyond the corpus's domain: what the model keeps of general text
-        general = _per_row({name: model.losses(blocks["general"]) for name, model in opened.items()}, first_of)
-        for name, nll in general.items():
-            change = perplexity_change(nll, general["dense_fp32"]).record()
-            figures[name].update(general_perplexity=float(np.exp(nll.mean())), general_change=change)
-    check = load_zero_shot(layout)
-    if check is not None:  # the zero-shot check's reported half: accuracy and change against dense, item by item
-        answers = {name: zero_shot_correct(model, check, "zero_shot") for name, model in opened.items()}
-        correct = _per_row(answers, first_of)
-        for name, right in correct.items():
-            change = accuracy_change(right, correct["dense_fp32"]).record()
-            figures[name].update(zero_shot_accuracy=float(right.mean()), zero_shot_change=change)
+    timed = time_rows(models, vocab, config)
+    figures = {n: {"precision": m["precision"], "runtime": m["runtime"], **timed[n]} for n, m in rows.items()}
+    scored = {split: blocks[split] for split in ("test", "general") if split in blocks}  # general: beyond the corpus
+    scores = score_rows(models, scored, load_zero_shot(layout), "benchmark")
+    for name, quality in quality_figures(scores, "dense_fp32").items():
+        figures[name].update(quality)  # general text's and the zero-shot check's changes against dense, paired
+    losses = {name: s.losses["test"] for name, s in scores.items()}
     dense = perplexity_from_losses(losses["dense_fp32"], 0)
     for name, (runtime, folder) in models.items():
         ppl = perplexity_from_losses(losses[name], 0)
@@ -149,17 +125,6 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         )
         dump_json(report.metrics(), staged.path(layout.metrics("benchmark")))
     return report
-
-
-def same_files(models: dict[str, tuple[Runtime, Path]]) -> dict[str, str]:
-    """Each row -> the first row whose runtime and files (`folder_manifest`: names and SHA-256) are its own."""
-    keys = {name: (runtime.name, folder_manifest(folder)) for name, (runtime, folder) in models.items()}
-    return {name: next(first for first in models if keys[first] == key) for name, key in keys.items()}
-
-
-def _per_row(scores: dict[str, T], same: dict[str, str]) -> dict[str, T]:
-    """Scores of the distinct rows given to every row (`same_files`), in the rows' order."""
-    return {name: scores[first] for name, first in same.items()}
 
 
 def _against(figures: dict[str, dict], row: str | None) -> float | None:

@@ -9,7 +9,7 @@ def test_rows_with_the_same_runtime_and_files_share_one_scoring(tmp_path):
     """Where the gate backs off, what ships is the dense row's very files: on Gemma 3 one scoring of its test
     blocks took 11 min of the benchmark's 58."""
     from pruneops.runtimes import get_runtime
-    from pruneops.task.causal_lm.benchmark import _per_row, same_files
+    from pruneops.task.causal_lm.rows import _per_row, same_files
 
     llamacpp, genai = get_runtime("llamacpp"), get_runtime("genai")
     dense = tmp_path / "dense"
