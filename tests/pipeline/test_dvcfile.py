@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -105,21 +106,27 @@ def test_a_stage_under_dvc_refuses_a_dvc_yaml_that_misses_a_file_it_uses(tmp_pat
         run_stage("train", root / "params.yaml", root)
 
 
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_editing_the_user_model_or_pruneops_code_makes_dvc_status_show_the_stages_that_use_it(tmp_path):
-    root = _project_with_user_model(tmp_path, "usermodels_c")
-    write_dvc_yaml(root)
+def _dvc_repo(root: Path) -> tuple[Callable[..., str], str]:
+    """`root` made a git and DVC repository; a runner of commands there (each must succeed) and the dvc binary."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
     dvc = str(Path(sys.executable).parent / "dvc")
 
-    def sh(*cmd):
+    def sh(*cmd: str) -> str:
         out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         return out.stdout
 
     sh("git", "init", "-q")
     sh(dvc, "init", "-q")
+    return sh, dvc
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_editing_the_user_model_or_pruneops_code_makes_dvc_status_show_the_stages_that_use_it(tmp_path):
+    root = _project_with_user_model(tmp_path, "usermodels_c")
+    write_dvc_yaml(root)
+    sh, dvc = _dvc_repo(root)
     sh(dvc, "repro", "train")
     assert "changed" not in sh(dvc, "status", "train")
     (root / "usermodels_c.py").write_text(USER_MODEL + "\n# a comment changes the file\n")
@@ -194,16 +201,7 @@ def test_a_changed_quality_budget_reruns_quantize_not_the_plan_search(tmp_path):
     """`prune.gate`'s budgets are judged by quantize: changing one leaves prune (and so the recovery) up to date."""
     write_params(tmp_path, tiny_params())
     write_dvc_yaml(tmp_path)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
-    dvc = str(Path(sys.executable).parent / "dvc")
-
-    def sh(*cmd):
-        out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-        return out.stdout
-
-    sh("git", "init", "-q")
-    sh(dvc, "init", "-q")
+    sh, dvc = _dvc_repo(tmp_path)
     stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
     for entry in stages.values():  # stand-in outputs: the lock records hashes, nothing here is run
         for out in [*entry.get("outs", []), *entry.get("metrics", []), *entry.get("plots", [])]:
