@@ -81,8 +81,7 @@ def measure_decoder_workload(
         blocks = {s: npz[s].astype(np.int64) for s in SPLITS if s in npz}
     rows = [r for v in workload.variants if v.name in dirs for r in decoder_rows(v, dirs[v.name])]
     models = {r["name"]: (get_runtime(r["runtime"]), Path(r["path"])) for r in rows}
-    runtime, folder = next(iter(models.values()))
-    timed = time_rows(models, runtime.open(folder).vocab_size, timing)
+    timed = time_rows(models, timing)
     scores = score_rows(models, blocks, read_zero_shot(Layout(first).stage_dir("validate")), "bench")
     dense = next(r for r in rows if r["family"] == "dense" and r["precision"] == "fp32")
     quality = quality_figures(scores, dense["name"])

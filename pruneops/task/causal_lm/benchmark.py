@@ -60,8 +60,7 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
     models = {name: (DECODER_RUNTIMES[m["runtime"]], export / m["file"]) for name, m in rows.items()}
     shipped = manifest["models"]["pruned_deployed"]
     blocks = load_blocks(layout)
-    vocab = models["dense_fp32"][0].open(models["dense_fp32"][1]).vocab_size
-    timed = time_rows(models, vocab, config)
+    timed = time_rows(models, config)  # dense fp32 first (`ordered`)
     figures = {n: {"precision": m["precision"], "runtime": m["runtime"], **timed[n]} for n, m in rows.items()}
     scored = {split: blocks[split] for split in ("test", "general") if split in blocks}  # general: beyond the corpus
     scores = score_rows(models, scored, load_zero_shot(layout), "benchmark")

@@ -29,12 +29,14 @@ T = TypeVar("T")
 Models = Mapping[str, tuple[Runtime, Path]]
 
 
-def time_rows(models: Models, vocab: int, config: BenchmarkConfig) -> dict[str, dict[str, float]]:
+def time_rows(models: Models, config: BenchmarkConfig) -> dict[str, dict[str, float]]:
     """Each row's `ttft_b{n}_ms` and `tpot_b{n}_ms` at batch 1 and each of `config.batch_sizes`, timed interleaved.
 
-    A runtime that times fewer sequences at once than a batch sits that batch out (its row has no
-    figures there).
+    The prompts are random tokens of the first row's vocabulary (dense fp32's). A runtime that
+    times fewer sequences at once than a batch sits that batch out (its row has no figures there).
     """
+    runtime, folder = next(iter(models.values()))
+    vocab = runtime.open(folder).vocab_size
     figures: dict[str, dict[str, float]] = {name: {} for name in models}
     for batch in sorted({1, *config.batch_sizes}):
         here = {n: m for n, m in models.items() if m[0].max_batch is None or batch <= m[0].max_batch}
