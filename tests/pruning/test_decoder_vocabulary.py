@@ -133,13 +133,20 @@ def test_the_export_scores_as_torch_does(tmp_path, precision):
 
 
 def _recovered_layout(root):
-    """A layout holding what `quantize` reads: a recovered model (dense: the same one) and the corpus blocks."""
+    """A layout holding what `quantize` reads: a recovered model, dense, and the corpus blocks.
+
+    The recovered model is dense with its final norm scaled by 1.001: all but the same model, in
+    files of its own (where the files are dense's own, quantize exports and scores them once).
+    """
     from pruneops.core.io import Layout
 
     layout = Layout(root)
     model = tiny_decoder("llama", seed=11, hidden_size=64, head_dim=16)
-    for stage in ("train", "finetune"):
-        model.save_pretrained(layout.stage_dir(stage) / "model")
+    recovered = copy.deepcopy(model)
+    with torch.no_grad():
+        recovered.model.norm.weight.mul_(1.001)
+    for stage, saved in (("train", model), ("finetune", recovered)):
+        saved.save_pretrained(layout.stage_dir(stage) / "model")
         tiny_tokenizer().save_pretrained(layout.stage_dir(stage) / "model")
     (layout.stage_dir("train") / "runtimes.json").write_text('{"asked": "genai", "servable": ["genai"], "refused": {}}')
     layout.stage_dir("validate").mkdir(parents=True, exist_ok=True)

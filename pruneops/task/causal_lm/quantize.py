@@ -12,6 +12,7 @@ import torch
 
 from pruneops.config import BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.config.prune import DecoderMetric
+from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.core.progress import progress
 from pruneops.core.quality import QualityBudget, QualityChange, accuracy_change, perplexity_change
@@ -138,7 +139,8 @@ def quantize_decoder(
     a candidate ships only if its perplexity against dense fp32 is within each at the far end of its
     95 % paired interval; where no form of the pruned model is, dense in the fastest precision within
     the budget ships instead, and a warning gives every form's figures. Dense is exported and
-    timed in every precision beside the candidates (`artifacts/quantize/dense/<precision>`: the
+    timed in every precision beside the candidates (once: where `finetune` passed dense's own files
+    on, its forms are the candidates) (`artifacts/quantize/dense/<precision>`: the
     benchmark's rows of dense fp32, of dense in the runtime and precision that ships, and of the
     fastest dense form within the budgets). With several runtimes (`export.runtime: auto`), every
     runtime `train` found servable exports its precisions and all are timed together. Writes
@@ -155,17 +157,27 @@ def quantize_decoder(
     out = layout.stage_dir("quantize")
     precisions = {r.name: _precisions(r, config) for r in runtimes}
     ctx = (tokenizer, benchmark.threads)
+    recovered_is_dense = _same_model(layout)
     with staged_output_paths(out, layout.metrics("quantize")) as staged:
         work = staged.dir(out) / "candidates"
         folders, forms = _export_candidates(_candidate_forms(model, config, layout), runtimes, precisions, work, ctx)
-        dense_folders, dense_forms = _export_candidates({None: dense}, runtimes, precisions, work / "dense", ctx)
+        if recovered_is_dense:  # dense passed on unchanged: its forms are the candidates of the full vocabulary
+            dense_folders = {n: f for n, f in folders.items() if forms[n][2] is None}
+            dense_forms = {n: forms[n] for n in dense_folders}
+        else:
+            dense_folders, dense_forms = _export_candidates({None: dense}, runtimes, precisions, work / "dense", ctx)
+        dense_names = {n: n if recovered_is_dense else f"dense {n}" for n in dense_folders}  # their timing keys
         timings = _timed({**{n: (forms[n][0], f) for n, f in folders.items()},
-                          **{f"dense {n}": (dense_forms[n][0], f) for n, f in dense_folders.items()}},
+                          **{dense_names[n]: (dense_forms[n][0], f) for n, f in dense_folders.items()}},
                          model.config.vocab_size, 1, benchmark)  # fmt: skip
         reference = _reference(runtimes[0], dense_folders["fp32"], splits, load_zero_shot(layout))
         candidates = _judged(folders, forms, timings, splits, reference, budgets)
-        dense_timings = {n: timings[f"dense {n}"] for n in dense_folders}
-        dense_candidates = _judged(dense_folders, dense_forms, dense_timings, splits, reference, budgets)
+        dense_candidates = (
+            {n: candidates[n] for n in dense_folders}
+            if recovered_is_dense
+            else _judged(dense_folders, dense_forms, {n: timings[k] for n, k in dense_names.items()}, splits,
+                         reference, budgets)
+        )  # fmt: skip
         source, warnings = "pruned", []
         today = dense_candidates["fp32"]  # what the user serves now: no form ships much slower in either metric
         fastest_dense = _choose(dense_candidates, config, metric, today)
@@ -215,6 +227,16 @@ def quantize_decoder(
         )
         dump_json(report.metrics(), staged.path(layout.metrics("quantize")))
     return report
+
+
+def _same_model(layout: Layout) -> bool:
+    """Whether `finetune` passed on the very files `train` wrote (dense, unpruned and unrecovered).
+
+    Then the candidates are dense's own forms: exported, timed and scored once, not twice.
+    """
+    return folder_manifest(layout.stage_dir("finetune") / MODEL_DIR) == folder_manifest(
+        layout.stage_dir("train") / MODEL_DIR
+    )
 
 
 def _precisions(runtime: Runtime, config: QuantizeConfig) -> list[str]:

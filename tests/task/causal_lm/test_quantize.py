@@ -240,3 +240,46 @@ def test_a_pruned_model_slower_than_dense_to_the_first_token_in_every_form_backs
     (warning,) = report.warnings
     assert "more than 10 % slower than dense fp32 to the first token (fp32 1.20x, int8 1.40x dense's time)" in warning
     assert "prune.gate" not in warning
+
+
+def test_dense_passed_on_unchanged_is_exported_timed_and_scored_once(tmp_path, monkeypatch):
+    """A dense project (or a plan refused by its gate): finetune's files are train's own, so the candidates are
+    dense's forms. Each is exported, timed and scored once, and dense's figures are the candidates' own."""
+    import json
+    import shutil
+    from collections import Counter
+
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.runtimes.genai.generation import GenerationTiming
+    from pruneops.task.causal_lm import quantize as quantize_stage
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)
+    shutil.rmtree(layout.stage_dir("finetune") / "model")
+    shutil.copytree(layout.stage_dir("train") / "model", layout.stage_dir("finetune") / "model")
+    scored, exports, timed_names = Counter(), [], []
+    tpot = {"fp32": 8.0, "int8": 4.0}
+
+    def timed(folders, vocab, batch, benchmark, seed=0):
+        timed_names.extend(folders)
+        return {n: GenerationTiming(10.0, tpot[n], (tpot[n],), 16, 8, batch) for n in folders}
+
+    def losses(opened, splits):
+        scored[str(opened.folder)] += 1
+        return {name: np.full(len(blocks), 3.0) for name, blocks in splits.items()}
+
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
+    monkeypatch.setattr(quantize_stage, "_losses", losses)
+    _no_exports(monkeypatch, quantize_stage)
+    export = quantize_stage._export_candidates
+    monkeypatch.setattr(quantize_stage, "_export_candidates", lambda *a: exports.append(a[3]) or export(*a))
+    config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
+    report = quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
+    assert len(exports) == 1 and sorted(timed_names) == ["fp32", "int8"]
+    assert len(scored) == 2 and set(scored.values()) == {1}, scored
+    choice = json.loads((layout.stage_dir("quantize") / "precision.json").read_text())
+    assert choice["dense_candidates"] == choice["candidates"]
+    assert (report.source, report.precision, report.tpot_b1_ms, report.fastest_dense) == ("pruned", "int8", 4.0, "int8")
+    out = layout.stage_dir("quantize")
+    assert (out / "model" / "genai_config.json").is_file()
+    assert all((out / "dense" / p / "genai_config.json").is_file() for p in ("fp32", "int8"))
