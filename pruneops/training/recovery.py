@@ -15,15 +15,25 @@ With `lora_rank`, only low-rank adapters of the decoder layers' projections trai
 weight W gets `alpha / rank x B A`, B zero at the start); every other weight stays frozen, so
 AdamW keeps state for the adapters alone. After training the adapters are merged into the
 weights: the result has the cut model's modules and shapes, and exports as it would have.
+
+With a `Checkpoint`, recovery saves its progress (the trained weights, the optimiser, the
+schedule, the place in the data) every `every_s` seconds and at its end, and a run of the same
+inputs (settings, blocks, student and teacher weights: a SHA-256 of them all) resumes from
+there: a recovery of hours that is stopped loses at most `every_s` of its training. The resumed
+run takes the steps the uninterrupted one would have taken, in the same order.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -63,9 +73,10 @@ class RecoveryResult:
 
     tokens: int
     steps: int
-    wall_s: float
+    wall_s: float  # every run's training time together, a resumed run's included
     losses: tuple[float, ...]  # per step
     trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
+    resumed_tokens: int = 0  # tokens a checkpoint had already trained on (0: trained from the start)
 
     @property
     def tokens_per_second(self) -> float:
@@ -73,26 +84,54 @@ class RecoveryResult:
         return self.tokens / self.wall_s if self.wall_s else math.nan
 
 
-def progress_marks(
-    max_tokens: int, points: int, log: logging.Logger, history: list[dict] | None = None
-) -> Callable[[int, float], None]:
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where recovery keeps its progress, and how often it saves it."""
+
+    path: Path
+    every_s: float = 600.0
+
+
+class ProgressMarks:
     """A `recover_` progress callback: logs (and appends to `history`) about `points` evenly spaced steps.
 
-    Each `history` row is `{"step": index, "tokens": used, "loss": loss}`.
+    Each `history` row is `{"step": index, "tokens": used, "loss": loss}`. A resumed recovery
+    replays the steps it had taken into `history` and counts its rate and time left from there.
     """
-    every = max(1, max_tokens // points)
-    last = [-every]
-    counter = Progress("recovery", max_tokens, "tokens")  # the rate and the time left, every 10 s
 
-    def progress(used: int, loss: float) -> None:
-        counter.update(used - counter.done)
-        if used - last[0] >= every:
-            last[0] = used
-            log.info("recovery: %d / %d tokens, loss %.4f", used, max_tokens, loss)
-            if history is not None:
-                history.append({"step": len(history), "tokens": used, "loss": loss})
+    def __init__(self, max_tokens: int, points: int, log: logging.Logger, history: list[dict] | None = None) -> None:
+        self.max_tokens, self.log, self.history = max_tokens, log, history
+        self.every = max(1, max_tokens // points)
+        self.last, self.start = -self.every, 0
+        self.counter = Progress("recovery", max_tokens, "tokens")  # the rate and the time left, every 10 s
 
-    return progress
+    def __call__(self, used: int, loss: float) -> None:
+        self.counter.update(used - self.start - self.counter.done)
+        if self._marked(used, loss):
+            self.log.info("recovery: %d / %d tokens, loss %.4f", used, self.max_tokens, loss)
+
+    def resume(self, steps: Sequence[tuple[int, float]]) -> None:
+        """Takes the steps a checkpoint had done (tokens used, loss after each) as done."""
+        for used, loss in steps:
+            self._marked(used, loss)
+        self.start = steps[-1][0] if steps else 0
+        self.log.info("recovery: resumed at %d / %d tokens", self.start, self.max_tokens)
+        self.counter = Progress("recovery", self.max_tokens - self.start, "tokens")
+
+    def _marked(self, used: int, loss: float) -> bool:
+        if used - self.last < self.every:
+            return False
+        self.last = used
+        if self.history is not None:
+            self.history.append({"step": len(self.history), "tokens": used, "loss": loss})
+        return True
+
+
+def progress_marks(
+    max_tokens: int, points: int, log: logging.Logger, history: list[dict] | None = None
+) -> ProgressMarks:
+    """A `recover_` progress callback that marks about `points` evenly spaced steps (`ProgressMarks`)."""
+    return ProgressMarks(max_tokens, points, log, history)
 
 
 def training_device(name: str) -> torch.device:
@@ -144,6 +183,7 @@ def recover_(
     blocks: np.ndarray | torch.Tensor,
     settings: RecoverySettings,
     progress: Callable[[int, float], None] | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> RecoveryResult:
     """Distils `teacher` into `student` on `blocks` until `settings.max_tokens` tokens are used.
 
@@ -153,6 +193,8 @@ def recover_(
         blocks: (n, length) training token blocks, cycled in a seeded order.
         settings: Budget, optimiser and device.
         progress: Called after each step with (tokens used, loss).
+        checkpoint: Where progress is saved and resumed from (None: not saved). The file is the
+            caller's to remove once what recovery gave is kept.
 
     Raises:
         ConfigError: No blocks, a budget smaller than one block, or a device torch cannot use.
@@ -166,13 +208,14 @@ def recover_(
     device = training_device(settings.device)
     if warning := compute_dtype_warning(settings.compute_dtype, device.type):
         log.warning(warning)
+    saving = _Saving(checkpoint, run_key(student, teacher, blocks, settings)) if checkpoint else None
     homes = [(model, next(model.parameters()).device) for model in (student, teacher)]
     attached = attach_lora_(student, settings.lora_rank, settings.lora_alpha) if settings.lora_rank else None
     trained = False
     try:
         student.to(device)
         teacher.to(device)
-        result = _train(student, teacher, blocks, settings, device, progress)
+        result = _train(student, teacher, blocks, settings, device, progress, saving)
         trained = True
     finally:
         for model, home in homes:
@@ -263,6 +306,7 @@ def _train(
     settings: RecoverySettings,
     device: torch.device,
     progress: Callable[[int, float], None] | None,
+    saving: _Saving | None = None,
 ) -> RecoveryResult:
     """The training loop of `recover_`, with student and teacher already on `device`."""
     generator = torch.Generator().manual_seed(settings.seed)
@@ -284,8 +328,12 @@ def _train(
     teacher.eval()
     student.train()
     order = torch.randperm(len(blocks), generator=generator)
-    used, losses, cursor, started = 0, [], 0, time.perf_counter()
-    for _ in range(total_steps):
+    done = saving.resumed(student, optimizer, schedule, device) if saving else _Done()
+    if done.steps and isinstance(progress, ProgressMarks):
+        progress.resume(done.steps)
+    steps, cursor, started = list(done.steps), done.cursor, time.perf_counter()
+    used = steps[-1][0] if steps else 0
+    for step in range(len(steps), total_steps):
         take = min(settings.batch_blocks, math.ceil((settings.max_tokens - used) / blocks.shape[1]))
         index = torch.stack([order[(cursor + i) % len(order)] for i in range(take)])
         cursor += take
@@ -308,9 +356,86 @@ def _train(
         optimizer.step()
         schedule.step()
         used += batch.numel()
-        losses.append(loss.item())
+        steps.append((used, loss.item()))
+        if saving:
+            wall = done.wall_s + time.perf_counter() - started
+            saving.maybe_save(_Done(tuple(steps), cursor, wall), student, optimizer, schedule, step + 1 == total_steps)
         if progress:
-            progress(used, losses[-1])
+            progress(used, steps[-1][1])
     student.eval()
     trained = sum(p.numel() for p in student.parameters() if p.requires_grad)
-    return RecoveryResult(used, len(losses), time.perf_counter() - started, tuple(losses), trained)
+    losses = tuple(loss for _, loss in steps)
+    wall = done.wall_s + time.perf_counter() - started
+    resumed = done.steps[-1][0] if done.steps else 0
+    return RecoveryResult(used, len(steps), wall, losses, trained, resumed)
+
+
+def run_key(student: nn.Module, teacher: nn.Module, blocks: torch.Tensor, settings: RecoverySettings) -> str:
+    """A SHA-256 of what a recovery's result depends on: its settings, blocks and both models' weights."""
+    digest = hashlib.sha256(json.dumps(asdict(settings), sort_keys=True).encode())
+    digest.update(blocks.numpy().tobytes())
+    for model in (student, teacher):
+        for name, tensor in sorted(model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class _Done:
+    """What a recovery has done: (tokens used, loss) after each step, the place in the data, the time spent."""
+
+    steps: tuple[tuple[int, float], ...] = ()
+    cursor: int = 0
+    wall_s: float = 0.0
+
+
+@dataclass
+class _Saving:
+    """A recovery's checkpoint: resumed from where it is this run's, saved every `every_s` and at the end."""
+
+    checkpoint: Checkpoint
+    key: str
+    saved_at: float = field(default_factory=time.perf_counter)
+
+    def resumed(self, student: nn.Module, optimizer, schedule, device: torch.device) -> _Done:
+        """What the checkpoint had done, loaded into the student, optimiser and schedule (nothing: not this run's)."""
+        path = self.checkpoint.path
+        if not path.is_file():
+            return _Done()
+        try:
+            state = torch.load(path, map_location=device, weights_only=True)
+        except (RuntimeError, OSError, EOFError) as error:  # a file cut short: not a checkpoint
+            log.warning("recovery: %s cannot be read (%s): training from the start", path, error)
+            return _Done()
+        if state.get("key") != self.key:
+            log.info("recovery: %s is another run's (its settings, data or weights differ): from the start", path)
+            return _Done()
+        parameters = dict(student.named_parameters())
+        with torch.no_grad():
+            for name, value in state["parameters"].items():
+                parameters[name].copy_(value)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        steps = tuple((int(used), float(loss)) for used, loss in state["steps"])
+        return _Done(steps, int(state["cursor"]), float(state["wall_s"]))
+
+    def maybe_save(self, done: _Done, student: nn.Module, optimizer, schedule, last: bool) -> None:
+        """Saves `done` and the training state where `every_s` have passed since the last save, or at the end."""
+        if not last and time.perf_counter() - self.saved_at < self.checkpoint.every_s:
+            return
+        state = {
+            "key": self.key,
+            "steps": [list(step) for step in done.steps],
+            "cursor": done.cursor,
+            "wall_s": done.wall_s,
+            "parameters": {n: p.detach().cpu() for n, p in student.named_parameters() if p.requires_grad},
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+        }
+        path = self.checkpoint.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        torch.save(state, partial)
+        os.replace(partial, path)  # a stop while saving leaves the last whole checkpoint
+        self.saved_at = time.perf_counter()

@@ -140,3 +140,75 @@ def test_recovery_on_cuda_trains_there_and_hands_both_models_back_on_the_cpu(com
     cpu = block_losses(student, held_out)
     cuda = block_losses(student.cuda(), held_out)
     assert abs(cuda - cpu).max() < 1e-3 * abs(cpu).max()
+
+
+class _Stop(Exception):
+    """A recovery stopped mid-run (the process killed, in effect)."""
+
+
+def _stopped_after(steps: int):
+    def progress(used, loss):
+        progress.calls += 1
+        if progress.calls == steps:
+            raise _Stop
+
+    progress.calls = 0
+    return progress
+
+
+@pytest.mark.parametrize("lora_rank", [None, 2])
+def test_a_stopped_recovery_resumes_from_its_checkpoint_and_ends_where_one_run_would(tmp_path, lora_rank):
+    from pruneops.training.recovery import Checkpoint
+
+    teacher, student, train, _ = _student_with_half_its_mlp()
+    settings = RecoverySettings(max_tokens=10 * 4 * 16, batch_blocks=4, lr=3e-3, lora_rank=lora_rank)
+    torch.manual_seed(0)  # LoRA's adapters start from torch's global generator
+    one_run = recover_(copy.deepcopy(student), teacher, train, settings)
+    checkpoint = Checkpoint(tmp_path / "recovery.pt", every_s=0.0)  # saved after every step
+    torch.manual_seed(0)
+    with pytest.raises(_Stop):
+        recover_(copy.deepcopy(student), teacher, train, settings, _stopped_after(4), checkpoint)
+    assert checkpoint.path.is_file() and not (tmp_path / "recovery.pt.partial").exists()
+    seen = []
+    torch.manual_seed(1)  # the adapters come from the checkpoint, whatever a fresh start would draw
+    resumed = recover_(copy.deepcopy(student), teacher, train, settings, lambda used, _: seen.append(used), checkpoint)
+    assert resumed.resumed_tokens == 4 * 4 * 16 and seen == [step * 4 * 16 for step in range(5, 11)]
+    assert (resumed.tokens, resumed.steps) == (one_run.tokens, one_run.steps)
+    # the same losses from step 5 on: the resumed run left from the checkpoint's weights and optimiser
+    assert resumed.losses == pytest.approx(one_run.losses, rel=1e-5, abs=1e-7)
+
+
+def test_a_checkpoint_of_other_inputs_or_cut_short_is_not_resumed(tmp_path, caplog):
+    import logging
+
+    from pruneops.training.recovery import Checkpoint
+
+    caplog.set_level(logging.INFO, logger="pruneops.training.recovery")
+
+    teacher, student, train, _ = _student_with_half_its_mlp()
+    settings = RecoverySettings(max_tokens=6 * 4 * 16, batch_blocks=4, lr=3e-3)
+    checkpoint = Checkpoint(tmp_path / "recovery.pt", every_s=0.0)
+    with pytest.raises(_Stop):
+        recover_(copy.deepcopy(student), teacher, train, settings, _stopped_after(3), checkpoint)
+    other = recover_(copy.deepcopy(student), teacher, train, RecoverySettings(**{**settings.__dict__, "lr": 1e-3}),
+                     checkpoint=checkpoint)  # fmt: skip
+    assert other.resumed_tokens == 0 and other.steps == 6
+    assert any("another run's" in r.getMessage() for r in caplog.records)
+    checkpoint.path.write_bytes(checkpoint.path.read_bytes()[:100])  # a save cut short by hand
+    fresh = recover_(copy.deepcopy(student), teacher, train, settings, checkpoint=checkpoint)
+    assert fresh.resumed_tokens == 0 and fresh.steps == 6
+    assert any("cannot be read" in r.getMessage() for r in caplog.records)
+
+
+def test_progress_marks_of_a_resumed_recovery_replay_its_steps_and_count_the_rest():
+    import logging
+
+    from pruneops.training.recovery import progress_marks
+
+    history: list[dict] = []
+    progress = progress_marks(1000, 4, logging.getLogger("test"), history)
+    progress.resume([(used, used / 1000) for used in range(64, 449, 64)])  # 7 steps done before the stop
+    for used in range(512, 1025, 64):
+        progress(used, used / 1000)
+    assert [row["tokens"] for row in history] == [64, 320, 576, 832]  # as one run's marks
+    assert progress.counter.total == 1000 - 448 and progress.counter.done == 1024 - 448

@@ -18,6 +18,7 @@ from pruneops.pipeline.stages import StageReport
 from pruneops.reports.plots import plot_history
 from pruneops.task.causal_lm.common import MODEL_DIR, load_blocks, read_stage_json
 from pruneops.training.recovery import (
+    Checkpoint,
     RecoverySettings,
     compute_dtype_warning,
     progress_marks,
@@ -26,6 +27,10 @@ from pruneops.training.recovery import (
 )
 
 log = logging.getLogger(__name__)
+
+# Recovery saves its progress this often (and at its end) under `state/finetune/`: a stopped run of the
+# same inputs resumes there, losing at most this much training. About 2 s a save for a 135M model.
+CHECKPOINT_EVERY_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -46,10 +51,12 @@ class RecoveryReport(StageReport):
     lora_rank: int | None = None
     trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
     self_text_blocks: int = 0  # recovery blocks the dense model wrote itself (`self_text_fraction`)
+    resumed_tokens: int = 0  # tokens trained on before a stop, resumed from the checkpoint (0: one run)
 
     def summary(self) -> str:
+        resumed = f" (resumed at {self.resumed_tokens:,})" if self.resumed_tokens else ""
         return (
-            f"{self.tokens:,} tokens in {self.wall_s / 60:.1f} min on {self.device}: validation perplexity "
+            f"{self.tokens:,} tokens{resumed} in {self.wall_s / 60:.1f} min on {self.device}: validation perplexity "
             f"{self.val_perplexity_before:.2f} -> {self.val_perplexity:.2f} (dense {self.dense_val_perplexity:.2f}) "
             f"-> {self.checkpoint}"
         )
@@ -86,6 +93,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     `batch_size` blocks per step; 0 tokens passes the pruned model on as it is. With
     `self_text_fraction`, that share of the blocks is text the dense model writes itself
     (`self_written_blocks`): recovery then also distils what the model does beyond the corpus.
+    Recovery saves its progress every `CHECKPOINT_EVERY_S` under `state/finetune/` and a stopped run
+    of the same inputs resumes there; the checkpoint goes once the stage's outputs are written.
     """
     torch.set_num_threads(config.threads)
     if config.max_tokens:
@@ -95,7 +104,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     blocks = load_blocks(layout)
     before = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     history: list[dict] = []
-    tokens = steps = trained = written = 0
+    tokens = steps = trained = written = resumed = 0
+    checkpoint = Checkpoint(layout.state_dir() / "finetune" / "recovery.pt", CHECKPOINT_EVERY_S)
     wall = 0.0
     refused = not read_stage_json(layout, "prune", "plan.json").get("pruned", True)  # dense passed on
     if config.max_tokens and not refused:
@@ -114,8 +124,9 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
         )
         progress = progress_marks(config.max_tokens, 20, log, history)
         train, written = _with_self_text(dense, blocks["train"], config)
-        result = recover_(model, dense, train, settings, progress)
+        result = recover_(model, dense, train, settings, progress, checkpoint)
         tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
+        resumed = result.resumed_tokens
     warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
     if refused and config.max_tokens:
         warning = "the prune stage passed the dense model on (its gate, or strategy none): nothing to recover"
@@ -143,6 +154,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             lora_rank=config.lora_rank,
             trained_parameters=trained,
             self_text_blocks=written,
+            resumed_tokens=resumed,
         )
         dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
+    checkpoint.path.unlink(missing_ok=True)  # what recovery gave is kept: a later run starts afresh
     return report

@@ -43,3 +43,36 @@ def test_self_text_writes_only_the_blocks_recovery_reads():
     rows = {row.tobytes() for row in train}
     assert all(row.tobytes() in rows for row in mixed[:5])  # the rest are corpus blocks, drawn from the split
     assert not any(row.tobytes() in rows for row in mixed[5:])
+
+
+def test_a_stopped_finetune_resumes_and_drops_its_checkpoint_once_its_outputs_are_written(tmp_path, monkeypatch):
+    import json
+
+    import pruneops.training.recovery as recovery
+    from pruneops.core.io import Layout
+    from pruneops.task.causal_lm import finetune as finetune_stage
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)  # dense in train, a nudged copy of it in finetune: here, the pruned one
+    layout.stage_dir("prune").mkdir(parents=True)
+    (layout.stage_dir("finetune") / "model").rename(layout.stage_dir("prune") / "model")
+    (layout.stage_dir("prune") / "plan.json").write_text(json.dumps({"pruned": True}))
+    monkeypatch.setattr(finetune_stage, "CHECKPOINT_EVERY_S", 0.0)  # saved after every step
+    config = FinetuneConfig(max_tokens=8 * 2 * 32, batch_size=2, lr=1e-3)
+    step, calls = recovery.ProgressMarks.__call__, []
+
+    def stopped_at_the_third(self, used, loss):
+        calls.append(used)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        step(self, used, loss)
+
+    monkeypatch.setattr(recovery.ProgressMarks, "__call__", stopped_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        finetune_stage.recover_decoder(config, layout)
+    checkpoint = Layout(tmp_path).state_dir() / "finetune" / "recovery.pt"
+    assert checkpoint.is_file() and not (layout.stage_dir("finetune") / "model").exists()
+    report = finetune_stage.recover_decoder(config, layout)
+    assert (report.resumed_tokens, report.tokens, report.steps) == (3 * 2 * 32, 8 * 2 * 32, 8)
+    assert "resumed at 192" in report.summary()
+    assert not checkpoint.exists() and (layout.stage_dir("finetune") / "model" / "config.json").is_file()
