@@ -223,7 +223,8 @@ def _make_worktree(project: Path, name: str, replace: bool = False) -> tuple[Pat
 
     With `replace`, a worktree of that name is removed first: a run killed by a signal (a
     stopped `pruneops bench`) leaves its worktree behind, and the rerun meant to replace it would
-    otherwise refuse the variant (a benchmark then lost its dense reference that way).
+    otherwise refuse the variant (a benchmark then lost its dense reference that way). Its
+    `state/cache` is the project's (`_share_cache`).
     """
     top = Path(_git(project, "rev-parse", "--show-toplevel")).resolve()
     try:
@@ -238,7 +239,22 @@ def _make_worktree(project: Path, name: str, replace: bool = False) -> tuple[Pat
         raise PruneOpsError(f"{tree}: an experiment named {name!r} is already there")
     tree.parent.mkdir(parents=True, exist_ok=True)
     _git(project, "worktree", "add", "--detach", str(tree), base)
-    return tree, tree / project.resolve().relative_to(top)
+    root = tree / project.resolve().relative_to(top)
+    _share_cache(project, root)
+    return tree, root
+
+
+def _share_cache(project: Path, root: Path) -> None:
+    """Points the worktree's `state/cache` at the project's: recovery checkpoints and exports' scores.
+
+    What is there is named by its inputs, so every experiment of the project shares it, and it
+    outlives a worktree that a rerun replaces or a failure removes (a stopped recovery resumes).
+    """
+    shared = Layout(project).state_dir() / "cache"
+    shared.mkdir(parents=True, exist_ok=True)
+    own = Layout(root).state_dir()
+    own.mkdir(parents=True, exist_ok=True)
+    (own / "cache").symlink_to(shared.resolve(), target_is_directory=True)
 
 
 def run_experiment(

@@ -17,9 +17,9 @@ AdamW keeps state for the adapters alone. After training the adapters are merged
 weights: the result has the cut model's modules and shapes, and exports as it would have.
 
 With a `Checkpoint`, recovery saves its progress (the trained weights, the optimiser, the
-schedule, the place in the data) every `every_s` seconds and at its end, and a run of the same
-inputs (settings, blocks, student and teacher weights: a SHA-256 of them all) resumes from
-there: a recovery of hours that is stopped loses at most `every_s` of its training. The resumed
+schedule, the place in the data) every `every_s` seconds and at its end, in a file named by its
+inputs (settings, blocks, student and teacher weights: a SHA-256 of them all), and a run of the
+same inputs resumes from there: a recovery of hours that is stopped loses at most `every_s` of its training. The resumed
 run takes the steps the uninterrupted one would have taken, in the same order.
 """
 
@@ -77,6 +77,7 @@ class RecoveryResult:
     losses: tuple[float, ...]  # per step
     trained_parameters: int = 0  # what the optimiser updated (the adapters alone with LoRA)
     resumed_tokens: int = 0  # tokens a checkpoint had already trained on (0: trained from the start)
+    checkpoint: Path | None = None  # the run's checkpoint file, left for the caller to remove (None: not saved)
 
     @property
     def tokens_per_second(self) -> float:
@@ -86,10 +87,14 @@ class RecoveryResult:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where recovery keeps its progress, and how often it saves it."""
+    """Where recovery keeps its progress (a file per run, named by its inputs), and how often it saves it."""
 
-    path: Path
+    folder: Path
     every_s: float = 600.0
+
+    def path(self, key: str) -> Path:
+        """The checkpoint of the run whose inputs hash to `key` (`run_key`)."""
+        return self.folder / f"recovery-{key[:16]}.pt"
 
 
 class ProgressMarks:
@@ -193,8 +198,8 @@ def recover_(
         blocks: (n, length) training token blocks, cycled in a seeded order.
         settings: Budget, optimiser and device.
         progress: Called after each step with (tokens used, loss).
-        checkpoint: Where progress is saved and resumed from (None: not saved). The file is the
-            caller's to remove once what recovery gave is kept.
+        checkpoint: Where progress is saved and resumed from (None: not saved). The file
+            (`RecoveryResult.checkpoint`) is the caller's to remove once what recovery gave is kept.
 
     Raises:
         ConfigError: No blocks, a budget smaller than one block, or a device torch cannot use.
@@ -367,7 +372,7 @@ def _train(
     losses = tuple(loss for _, loss in steps)
     wall = done.wall_s + time.perf_counter() - started
     resumed = done.steps[-1][0] if done.steps else 0
-    return RecoveryResult(used, len(steps), wall, losses, trained, resumed)
+    return RecoveryResult(used, len(steps), wall, losses, trained, resumed, saving.path if saving else None)
 
 
 def run_key(student: nn.Module, teacher: nn.Module, blocks: torch.Tensor, settings: RecoverySettings) -> str:
@@ -398,9 +403,14 @@ class _Saving:
     key: str
     saved_at: float = field(default_factory=time.perf_counter)
 
+    @property
+    def path(self) -> Path:
+        """This run's checkpoint file."""
+        return self.checkpoint.path(self.key)
+
     def resumed(self, student: nn.Module, optimizer, schedule, device: torch.device) -> _Done:
         """What the checkpoint had done, loaded into the student, optimiser and schedule (nothing: not this run's)."""
-        path = self.checkpoint.path
+        path = self.path
         if not path.is_file():
             return _Done()
         try:
@@ -408,7 +418,7 @@ class _Saving:
         except (RuntimeError, OSError, EOFError) as error:  # a file cut short: not a checkpoint
             log.warning("recovery: %s cannot be read (%s): training from the start", path, error)
             return _Done()
-        if state.get("key") != self.key:
+        if state.get("key") != self.key:  # a 16-digit name shared by other inputs: almost never
             log.info("recovery: %s is another run's (its settings, data or weights differ): from the start", path)
             return _Done()
         parameters = dict(student.named_parameters())
@@ -433,7 +443,7 @@ class _Saving:
             "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(),
         }
-        path = self.checkpoint.path
+        path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
         torch.save(state, partial)

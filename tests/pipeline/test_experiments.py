@@ -29,6 +29,23 @@ def test_a_rerun_replaces_the_worktree_a_killed_run_left(tmp_path):
     assert _git(project, "worktree", "list").count(str(tree)) == 1
 
 
+def test_experiments_share_the_projects_cache_and_it_outlives_a_replaced_worktree(tmp_path):
+    """A recovery checkpoint written in an experiment that was stopped is there for its rerun."""
+    project = tmp_path / "p"
+    project.mkdir()
+    _git(project, "init", "-q")
+    (project / "params.yaml").write_text("prune: {}\n")
+    _git(project, "add", "-A")
+    _git(project, "commit", "-qm", "params")
+    _, root = _make_worktree(project, "ours")
+    (root / "state" / "cache" / "recovery").mkdir()
+    (root / "state" / "cache" / "recovery" / "recovery-0123.pt").write_text("progress")
+    _, again = _make_worktree(project, "ours", replace=True)
+    _, other = _make_worktree(project, "depth")
+    for where in (project, again, other):
+        assert (where / "state" / "cache" / "recovery" / "recovery-0123.pt").read_text() == "progress"
+
+
 def test_an_override_sets_a_key_inside_a_nested_block_and_keeps_its_siblings():
     from pruneops.core.errors import ConfigError
     from pruneops.pipeline.experiments import apply_overrides

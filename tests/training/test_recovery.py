@@ -164,15 +164,20 @@ def test_a_stopped_recovery_resumes_from_its_checkpoint_and_ends_where_one_run_w
     settings = RecoverySettings(max_tokens=10 * 4 * 16, batch_blocks=4, lr=3e-3, lora_rank=lora_rank)
     torch.manual_seed(0)  # LoRA's adapters start from torch's global generator
     one_run = recover_(copy.deepcopy(student), teacher, train, settings)
-    checkpoint = Checkpoint(tmp_path / "recovery.pt", every_s=0.0)  # saved after every step
+    checkpoint = Checkpoint(tmp_path, every_s=0.0)  # saved after every step
     torch.manual_seed(0)
     with pytest.raises(_Stop):
         recover_(copy.deepcopy(student), teacher, train, settings, _stopped_after(4), checkpoint)
-    assert checkpoint.path.is_file() and not (tmp_path / "recovery.pt.partial").exists()
+    (saved,) = tmp_path.iterdir()  # one file, whole: no partial save left beside it
+    assert saved.name.startswith("recovery-") and saved.suffix == ".pt"
     seen = []
     torch.manual_seed(1)  # the adapters come from the checkpoint, whatever a fresh start would draw
     resumed = recover_(copy.deepcopy(student), teacher, train, settings, lambda used, _: seen.append(used), checkpoint)
-    assert resumed.resumed_tokens == 4 * 4 * 16 and seen == [step * 4 * 16 for step in range(5, 11)]
+    assert (
+        resumed.checkpoint == saved
+        and resumed.resumed_tokens == 4 * 4 * 16
+        and seen == [step * 4 * 16 for step in range(5, 11)]
+    )
     assert (resumed.tokens, resumed.steps) == (one_run.tokens, one_run.steps)
     # the same losses from step 5 on: the resumed run left from the checkpoint's weights and optimiser
     assert resumed.losses == pytest.approx(one_run.losses, rel=1e-5, abs=1e-7)
@@ -187,14 +192,14 @@ def test_a_checkpoint_of_other_inputs_or_cut_short_is_not_resumed(tmp_path, capl
 
     teacher, student, train, _ = _student_with_half_its_mlp()
     settings = RecoverySettings(max_tokens=6 * 4 * 16, batch_blocks=4, lr=3e-3)
-    checkpoint = Checkpoint(tmp_path / "recovery.pt", every_s=0.0)
+    checkpoint = Checkpoint(tmp_path, every_s=0.0)
     with pytest.raises(_Stop):
         recover_(copy.deepcopy(student), teacher, train, settings, _stopped_after(3), checkpoint)
     other = recover_(copy.deepcopy(student), teacher, train, RecoverySettings(**{**settings.__dict__, "lr": 1e-3}),
                      checkpoint=checkpoint)  # fmt: skip
-    assert other.resumed_tokens == 0 and other.steps == 6
-    assert any("another run's" in r.getMessage() for r in caplog.records)
-    checkpoint.path.write_bytes(checkpoint.path.read_bytes()[:100])  # a save cut short by hand
+    assert other.resumed_tokens == 0 and other.steps == 6 and len(list(tmp_path.iterdir())) == 2  # a file each
+    (stopped,) = [p for p in tmp_path.iterdir() if p != other.checkpoint]
+    stopped.write_bytes(stopped.read_bytes()[:100])  # a save cut short by hand
     fresh = recover_(copy.deepcopy(student), teacher, train, settings, checkpoint=checkpoint)
     assert fresh.resumed_tokens == 0 and fresh.steps == 6
     assert any("cannot be read" in r.getMessage() for r in caplog.records)

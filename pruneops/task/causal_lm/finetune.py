@@ -28,8 +28,10 @@ from pruneops.training.recovery import (
 
 log = logging.getLogger(__name__)
 
-# Recovery saves its progress this often (and at its end) under `state/finetune/`: a stopped run of the
-# same inputs resumes there, losing at most this much training. About 2 s a save for a 135M model.
+# Recovery saves its progress this often (and at its end) under `state/cache/recovery/`, a file per run
+# named by its inputs: a stopped run of the same inputs resumes there, losing at most this much
+# training. About 2 s a save for a 135M model. DVC experiments' worktrees share their project's
+# `state/cache/`, so a rerun of an experiment resumes too.
 CHECKPOINT_EVERY_S = 600.0
 
 
@@ -93,8 +95,8 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     `batch_size` blocks per step; 0 tokens passes the pruned model on as it is. With
     `self_text_fraction`, that share of the blocks is text the dense model writes itself
     (`self_written_blocks`): recovery then also distils what the model does beyond the corpus.
-    Recovery saves its progress every `CHECKPOINT_EVERY_S` under `state/finetune/` and a stopped run
-    of the same inputs resumes there; the checkpoint goes once the stage's outputs are written.
+    Recovery saves its progress every `CHECKPOINT_EVERY_S` under `state/cache/recovery/` and a
+    stopped run of the same inputs resumes there; the checkpoint goes once the stage's outputs are written.
     """
     torch.set_num_threads(config.threads)
     if config.max_tokens:
@@ -105,7 +107,7 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
     before = perplexity_from_losses(block_losses(model, blocks["val"]), 0).value
     history: list[dict] = []
     tokens = steps = trained = written = resumed = 0
-    checkpoint = Checkpoint(layout.state_dir() / "finetune" / "recovery.pt", CHECKPOINT_EVERY_S)
+    progress_file: Path | None = None  # recovery's checkpoint, removed once the outputs are written
     wall = 0.0
     refused = not read_stage_json(layout, "prune", "plan.json").get("pruned", True)  # dense passed on
     if config.max_tokens and not refused:
@@ -124,9 +126,10 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
         )
         progress = progress_marks(config.max_tokens, 20, log, history)
         train, written = _with_self_text(dense, blocks["train"], config)
-        result = recover_(model, dense, train, settings, progress, checkpoint)
+        saving = Checkpoint(layout.state_dir() / "cache" / "recovery", CHECKPOINT_EVERY_S)
+        result = recover_(model, dense, train, settings, progress, saving)
         tokens, steps, wall, trained = result.tokens, result.steps, result.wall_s, result.trained_parameters
-        resumed = result.resumed_tokens
+        resumed, progress_file = result.resumed_tokens, result.checkpoint
     warning = compute_dtype_warning(config.compute_dtype, config.device) if config.max_tokens else None
     if refused and config.max_tokens:
         warning = "the prune stage passed the dense model on (its gate, or strategy none): nothing to recover"
@@ -157,5 +160,6 @@ def recover_decoder(config: FinetuneConfig, layout: Layout) -> RecoveryReport:
             resumed_tokens=resumed,
         )
         dump_json(report.metrics(), staged.path(layout.metrics("finetune")))
-    checkpoint.path.unlink(missing_ok=True)  # what recovery gave is kept: a later run starts afresh
+    if progress_file is not None:  # what recovery gave is kept: a later run of the same inputs is a DVC cache hit
+        progress_file.unlink(missing_ok=True)
     return report

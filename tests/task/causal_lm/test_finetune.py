@@ -70,8 +70,8 @@ def test_a_stopped_finetune_resumes_and_drops_its_checkpoint_once_its_outputs_ar
     monkeypatch.setattr(recovery.ProgressMarks, "__call__", stopped_at_the_third)
     with pytest.raises(KeyboardInterrupt):
         finetune_stage.recover_decoder(config, layout)
-    checkpoint = Layout(tmp_path).state_dir() / "finetune" / "recovery.pt"
-    assert checkpoint.is_file() and not (layout.stage_dir("finetune") / "model").exists()
+    (checkpoint,) = (Layout(tmp_path).state_dir() / "cache" / "recovery").iterdir()
+    assert not (layout.stage_dir("finetune") / "model").exists()
     report = finetune_stage.recover_decoder(config, layout)
     assert (report.resumed_tokens, report.tokens, report.steps) == (3 * 2 * 32, 8 * 2 * 32, 8)
     assert "resumed at 192" in report.summary()
