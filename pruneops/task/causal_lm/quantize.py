@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -170,7 +172,8 @@ def quantize_decoder(
         timings = _timed({**{n: (forms[n][0], f) for n, f in folders.items()},
                           **{dense_names[n]: (dense_forms[n][0], f) for n, f in dense_folders.items()}},
                          model.config.vocab_size, 1, benchmark)  # fmt: skip
-        reference = _reference(runtimes[0], dense_folders["fp32"], splits, load_zero_shot(layout))
+        cache = layout.state_dir() / "cache" / "scores"
+        reference = _reference(runtimes[0], dense_folders["fp32"], splits, load_zero_shot(layout), cache)
         candidates = _judged(folders, forms, timings, splits, reference, budgets)
         dense_candidates = (
             {n: candidates[n] for n in dense_folders}
@@ -271,15 +274,44 @@ class Budgets:
         return f"{self.val.text()}{general}{zero_shot}"
 
 
+Scores = tuple[dict[str, np.ndarray], np.ndarray | None]  # per-block losses on each split; zero-shot answers
+
+
 def _scored(
-    runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None
-) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None, cache: Path | None
+) -> Scores:
     """An exported model, opened once: its per-block losses on each split and (with a zero-shot check) its answers.
 
     Both come from its own logits in its runtime; the answers are on the check's gating half.
+    Kept in `cache` (None: not kept) under a name made of the runtime, the export's files, the
+    blocks and the check: the same export scored again (dense's forms in every re-prune, two
+    experiments that share a recovery) is read back, not scored.
     """
+    saved = None if cache is None else cache / f"{_score_key(runtime, folder, splits, check)}.npz"
+    if saved is not None and saved.is_file():
+        with np.load(saved) as kept:
+            return {name: kept[f"loss {name}"] for name in splits}, kept["zero_shot"] if check is not None else None
     opened = runtime.open(folder, threads=2)
-    return _losses(opened, splits), None if check is None else zero_shot_correct(opened, check, "zero_shot_val")
+    losses = _losses(opened, splits)
+    correct = None if check is None else zero_shot_correct(opened, check, "zero_shot_val")
+    if saved is None:
+        return losses, correct
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    partial = saved.with_name(f"{saved.stem}.partial.npz")
+    extra = {} if correct is None else {"zero_shot": correct}
+    np.savez(partial, **{f"loss {name}": value for name, value in losses.items()}, **extra)
+    partial.replace(saved)
+    return losses, correct
+
+
+def _score_key(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None) -> str:
+    """A SHA-256 of what an export's scores depend on: its runtime and files, the blocks, the zero-shot check."""
+    digest = hashlib.sha256(json.dumps([runtime.name, folder_manifest(folder)], sort_keys=True).encode())
+    for name, blocks in sorted(splits.items()):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(blocks, dtype=np.int64).tobytes())
+    digest.update(json.dumps(check, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
 
 
 def _losses(opened: object, splits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -295,18 +327,21 @@ class DenseReference:
     check: dict | None = None  # validate's zero-shot check (None: not set)
     zero_shot_correct: np.ndarray | None = None  # dense's answer to each gating item, right or not
     folder: Path | None = None  # the export these were scored on: as a candidate, it is not scored again
+    cache: Path | None = None  # where scores are kept (`_scored`; None: not kept)
 
-    def scores(self, runtime: Runtime, folder: Path, splits: dict[str, np.ndarray]) -> tuple[dict, np.ndarray | None]:
+    def scores(self, runtime: Runtime, folder: Path, splits: dict[str, np.ndarray]) -> Scores:
         """A candidate's losses and zero-shot answers: this reference's own where it is the same export."""
         if folder == self.folder:
             return self.losses, self.zero_shot_correct
-        return _scored(runtime, folder, splits, self.check)
+        return _scored(runtime, folder, splits, self.check, self.cache)
 
 
-def _reference(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None) -> DenseReference:
+def _reference(
+    runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None, cache: Path | None
+) -> DenseReference:
     """Dense fp32's losses on each split and, with a zero-shot check, its answers on the gating half."""
-    losses, correct = _scored(runtime, folder, splits, check)
-    return DenseReference(losses, check, correct, folder)
+    losses, correct = _scored(runtime, folder, splits, check, cache)
+    return DenseReference(losses, check, correct, folder, cache)
 
 
 def _judged(folders: dict, forms: dict, timings: dict, splits, dense: DenseReference, budgets: Budgets) -> dict:

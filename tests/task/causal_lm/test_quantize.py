@@ -22,7 +22,8 @@ def _no_exports(monkeypatch, quantize_stage) -> None:
                     )
                     folder = work / runtime.name / f"vocab{vocabulary or 'all'}" / precision
                     folder.mkdir(parents=True)
-                    (folder / "genai_config.json").write_text(json.dumps({"model": {"vocab_size": 32}}))
+                    config = {"model": {"vocab_size": 32}, "form": f"{work.name} {name}"}  # forms differ, as exports do
+                    (folder / "genai_config.json").write_text(json.dumps(config))
                     folders[name], kinds[name] = folder, (runtime, precision, vocabulary)
         return folders, kinds
 
@@ -283,3 +284,49 @@ def test_dense_passed_on_unchanged_is_exported_timed_and_scored_once(tmp_path, m
     out = layout.stage_dir("quantize")
     assert (out / "model" / "genai_config.json").is_file()
     assert all((out / "dense" / p / "genai_config.json").is_file() for p in ("fp32", "int8"))
+
+
+def test_an_export_scored_before_is_read_back_and_a_changed_one_is_scored(tmp_path, monkeypatch):
+    """A re-prune (another DVC experiment of the project) exports dense's forms again, file for file: their
+    scores come from `state/cache/scores`; a form whose files differ (a new recovery) is scored."""
+    import json
+    from collections import Counter
+
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.runtimes.genai.generation import GenerationTiming
+    from pruneops.task.causal_lm import quantize as quantize_stage
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)
+    scored = Counter()
+
+    def timed(folders, vocab, batch, benchmark, seed=0):
+        return {n: GenerationTiming(9.0, 5.0, (5.0,), 16, 8, batch) for n in folders}
+
+    def losses(opened, splits):
+        scored[opened.folder.as_posix().split("/quantize/")[-1]] += 1  # within the stage's (staged) folder
+        return {name: np.full(len(blocks), 3.0 + 0.01 * sum(scored.values())) for name, blocks in splits.items()}
+
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
+    monkeypatch.setattr(quantize_stage, "_losses", losses)
+    _no_exports(monkeypatch, quantize_stage)
+    config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
+    quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
+    first = json.loads((layout.stage_dir("quantize") / "precision.json").read_text())
+    assert len(scored) == 4 and len(list((layout.state_dir() / "cache" / "scores").glob("*.npz"))) == 4
+    scored.clear()
+    quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
+    again = json.loads((layout.stage_dir("quantize") / "precision.json").read_text())
+    assert not scored and again["candidates"] == first["candidates"]  # read back: the same figures
+    export = quantize_stage._export_candidates
+
+    def recovered_again(forms, runtimes, precisions, work, ctx):  # the recovered model's exports change
+        folders, kinds = export(forms, runtimes, precisions, work, ctx)
+        if work.name == "candidates":
+            for folder in folders.values():
+                (folder / "genai_config.json").write_text('{"model": {"vocab_size": 32}, "form": "recovered again"}')
+        return folders, kinds
+
+    monkeypatch.setattr(quantize_stage, "_export_candidates", recovered_again)
+    quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
+    assert sorted(scored) == ["candidates/genai/vocaball/fp32"]  # the two are one file now: scored once
