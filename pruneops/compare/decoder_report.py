@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pruneops.compare.decoders import selection_budgets
 from pruneops.core.io import read_json
 from pruneops.core.quality import QualityBudget, QualityChange
 from pruneops.reports.plots import _pyplot
@@ -56,25 +57,39 @@ def _name(row: dict) -> str:
                    row["family"] != "dense" and row["deployed"] else "")  # fmt: skip
 
 
-def _selected(pick: dict | None, budget: float) -> list[str]:
-    held = QualityBudget(budget, "perplexity")
+WHERE = {
+    "val_change": "validation perplexity",
+    "general_val_change": "general text's gating half",
+    "zero_shot_val_change": "the zero-shot check's gating half",
+}
+
+
+def _held(budgets: dict[str, QualityBudget]) -> str:
+    """`validation perplexity +15 %, general text's gating half +15 % and …`: the budgets that are set."""
+    parts = [f"{WHERE[k]} {b.text().replace(' perplexity', '')}" for k, b in budgets.items() if b.limit is not None]
+    return ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
+
+
+def _selected(pick: dict | None, budgets: dict[str, QualityBudget]) -> list[str]:
+    """The selected row's line (`selection_budgets`: what it held), and where test disagrees with validation."""
     if pick is None:
-        return [
-            f"**Selected**: none of ours holds +{100 * budget:g} % validation perplexity at its interval's far end."
-        ]
+        return [f"**Selected**: none of ours holds {_held(budgets)} at its interval's far end."]
     test = QualityChange(**pick["test_change"])
     line = (
-        f"**Selected** (the fastest of ours whose validation perplexity holds +{100 * budget:g} % at the far end of "
-        f"its 95 % interval): {_name(pick)} ({pick['shape']}): decode "
+        f"**Selected** (the fastest of ours that holds {_held(budgets)}, each at the far end of its 95 % "
+        f"interval): {_name(pick)} ({pick['shape']}): decode "
         f"{pick['speedup_b1']:.2f}× dense fp32 at batch 1 ({pick['speedup_b1_vs_dense_deployed']:.2f}× dense as "
         f"deployed); test perplexity {test.text()}, validation {QualityChange(**pick['val_change']).text()}"
     )
     if "general_change" in pick:
         line += f"; general text {QualityChange(**pick['general_change']).text()}"
+    if "zero_shot_change" in pick:
+        line += f"; zero-shot {QualityChange(**pick['zero_shot_change']).text()}"
     lines = [line + "."]
-    if not held.holds(test):
+    val = budgets["val_change"]
+    if not val.holds(test):
         lines.append(
-            f"- test disagrees: its test interval's far end ({test.text()}) is beyond the +{100 * budget:g} % "
+            f"- test disagrees: its test interval's far end ({test.text()}) is beyond the {val.text()} "
             "budget that validation held"
         )
     return lines
@@ -129,7 +144,6 @@ def write_decoder_report(
     workload, rows: list[dict], selected: dict | None, failed: dict, machine: dict, timing, command: str, dirs
 ) -> str:
     """The markdown report of one causal-LM workload."""
-    budget = workload.max_perplexity_increase
     ours = next((dirs[v.name] for v in workload.variants if v.family == "ours" and v.name in dirs), None)
     recovery = read_json(ours / "metrics.json").get("finetune", {}) if ours else {}
     lines = [
@@ -158,7 +172,7 @@ def write_decoder_report(
         ]
     lines += ["", "![frontier](frontier.png)", "", *_table(rows, [1, *timing.batch_sizes]), ""]
     lines += [f"- {name}: not measured — {why}" for name, why in failed.items()]
-    lines += ["", *_selected(selected, budget), "", *_versus(rows), "", *_cost_and_plans(ours)]
+    lines += ["", *_selected(selected, selection_budgets(workload)), "", *_versus(rows), "", *_cost_and_plans(ours)]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -39,7 +39,8 @@ def decoder_rows(variant: VariantConfig, directory: Path) -> list[dict]:
     """
     export = Layout(directory).stage_dir("export")
     manifest = read_json(export / "manifest.json")
-    prune = read_json(directory / "metrics.json").get("prune", {})
+    metrics = read_json(directory / "metrics.json")
+    prune, quantize = metrics.get("prune", {}), metrics.get("quantize", {})
     keys = ("dense_fp32", "pruned_deployed") if variant.kind == "dense" else ("pruned_fp32", "pruned_deployed")
     fastest = manifest.get("fastest_dense") if variant.kind == "dense" else None
     content = {k: (m.get("runtime", manifest["runtime"]), folder_manifest(export / m["file"]))
@@ -65,9 +66,37 @@ def decoder_rows(variant: VariantConfig, directory: Path) -> list[dict]:
                 "path": str(export / m["file"]),
                 "predicted_tpot_b1_ms": prune.get("predicted_ms") if key == "pruned_fp32" else None,
                 "fastest_dense": key == fastest_key,
+                **(gating_changes(quantize, key) if variant.kind != "dense" else {}),
             }
         )
     return rows
+
+
+GATING = {"general_change": "general_val_change", "zero_shot_change": "zero_shot_val_change"}
+
+
+def gating_changes(quantize: dict, key: str) -> dict[str, dict]:
+    """A pruned variant's row's changes on general text's and the zero-shot check's gating halves.
+
+    As its quantize stage measured them against dense fp32 (`general_val_change`,
+    `zero_shot_val_change`), for what ships (`pruned_deployed`) and the recovered model in fp32
+    (`pruned_fp32`); the row's own `general_change` and `zero_shot_change` are on the reported halves.
+    """
+    if key == "pruned_deployed":
+        record = quantize
+    else:  # fp32 of the recovered model: a candidate, named so beside dense's where dense shipped
+        fp32 = "fp32" if quantize.get("source", "pruned") == "pruned" else "pruned fp32"
+        record = quantize.get("candidates", {}).get(fp32, {})
+    return {gating: record[change] for change, gating in GATING.items() if record.get(change)}
+
+
+def selection_budgets(workload: WorkloadConfig) -> dict[str, QualityBudget]:
+    """Each row key a selected decoder is held on -> its budget: validation, and the gating halves beyond it."""
+    return {
+        "val_change": QualityBudget(workload.max_perplexity_increase, "perplexity"),
+        "general_val_change": QualityBudget(workload.max_general_perplexity_increase, "perplexity"),
+        "zero_shot_val_change": QualityBudget(workload.max_zero_shot_drop, "points"),
+    }
 
 
 def measure_decoder_workload(
@@ -109,8 +138,15 @@ def measure_decoder_workload(
     return rows, []
 
 
-def select_decoder(rows: list[dict], budget: float) -> dict | None:
-    """Our fastest decoder per output token whose validation perplexity holds the budget at its interval's far end."""
-    held = QualityBudget(budget, "perplexity")
-    ours = [r for r in rows if r["family"] == "ours" and held.holds(QualityChange(**r["val_change"]))]
+def select_decoder(rows: list[dict], budgets: dict[str, QualityBudget]) -> dict | None:
+    """Our fastest decoder per output token that holds every budget at its interval's far end.
+
+    `budgets` (`selection_budgets`): validation perplexity, and where the row has them, general
+    text's and the zero-shot check's gating halves; a row without a figure is not held on it.
+    """
+
+    def held(row: dict) -> bool:
+        return all(b.holds(QualityChange(**row[k])) for k, b in budgets.items() if row.get(k) is not None)
+
+    ours = [r for r in rows if r["family"] == "ours" and held(r)]
     return min(ours, key=lambda r: r["tpot_b1_ms"]) if ours else None

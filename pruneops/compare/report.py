@@ -529,6 +529,8 @@ def _write_decoder_report(workload, rows, pick, failed, timing, command, here: P
             "machine": machine,
             "timing": timing.model_dump(),
             "budget_perplexity": workload.max_perplexity_increase,
+            "budget_general_perplexity": workload.max_general_perplexity_increase,
+            "budget_zero_shot_points": workload.max_zero_shot_drop,
             "rows": rows,
             "decoder_selected": selected,
             "failed": failed,

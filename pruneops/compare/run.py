@@ -294,7 +294,7 @@ def run_benchmarks(
     Returns:
         The report; each workload's in `<out_dir>/<workload>/` (`report.md`, `results.json`, plots).
     """
-    from pruneops.compare.decoders import measure_decoder_workload, select_decoder
+    from pruneops.compare.decoders import measure_decoder_workload, select_decoder, selection_budgets
     from pruneops.compare.report import measure_workload, select_point, write_report
 
     timing = parse_section("bench.timing", config.timing, BenchmarkConfig)
@@ -314,7 +314,7 @@ def run_benchmarks(
         log(f"[{workload.name}] timing {2 * len(dirs)} models, interleaved")
         if workload.task == "causal_lm":
             rows[workload.name], predictions[workload.name] = measure_decoder_workload(work, workload, dirs, timing)
-            pick = select_decoder(rows[workload.name], workload.max_perplexity_increase)
+            pick = select_decoder(rows[workload.name], selection_budgets(workload))
         else:
             rows[workload.name], predictions[workload.name] = measure_workload(work, workload, dirs, timing)
             pick = select_point(rows[workload.name], workload.max_accuracy_drop_points)

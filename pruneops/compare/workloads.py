@@ -74,6 +74,11 @@ class WorkloadConfig(BaseModel):
     # accuracy points (classifiers) or relative perplexity (causal LMs).
     max_accuracy_drop_points: Annotated[float, Field(ge=0)] = 0.3
     max_perplexity_increase: Annotated[float, Field(ge=0)] = 0.10
+    # A causal LM's budgets beyond the corpus, held on the gating halves as its quantize stage measured them
+    # (general text, relative perplexity; the zero-shot check, accuracy points); null: not held. As
+    # `prune.gate`'s defaults, so the selected row is one the pipeline would ship under them.
+    max_general_perplexity_increase: Annotated[float, Field(ge=0)] | None = 0.15
+    max_zero_shot_drop: Annotated[float, Field(ge=0)] | None = 3.0
     # What the selected point must reach: speedup_b1, throughput_gain (largest batch), size_reduction,
     # speedup_b1_vs_dense_deployed (against the dense model quantised as the pipeline deploys it).
     targets: dict[Literal["speedup_b1", "throughput_gain", "size_reduction", "speedup_b1_vs_dense_deployed"], float] = (
