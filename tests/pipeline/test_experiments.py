@@ -13,13 +13,19 @@ def _git(cwd, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=tool_env(), capture_output=True, text=True, check=True).stdout
 
 
-def test_a_rerun_replaces_the_worktree_a_killed_run_left(tmp_path):
-    project = tmp_path / "p"
+def _committed_project(root):
+    """A git repository holding a committed params.yaml: what an experiment worktree is made from."""
+    project = root / "p"
     project.mkdir()
     _git(project, "init", "-q")
     (project / "params.yaml").write_text("prune: {}\n")
     _git(project, "add", "-A")
     _git(project, "commit", "-qm", "params")
+    return project
+
+
+def test_a_rerun_replaces_the_worktree_a_killed_run_left(tmp_path):
+    project = _committed_project(tmp_path)
     tree, _ = _make_worktree(project, "dense")  # a killed `pruneops bench` leaves this, unremoved
     (tree / "half-written").write_text("from the killed run")
     with pytest.raises(PruneOpsError, match="an experiment named 'dense' is already there"):
@@ -31,12 +37,7 @@ def test_a_rerun_replaces_the_worktree_a_killed_run_left(tmp_path):
 
 def test_experiments_share_the_projects_cache_and_it_outlives_a_replaced_worktree(tmp_path):
     """A recovery checkpoint written in an experiment that was stopped is there for its rerun."""
-    project = tmp_path / "p"
-    project.mkdir()
-    _git(project, "init", "-q")
-    (project / "params.yaml").write_text("prune: {}\n")
-    _git(project, "add", "-A")
-    _git(project, "commit", "-qm", "params")
+    project = _committed_project(tmp_path)
     _, root = _make_worktree(project, "ours")
     (root / "state" / "cache" / "recovery").mkdir()
     (root / "state" / "cache" / "recovery" / "recovery-0123.pt").write_text("progress")

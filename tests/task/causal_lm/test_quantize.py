@@ -30,6 +30,21 @@ def _no_exports(monkeypatch, quantize_stage) -> None:
     monkeypatch.setattr(quantize_stage, "_export_candidates", exported)
 
 
+def _scored_by_folder(monkeypatch, quantize_stage):
+    """Exports faked (`_no_exports`), every form scored as good as dense; each scoring counted by its folder."""
+    from collections import Counter
+
+    scored = Counter()
+
+    def losses(opened, splits):
+        scored[str(opened.folder)] += 1
+        return {name: np.full(len(blocks), 3.0) for name, blocks in splits.items()}
+
+    monkeypatch.setattr(quantize_stage, "_losses", losses)
+    _no_exports(monkeypatch, quantize_stage)
+    return scored
+
+
 def test_a_pruned_decoder_outside_the_budget_backs_off_to_dense_in_its_fastest_form(tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
     import json
@@ -152,7 +167,6 @@ def test_a_pruned_decoder_that_loses_the_zero_shot_check_backs_off_unless_that_b
 def test_every_export_is_scored_once_dense_fp32_included(tmp_path, monkeypatch):
     """Dense fp32 is the reference every candidate is judged against and a dense candidate itself:
     scored once (on Gemma 3's 262k-token vocabulary a scoring pass of its validation blocks is ~9 min)."""
-    from collections import Counter
 
     from pruneops.config import BenchmarkConfig, QuantizeConfig
     from pruneops.runtimes.genai.generation import GenerationTiming
@@ -160,18 +174,12 @@ def test_every_export_is_scored_once_dense_fp32_included(tmp_path, monkeypatch):
     from tests.pruning.test_decoder_vocabulary import _recovered_layout
 
     layout = _recovered_layout(tmp_path)
-    scored = Counter()
 
     def timed(folders, vocab, batch, benchmark, seed=0):
         return {n: GenerationTiming(9.0, 5.0, (5.0,), 16, 8, batch) for n in folders}
 
-    def losses(opened, splits):
-        scored[str(opened.folder)] += 1
-        return {name: np.full(len(blocks), 3.0) for name, blocks in splits.items()}
-
     monkeypatch.setattr(quantize_stage, "_timed", timed)
-    monkeypatch.setattr(quantize_stage, "_losses", losses)
-    _no_exports(monkeypatch, quantize_stage)
+    scored = _scored_by_folder(monkeypatch, quantize_stage)
     config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
     quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
     assert len(scored) == 4 and set(scored.values()) == {1}, scored  # pruned and dense, fp32 and int8
@@ -248,7 +256,6 @@ def test_dense_passed_on_unchanged_is_exported_timed_and_scored_once(tmp_path, m
     dense's forms. Each is exported, timed and scored once, and dense's figures are the candidates' own."""
     import json
     import shutil
-    from collections import Counter
 
     from pruneops.config import BenchmarkConfig, QuantizeConfig
     from pruneops.runtimes.genai.generation import GenerationTiming
@@ -258,20 +265,15 @@ def test_dense_passed_on_unchanged_is_exported_timed_and_scored_once(tmp_path, m
     layout = _recovered_layout(tmp_path)
     shutil.rmtree(layout.stage_dir("finetune") / "model")
     shutil.copytree(layout.stage_dir("train") / "model", layout.stage_dir("finetune") / "model")
-    scored, exports, timed_names = Counter(), [], []
+    exports, timed_names = [], []
     tpot = {"fp32": 8.0, "int8": 4.0}
 
     def timed(folders, vocab, batch, benchmark, seed=0):
         timed_names.extend(folders)
         return {n: GenerationTiming(10.0, tpot[n], (tpot[n],), 16, 8, batch) for n in folders}
 
-    def losses(opened, splits):
-        scored[str(opened.folder)] += 1
-        return {name: np.full(len(blocks), 3.0) for name, blocks in splits.items()}
-
     monkeypatch.setattr(quantize_stage, "_timed", timed)
-    monkeypatch.setattr(quantize_stage, "_losses", losses)
-    _no_exports(monkeypatch, quantize_stage)
+    scored = _scored_by_folder(monkeypatch, quantize_stage)
     export = quantize_stage._export_candidates
     monkeypatch.setattr(quantize_stage, "_export_candidates", lambda *a: exports.append(a[3]) or export(*a))
     config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
