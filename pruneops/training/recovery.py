@@ -19,8 +19,9 @@ weights: the result has the cut model's modules and shapes, and exports as it wo
 With a `Checkpoint`, recovery saves its progress (the trained weights, the optimiser, the
 schedule, the place in the data) every `every_s` seconds and at its end, in a file named by its
 inputs (settings, blocks, student and teacher weights: a SHA-256 of them all), and a run of the
-same inputs resumes from there: a recovery of hours that is stopped loses at most `every_s` of its training. The resumed
-run takes the steps the uninterrupted one would have taken, in the same order.
+same inputs resumes from there: a recovery of hours that is stopped loses at most `every_s` of
+its training. The resumed run takes the steps the uninterrupted one would have taken, in the
+same order.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.core.progress import progress
 from pruneops.core.quality import QualityBudget, QualityChange, accuracy_change, perplexity_change
+from pruneops.data import zero_shot
 from pruneops.data.zero_shot import zero_shot_correct
 from pruneops.models.decoders import load_causal_lm
 from pruneops.pipeline.stages import StageReport
@@ -283,9 +285,9 @@ def _scored(
     """An exported model, opened once: its per-block losses on each split and (with a zero-shot check) its answers.
 
     Both come from its own logits in its runtime; the answers are on the check's gating half.
-    Kept in `cache` (None: not kept) under a name made of the runtime, the export's files, the
-    blocks and the check: the same export scored again (dense's forms in every re-prune, two
-    experiments that share a recovery) is read back, not scored.
+    Kept in `cache` (None: not kept) under a name made of the runtime (its libraries and scoring
+    code), the export's files, the blocks and the check: the same export scored again (dense's
+    forms in every re-prune, two experiments that share a recovery) is read back, not scored.
     """
     saved = None if cache is None else cache / f"{_score_key(runtime, folder, splits, check)}.npz"
     if saved is not None and saved.is_file():
@@ -305,8 +307,15 @@ def _scored(
 
 
 def _score_key(runtime: Runtime, folder: Path, splits: dict[str, np.ndarray], check: dict | None) -> str:
-    """A SHA-256 of what an export's scores depend on: its runtime and files, the blocks, the zero-shot check."""
-    digest = hashlib.sha256(json.dumps([runtime.name, folder_manifest(folder)], sort_keys=True).encode())
+    """A SHA-256 of what an export's scores depend on: its runtime and files, the blocks, the zero-shot check.
+
+    The runtime's library versions and the code that scores (the runtime's package, the zero-shot
+    scorer) are part of it: a changed scorer scores again.
+    """
+    package = Path(sys.modules[type(runtime).__module__].__file__).parent
+    code = hashlib.sha256(b"".join(p.read_bytes() for p in [*sorted(package.rglob("*.py")), Path(zero_shot.__file__)]))
+    scorer = [runtime.name, runtime.versions(), code.hexdigest()]
+    digest = hashlib.sha256(json.dumps([scorer, folder_manifest(folder)], sort_keys=True).encode())
     for name, blocks in sorted(splits.items()):
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(blocks, dtype=np.int64).tobytes())

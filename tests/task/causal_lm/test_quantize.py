@@ -332,3 +332,21 @@ def test_an_export_scored_before_is_read_back_and_a_changed_one_is_scored(tmp_pa
     monkeypatch.setattr(quantize_stage, "_export_candidates", recovered_again)
     quantize_stage.quantize_decoder(config, BenchmarkConfig(), "decode", layout)
     assert sorted(scored) == ["candidates/genai/vocaball/fp32"]  # the two are one file now: scored once
+
+
+def test_an_exports_scores_are_named_by_its_scorer_too(tmp_path, monkeypatch):
+    """The same files scored by another version of the runtime's library (or changed scoring code) score again."""
+    import json
+
+    from pruneops.runtimes import get_runtime
+    from pruneops.task.causal_lm import quantize as quantize_stage
+
+    folder = tmp_path / "int8"
+    folder.mkdir()
+    (folder / "genai_config.json").write_text(json.dumps({"model": {"vocab_size": 32}}))
+    genai, splits = get_runtime("genai"), {"val": np.arange(12).reshape(3, 4)}
+    key = quantize_stage._score_key(genai, folder, splits, None)
+    assert quantize_stage._score_key(genai, folder, splits, None) == key
+    assert quantize_stage._score_key(genai, folder, {"val": splits["val"] + 1}, None) != key
+    monkeypatch.setattr(type(genai), "versions", lambda self: {"onnxruntime_genai": "0.0.1"})
+    assert quantize_stage._score_key(genai, folder, splits, None) != key
