@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from pruneops.core.io import read_json
+from pruneops.core.logits import token_nll
 
 ZERO_SHOT_FILE = "zero_shot.json"  # validate's zero-shot check, tokenised
 ZERO_SHOT_SPLITS = ("zero_shot_val", "zero_shot")  # the budget's half, the benchmark's half
@@ -27,11 +28,31 @@ def zero_shot_correct(opened: object, check: dict, split: str) -> np.ndarray:
     """Whether an opened model (any runtime's) answers each item of `split` right: the likeliest label by its logits.
 
     A label's score is the summed next-token loss of its tokens after the item's context, in the
-    model's own exported logits (`token_losses`), as lm-eval's multiple-choice log-likelihood is.
+    model's own exported logits, as lm-eval's multiple-choice log-likelihood is.
     """
-    right = []
-    for item in check[split]:
-        context = item["context"]
-        nll = [float(opened.token_losses(np.asarray(context + t))[len(context) - 1 :].sum()) for t in check["targets"]]
-        right.append(int(np.argmin(nll)) == item["answer"])
+    right = [
+        int(np.argmin(answer_losses(opened, item["context"], check["targets"]))) == item["answer"]
+        for item in check[split]
+    ]
     return np.asarray(right)
+
+
+def answer_losses(opened: object, context: list[int], answers: list[list[int]]) -> list[float]:
+    """The summed next-token loss of each answer's tokens after `context`, in the model's logits (`logits(ids)`).
+
+    One prefill of the context and an answer serves every answer that shares the tokens it needs:
+    answer t needs the rows after `context + t[:i]` for each i < len(t), so answers of one token
+    (the usual labels) all read the row after the context, and the context is evaluated once, not
+    once per answer. The losses are those of scoring each answer on its own (causal attention: a
+    row sees only the tokens before it).
+    """
+    runs: list[tuple[list[int], np.ndarray]] = []  # an answer prefilled, and its rows from the context's last on
+    out = []
+    for answer in answers:
+        shared = len(answer) - 1  # the answer's tokens its rows see
+        rows = next((rows for done, rows in runs if done[:shared] == answer[:shared]), None)
+        if rows is None:
+            rows = opened.logits(np.asarray(context + answer))[len(context) - 1 :]
+            runs.append((answer, rows))
+        out.append(float(token_nll(rows[: len(answer)], np.asarray(answer)).sum()))
+    return out

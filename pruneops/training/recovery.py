@@ -92,10 +92,43 @@ class Checkpoint:
 
     folder: Path
     every_s: float = 600.0
+    keep_days: float = 7.0  # another run's checkpoint untouched this long is removed when a recovery starts
 
     def path(self, key: str) -> Path:
         """The checkpoint of the run whose inputs hash to `key` (`run_key`)."""
         return self.folder / f"recovery-{key[:16]}.pt"
+
+    def sweep(self, keep: Path) -> list[Path]:
+        """Removes the checkpoints (and cut-short saves) of other runs not written for `keep_days`.
+
+        A stopped run resumes only if its exact inputs come back; one whose settings or data
+        changed leaves a file of about 12 bytes a trained parameter that nothing else would remove.
+
+        Args:
+            keep: This run's checkpoint, never removed.
+
+        Returns:
+            The files removed; the ones kept are logged with their size.
+        """
+        if not self.folder.is_dir():
+            return []
+        cutoff = time.time() - self.keep_days * 86400
+        removed, kept = [], []
+        for path in sorted(self.folder.glob("recovery-*.pt*")):
+            if path == keep:
+                continue
+            if path.stat().st_mtime < cutoff:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+            else:
+                kept.append(path)
+        if kept:
+            size = sum(path.stat().st_size for path in kept) / 2**30
+            log.info(
+                "recovery: %d checkpoint(s) of other runs kept in %s (%.2f GiB; removed once untouched for %g days)",
+                len(kept), self.folder, size, self.keep_days,
+            )  # fmt: skip
+        return removed
 
 
 class ProgressMarks:
@@ -215,6 +248,8 @@ def recover_(
     if warning := compute_dtype_warning(settings.compute_dtype, device.type):
         log.warning(warning)
     saving = _Saving(checkpoint, run_key(student, teacher, blocks, settings)) if checkpoint else None
+    for path in checkpoint.sweep(saving.path) if saving else []:
+        log.info("recovery: removed %s, another run's checkpoint untouched for %g days", path, checkpoint.keep_days)
     homes = [(model, next(model.parameters()).device) for model in (student, teacher)]
     attached = attach_lora_(student, settings.lora_rank, settings.lora_alpha) if settings.lora_rank else None
     trained = False

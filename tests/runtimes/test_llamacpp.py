@@ -106,6 +106,7 @@ def test_a_missing_converter_is_one_line_naming_the_make_target(tmp_path, monkey
 @needs_llama_cpp
 @pytest.mark.slow(reason="Q4_K_M made, scored, generated and timed beside onnxruntime-genai (about 20 s)")
 def test_llama_cpp_quantizes_scores_generates_and_times_the_export(llama_gguf, tokenizer, tmp_path):
+    from pruneops.data.zero_shot import answer_losses
     from pruneops.models.language import block_losses
     from pruneops.timing.generation import DecodeWorkload, time_interleaved
 
@@ -117,6 +118,9 @@ def test_llama_cpp_quantizes_scores_generates_and_times_the_export(llama_gguf, t
     opened = runtime.open(out["fp32"])
     reference = block_losses(model, torch.as_tensor(blocks))
     np.testing.assert_allclose(opened.losses(blocks), reference, rtol=1e-3)
+    context, answers = blocks[1, :8].tolist(), [[3], [4]]  # the zero-shot check's answers: one prefill for both
+    alone = [float(opened.token_losses(np.asarray(context + a))[len(context) - 1 :].sum()) for a in answers]
+    assert answer_losses(opened, context, answers) == pytest.approx(alone, rel=1e-4)
     prompt = blocks[:1, :8]
     greedy = opened.greedy(prompt, 6)
     generation = opened.start(prompt[0].tolist(), max_length=14)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import pruneops
+from pruneops.data.zero_shot import answer_losses
 from pruneops.runtimes import LIBRARIES, RUNTIMES, get_runtime, runtimes_for
 from pruneops.runtimes.base import Runtime
 
@@ -120,6 +121,9 @@ def test_the_genai_runtime_opens_times_scores_and_describes_a_decoder(tiny_genai
     losses = model.losses(blocks)
     per_token = model.token_losses(blocks[0])
     assert losses.shape == (2,) and abs(per_token.mean() - losses[0]) < 1e-5
+    context, answers = blocks[1, :6].tolist(), [[3], [4]]  # the zero-shot check's answers: one prefill for both
+    alone = [float(model.token_losses(np.asarray(context + a))[len(context) - 1 :].sum()) for a in answers]
+    assert answer_losses(model, context, answers) == pytest.approx(alone, rel=1e-5)
     prompt = blocks[:1, :6]
     greedy = model.greedy(prompt, 4)
     generation = model.start(prompt[0].tolist(), max_length=10)

@@ -205,6 +205,38 @@ def test_a_checkpoint_of_other_inputs_or_cut_short_is_not_resumed(tmp_path, capl
     assert any("cannot be read" in r.getMessage() for r in caplog.records)
 
 
+def test_other_runs_checkpoints_untouched_for_keep_days_are_swept_when_a_recovery_starts(tmp_path, caplog):
+    import logging
+    import os
+    import time
+
+    from pruneops.training.recovery import Checkpoint
+
+    caplog.set_level(logging.INFO, logger="pruneops.training.recovery")
+    teacher, student, train, _ = _student_with_half_its_mlp()
+    settings = RecoverySettings(max_tokens=3 * 4 * 16, batch_blocks=4, lr=3e-3)
+    checkpoint = Checkpoint(tmp_path, every_s=0.0, keep_days=7.0)
+    with pytest.raises(_Stop):
+        recover_(copy.deepcopy(student), teacher, train, settings, _stopped_after(2), checkpoint)
+    (own,) = tmp_path.iterdir()
+    week = 7 * 86400
+    old, recent, partial = (
+        tmp_path / "recovery-0123456789abcdef.pt",
+        tmp_path / "recovery-fedcba9876543210.pt",
+        tmp_path / "recovery-00.pt.partial",
+    )
+    for path, age in ((own, week + 60), (old, week + 60), (recent, week - 60), (partial, week + 60)):
+        path.write_bytes(path.read_bytes() if path == own else b"x" * 1000)
+        os.utime(path, (time.time() - age,) * 2)
+    resumed = recover_(copy.deepcopy(student), teacher, train, settings, checkpoint=checkpoint)
+    assert resumed.resumed_tokens == 2 * 4 * 16  # its own file, however old, is resumed, not swept
+    assert sorted(tmp_path.iterdir()) == sorted([own, recent])
+    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("recovery: removed")]
+    assert len(removed) == 2 and any(
+        "kept" in r.getMessage() and "1 checkpoint(s)" in r.getMessage() for r in caplog.records
+    )
+
+
 def test_progress_marks_of_a_resumed_recovery_replay_its_steps_and_count_the_rest():
     import logging
 

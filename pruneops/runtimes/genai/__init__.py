@@ -100,11 +100,22 @@ class GenaiModel:
 
     def token_losses(self, ids: np.ndarray) -> np.ndarray:
         """Next-token NLL at every position of one sequence (position i: token i + 1)."""
-        from pruneops.runtimes.genai.scoring import open_scorer, prefill_losses
+        from pruneops.runtimes.genai.scoring import prefill_losses
+
+        return prefill_losses(*self._opened_scorer(), np.asarray(ids))
+
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        """The logits at every position of one sequence (prefill from an empty cache), (length, vocab)."""
+        from pruneops.runtimes.genai.scoring import prefill_logits
+
+        return prefill_logits(*self._opened_scorer(), np.asarray(ids).reshape(-1))
+
+    def _opened_scorer(self) -> tuple[Any, dict]:
+        from pruneops.runtimes.genai.scoring import open_scorer
 
         if self._scorer is None:
             self._scorer = open_scorer(self.folder, self.threads)
-        return prefill_losses(*self._scorer, np.asarray(ids))
+        return self._scorer
 
     def greedy(self, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
         """Greedy continuation of a (batch, length) prompt: (batch, new_tokens) token ids."""

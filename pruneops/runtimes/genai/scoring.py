@@ -11,14 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
+from pruneops.core.logits import token_nll
+
 
 def decoder_window(decoder: dict) -> int:
     """The local attention window of a `genai_config.json` decoder block (0: none; Gemma 2 and 3 have one)."""
     return int((decoder.get("sliding_window") or {}).get("window_size", 0))
 
 
-def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarray:
-    """Next-token NLL at every position of one sequence under an exported decoder (empty KV cache).
+def prefill_logits(session: object, decoder: dict, ids: np.ndarray) -> np.ndarray:
+    """Logits at every position of one sequence under an exported decoder (empty KV cache).
 
     Args:
         session: An ONNX Runtime session of the builder's `model.onnx`.
@@ -26,7 +28,7 @@ def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarra
         ids: (length,) token ids.
 
     Returns:
-        (length - 1,) losses: position i is the NLL of token i + 1.
+        (length, vocab) logits: row i predicts token i + 1.
     """
     ids = np.asarray(ids, dtype=np.int64)[None, :]
     feed: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
@@ -41,10 +43,22 @@ def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarra
             dtype = np.float16 if "float16" in spec.type else np.float32
             shape = (1, decoder["num_key_value_heads"], capacity, decoder["head_size"])
             feed[spec.name] = np.zeros(shape, dtype=dtype)
-    logits = session.run(["logits"], feed)[0][0, :-1].astype(np.float64)
-    logits -= logits.max(-1, keepdims=True)
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    return -log_probs[np.arange(ids.shape[1] - 1), ids[0, 1:]]
+    return session.run(["logits"], feed)[0][0]
+
+
+def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarray:
+    """Next-token NLL at every position of one sequence under an exported decoder (empty KV cache).
+
+    Args:
+        session: An ONNX Runtime session of the builder's `model.onnx`.
+        decoder: The `model.decoder` block of its `genai_config.json`.
+        ids: (length,) token ids.
+
+    Returns:
+        (length - 1,) losses: position i is the NLL of token i + 1.
+    """
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    return token_nll(prefill_logits(session, decoder, ids)[:-1], ids[1:])
 
 
 def open_scorer(folder: Path, threads: int = 1) -> tuple[object, dict]:

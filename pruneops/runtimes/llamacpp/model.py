@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from pruneops.core.errors import PruneOpsError
+from pruneops.core.logits import token_nll
 
 MODEL_FILE = "model.gguf"
 PRECISIONS = ("fp32", "f16", "q8_0", "q4_k_m")  # fp32 first, as every runtime's
@@ -150,10 +151,7 @@ class LlamaCppModel:
     def token_losses(self, ids: np.ndarray) -> np.ndarray:
         """Next-token NLL at every position of one sequence (position i: token i + 1), in llama.cpp's logits."""
         ids = np.asarray(ids).reshape(-1)
-        logits = self.logits(ids)[:-1].astype(np.float64)
-        top = logits.max(-1, keepdims=True)
-        log_norm = top[:, 0] + np.log(np.exp(logits - top).sum(-1))
-        return log_norm - logits[np.arange(len(ids) - 1), ids[1:]]
+        return token_nll(self.logits(ids)[:-1], ids[1:])
 
     def losses(self, blocks: np.ndarray) -> np.ndarray:
         """Mean next-token NLL of each block (prefill from an empty cache)."""
