@@ -54,6 +54,24 @@ def dump_json(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=2, default=_to_jsonable) + "\n")
 
 
+@contextmanager
+def replaced_whole(path: Path) -> Iterator[Path]:
+    """A file to write `path`'s new content to, which replaces `path` only once the block ends.
+
+    A stop or an error while writing leaves `path` as it was (the last whole file) and no partial
+    file beside it. The file keeps `path`'s suffix (`x.partial.npz` for `x.npz`), as writers that
+    append one expect.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.stem}.partial{path.suffix}")
+    try:
+        yield partial
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def read_json(path: Path) -> Any:
     """Reads a JSON file."""
     return json.loads(Path(path).read_text())

@@ -22,7 +22,7 @@ import yaml
 import pruneops
 from pruneops.config import StageConfig, Task
 from pruneops.core.errors import ConfigError
-from pruneops.core.io import Layout
+from pruneops.core.io import Layout, replaced_whole
 from pruneops.core.params import read_params
 from pruneops.pipeline.stages import STAGES, Plot, Stage, load_configs, project_importable, task_of
 
@@ -315,9 +315,8 @@ def write_dvc_yaml(root: Path, params_file: str | Path = "params.yaml") -> Path:
     """Writes `<root>/dvc.yaml` from the table and the params (atomically)."""
     path = Path(root) / "dvc.yaml"
     text = HEADER + yaml.safe_dump(render(root, params_file), sort_keys=False, width=120)
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with replaced_whole(path) as partial:
+        partial.write_text(text)
     return path
 
 

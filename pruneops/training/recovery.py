@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,6 +41,7 @@ import torch
 from torch import nn
 
 from pruneops.core.errors import ConfigError
+from pruneops.core.io import replaced_whole
 from pruneops.core.progress import Progress
 from pruneops.timing.machine import cpu_flags
 
@@ -479,9 +479,6 @@ class _Saving:
             "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(),
         }
-        path = self.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        torch.save(state, partial)
-        os.replace(partial, path)  # a stop while saving leaves the last whole checkpoint
+        with replaced_whole(self.path) as partial:  # a stop while saving leaves the last whole checkpoint
+            torch.save(state, partial)
         self.saved_at = time.perf_counter()

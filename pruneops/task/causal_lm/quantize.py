@@ -16,7 +16,7 @@ import torch
 from pruneops.config import BenchmarkConfig, PruneConfig, QuantizeConfig
 from pruneops.config.prune import DecoderMetric
 from pruneops.core.integrity import folder_manifest
-from pruneops.core.io import Layout, dump_json, staged_output_paths
+from pruneops.core.io import Layout, dump_json, replaced_whole, staged_output_paths
 from pruneops.core.progress import progress
 from pruneops.core.quality import QualityBudget, QualityChange, accuracy_change, perplexity_change
 from pruneops.data import zero_shot
@@ -298,11 +298,9 @@ def _scored(
     correct = None if check is None else zero_shot_correct(opened, check, "zero_shot_val")
     if saved is None:
         return losses, correct
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    partial = saved.with_name(f"{saved.stem}.partial.npz")
     extra = {} if correct is None else {"zero_shot": correct}
-    np.savez(partial, **{f"loss {name}": value for name, value in losses.items()}, **extra)
-    partial.replace(saved)
+    with replaced_whole(saved) as partial:
+        np.savez(partial, **{f"loss {name}": value for name, value in losses.items()}, **extra)
     return losses, correct
 
 
