@@ -31,7 +31,13 @@ class Runtime(ABC):
 
     @abstractmethod
     def open(self, artefact: Path, threads: int = 1) -> Any:
-        """An exported model loaded for scoring and serving."""
+        """An exported model loaded for scoring and serving.
+
+        A decoder's scores with `losses(blocks)` (each block's mean next-token loss),
+        `token_losses(ids)` and `logits(ids)` (every position of one sequence, prefilled from an
+        empty cache: the zero-shot check reads an item's answers from one prefill), and generates
+        with `greedy`, `generate_timed` and `start`.
+        """
 
     @abstractmethod
     def time(self, artefacts: Mapping[str, Path], workload: Any) -> dict[str, Any]:
