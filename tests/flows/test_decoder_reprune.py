@@ -4,6 +4,7 @@ Prometheus, a gated re-prune as a DVC experiment, and the server on the promoted
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +16,9 @@ import yaml
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai", reason="the llm extra (onnxruntime-genai) is not installed")
+pytestmark = pytest.mark.skipif(
+    not shutil.which("prometheus"), reason="Debian's prometheus is not installed (make monitoring-deps)"
+)
 
 from pruneops.pipeline.stages import STAGE_NAMES  # noqa: E402
 from tests.conftest import free_port, post_json, wait_http, write_params  # noqa: E402
