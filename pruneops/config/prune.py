@@ -231,7 +231,9 @@ class DecoderCutConfig(StageConfig):
     The plans a decode cost model predicts to meet the target (at most `max_unit_ratio` of the
     layers dropped, depths in multiples of `depth_step`, the KV-group counts in `kv_groups`, all
     when null) are each cut by `importance` with least-squares reconstruction (`reconstruct`)
-    from one calibration pass over `calibration_blocks` training blocks, scored on
+    from one calibration pass over `calibration_blocks` training blocks (of which the share
+    `calibration_self_fraction` the dense model writes itself after each block's first tokens:
+    text beyond the corpus, so the cut keeps more of what the model does beyond it), scored on
     `search_blocks` validation blocks, and the lowest perplexity is kept; whole layers go in the
     order the sensitivity stage measured (least perplexity added first).
 
@@ -248,6 +250,7 @@ class DecoderCutConfig(StageConfig):
     depth_step: Annotated[int, Field(ge=1, le=1000)] = 2
     kv_groups: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)] | None = None
     calibration_blocks: Annotated[int, Field(ge=1, le=100_000)] = 32
+    calibration_self_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     search_blocks: Annotated[int, Field(ge=1, le=100_000)] = 8
 
     @field_validator("importance")

@@ -144,3 +144,24 @@ def self_written_blocks(model: nn.Module, starts: np.ndarray, length: int, seed:
             blocks.append(out.numpy())
             counter.update(len(prompt))
     return np.concatenate(blocks)[:, :length]
+
+
+def calibration_blocks(model: nn.Module, train: np.ndarray, count: int, self_fraction: float, seed: int) -> np.ndarray:
+    """The blocks a cut is calibrated on: the first training blocks, a share of them written by the model itself.
+
+    Args:
+        model: The dense causal LM (it writes its share after each block's first `SELF_TEXT_PROMPT` tokens).
+        train: (n, length) training blocks.
+        count: Blocks in all (at most n).
+        self_fraction: The share the model writes (0: the corpus alone).
+        seed: Its sampling seed.
+
+    Returns:
+        (count, length) blocks: the corpus's first, then the written ones.
+    """
+    count = min(count, len(train))
+    written = round(count * self_fraction)
+    if not written:
+        return train[:count]
+    own = self_written_blocks(model, train[:written, :SELF_TEXT_PROMPT], train.shape[1], seed)
+    return np.concatenate([train[: count - written], own.astype(train.dtype)])

@@ -14,7 +14,7 @@ from pruneops.config import BenchmarkConfig, DecoderCutConfig, PruneConfig
 from pruneops.core.errors import ConfigError
 from pruneops.core.io import Layout, dump_json, staged_output_paths
 from pruneops.models.decoders import load_causal_lm, save_causal_lm
-from pruneops.models.language import block_losses, perplexity_from_losses
+from pruneops.models.language import block_losses, calibration_blocks, perplexity_from_losses
 from pruneops.pipeline.stages import StageReport
 from pruneops.planning.decode_cost import DecoderShape, LoopRound, shape_of
 from pruneops.planning.target import asked as resolved_target
@@ -147,6 +147,15 @@ def _kv_cut_timed(layout: Layout, base: DecoderShape) -> bool:
     return base.kv_groups == 1 or any(row["layout"]["kv_groups"] < base.kv_groups for row in table)
 
 
+def _calibration_blocks(dense, train: np.ndarray, cut: DecoderCutConfig, seed: int) -> np.ndarray:
+    """`prune.decoder`'s calibration blocks: the corpus's, `calibration_self_fraction` of them written by dense."""
+    blocks = calibration_blocks(dense, train, cut.calibration_blocks, cut.calibration_self_fraction, seed)
+    if cut.calibration_self_fraction:
+        written = round(len(blocks) * cut.calibration_self_fraction)
+        log.info("prune: calibrating on %d blocks, %d of them written by the dense model", len(blocks), written)
+    return blocks
+
+
 def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, tokenizer, blocks, layout: Layout):
     """The closed loop of `prune_decoder`.
 
@@ -163,7 +172,7 @@ def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, to
     space, order = plan_space(cut, base, layers, int(config.max_unit_ratio * base.layers))
     if not _kv_cut_timed(layout, base):  # the planning runtime could not serve fewer KV groups (latency's log)
         space = replace(space, kv_groups=(base.kv_groups,))
-    calibration = calibrate(dense, torch.as_tensor(blocks["train"][: cut.calibration_blocks]))
+    calibration = calibrate(dense, torch.as_tensor(_calibration_blocks(dense, blocks["train"], cut, config.seed)))
     prompt = np.random.default_rng(0).integers(0, base.vocab, (1, benchmark.prompt_length))
     runtime = read_runtimes(layout).planning
     with tempfile.TemporaryDirectory(prefix="pruneops-decode-gate-") as work:
