@@ -47,15 +47,9 @@ def prefill_logits(session: object, decoder: dict, ids: np.ndarray) -> np.ndarra
 
 
 def prefill_losses(session: object, decoder: dict, ids: np.ndarray) -> np.ndarray:
-    """Next-token NLL at every position of one sequence under an exported decoder (empty KV cache).
+    """Next-token NLL at every position of one sequence, from `prefill_logits` (its arguments): (length - 1,).
 
-    Args:
-        session: An ONNX Runtime session of the builder's `model.onnx`.
-        decoder: The `model.decoder` block of its `genai_config.json`.
-        ids: (length,) token ids.
-
-    Returns:
-        (length - 1,) losses: position i is the NLL of token i + 1.
+    Position i is the NLL of token i + 1.
     """
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     return token_nll(prefill_logits(session, decoder, ids)[:-1], ids[1:])
