@@ -99,7 +99,7 @@ class Checkpoint:
         return self.folder / f"recovery-{key[:16]}.pt"
 
     def sweep(self, keep: Path) -> list[Path]:
-        """Removes the checkpoints (and cut-short saves) of other runs not written for `keep_days`.
+        """Removes the checkpoints (and saves cut short: `*.partial.pt`) of other runs not written for `keep_days`.
 
         A stopped run resumes only if its exact inputs come back; one whose settings or data
         changed leaves a file of about 12 bytes a trained parameter that nothing else would remove.

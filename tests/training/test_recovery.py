@@ -223,7 +223,7 @@ def test_other_runs_checkpoints_untouched_for_keep_days_are_swept_when_a_recover
     old, recent, partial = (
         tmp_path / "recovery-0123456789abcdef.pt",
         tmp_path / "recovery-fedcba9876543210.pt",
-        tmp_path / "recovery-00.pt.partial",
+        tmp_path / "recovery-0011223344556677.partial.pt",
     )
     for path, age in ((own, week + 60), (old, week + 60), (recent, week - 60), (partial, week + 60)):
         path.write_bytes(path.read_bytes() if path == own else b"x" * 1000)
