@@ -9,6 +9,7 @@ likely; its accuracy is reported with a Wilson interval.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from torch import nn
 
 from pruneops.core.progress import Progress
 from pruneops.data.corpus import affixes_of, hf_encode
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -164,4 +167,5 @@ def calibration_blocks(model: nn.Module, train: np.ndarray, count: int, self_fra
     if not written:
         return train[:count]
     own = self_written_blocks(model, train[:written, :SELF_TEXT_PROMPT], train.shape[1], seed)
+    log.info("calibration: %d blocks, %d of them written by the model", count, written)
     return np.concatenate([train[: count - written], own.astype(train.dtype)])

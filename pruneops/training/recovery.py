@@ -108,7 +108,7 @@ class Checkpoint:
             keep: This run's checkpoint, never removed.
 
         Returns:
-            The files removed; the ones kept are logged with their size.
+            The files removed (each logged); the ones kept are logged with their size.
         """
         if not self.folder.is_dir():
             return []
@@ -120,6 +120,7 @@ class Checkpoint:
             if path.stat().st_mtime < cutoff:
                 path.unlink(missing_ok=True)
                 removed.append(path)
+                log.info("recovery: removed %s, another run's checkpoint untouched for %g days", path, self.keep_days)
             else:
                 kept.append(path)
         if kept:
@@ -248,8 +249,8 @@ def recover_(
     if warning := compute_dtype_warning(settings.compute_dtype, device.type):
         log.warning(warning)
     saving = _Saving(checkpoint, run_key(student, teacher, blocks, settings)) if checkpoint else None
-    for path in checkpoint.sweep(saving.path) if saving else []:
-        log.info("recovery: removed %s, another run's checkpoint untouched for %g days", path, checkpoint.keep_days)
+    if saving:
+        checkpoint.sweep(saving.path)
     homes = [(model, next(model.parameters()).device) for model in (student, teacher)]
     attached = attach_lora_(student, settings.lora_rank, settings.lora_alpha) if settings.lora_rank else None
     trained = False

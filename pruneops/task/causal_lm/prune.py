@@ -149,11 +149,7 @@ def _kv_cut_timed(layout: Layout, base: DecoderShape) -> bool:
 
 def _calibration_blocks(dense, train: np.ndarray, cut: DecoderCutConfig, seed: int) -> np.ndarray:
     """`prune.decoder`'s calibration blocks: the corpus's, `calibration_self_fraction` of them written by dense."""
-    blocks = calibration_blocks(dense, train, cut.calibration_blocks, cut.calibration_self_fraction, seed)
-    if cut.calibration_self_fraction:
-        written = round(len(blocks) * cut.calibration_self_fraction)
-        log.info("prune: calibrating on %d blocks, %d of them written by the dense model", len(blocks), written)
-    return blocks
+    return calibration_blocks(dense, train, cut.calibration_blocks, cut.calibration_self_fraction, seed)
 
 
 def _plan_and_measure(config: PruneConfig, benchmark: BenchmarkConfig, dense, tokenizer, blocks, layout: Layout):
