@@ -204,18 +204,48 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+class StageLines:
+    """Which of a variant's output lines `pruneops bench` shows, and as what.
+
+    Which stages ran and which the run-cache restored; epochs, plans and runoffs; and the progress of
+    long steps (`pruneops.core.progress`: scoring, calibration, recovery, export), each step's at most
+    once every `every_s` seconds and always its last line, so a long stage can be told from a hung one.
+
+    Args:
+        every_s: Seconds between two relayed progress lines of one step.
+        clock: The time source (injected in tests).
+    """
+
+    def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self.last: dict[str, float] = {}  # each step's last relayed progress line
+
+    def __call__(self, line: str) -> str | None:
+        """The text to show for `line`, or None to leave it out."""
+        if line.startswith("Running stage") or "skipping run" in line or "didn't change" in line:
+            return line
+        if " pruneops.training.fit: " in line or " pruneops.task.classification.prune: latency " in line:
+            return line.split(" pruneops.", 1)[1].split(": ", 1)[1]
+        if " INFO pruneops: " not in line:  # `pruneops.core.progress` logs as `pruneops`
+            return None
+        text = line.split(" INFO pruneops: ", 1)[1]
+        step, now = text.split(": ", 1)[0], self.clock()
+        if " done in " not in text and now - self.last.get(step, -float("inf")) < self.every_s:
+            return None
+        self.last[step] = now
+        return text
+
+
 def run_variant(
     repo: Path, variant: VariantConfig, overrides: dict[str, Any], log: Callable[[str], None], pythonpath=()
 ) -> Path:
     """Runs one variant as a DVC experiment and keeps what the timing needs under `results/`."""
+    relay = StageLines()
 
-    def stage_lines(line: str) -> None:  # which stages ran, which the run-cache restored, epochs
-        if line.startswith("Running stage") or "skipping run" in line or "didn't change" in line:
-            log(f"{variant.name}: {line}")
-        elif (
-            " pruneops.training.fit: " in line or " pruneops.task.classification.prune: latency " in line
-        ):  # plans and runoffs
-            log(f"{variant.name}: {line.split(' pruneops.', 1)[1].split(': ', 1)[1]}")
+    def stage_lines(line: str) -> None:
+        text = relay(line)
+        if text is not None:
+            log(f"{variant.name}: {text}")
 
     experiment = run_experiment(repo, overrides, variant.name, log=stage_lines, pythonpath=pythonpath, replace=True)
     try:
