@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pruneops.compare.decoders import selection_budgets
+from pruneops.compare.decoders import select_decoder, selection_budgets
 from pruneops.core.io import read_json
 from pruneops.core.quality import QualityBudget, QualityChange
 from pruneops.reports.plots import _pyplot
@@ -70,7 +70,7 @@ def _held(budgets: dict[str, QualityBudget]) -> str:
     return ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
 
 
-def _selected(pick: dict | None, budgets: dict[str, QualityBudget]) -> list[str]:
+def _selected(pick: dict | None, budgets: dict[str, QualityBudget], forms: list[dict]) -> list[str]:
     """The selected row's line (`selection_budgets`: what it held), and where test disagrees with validation."""
     if pick is None:
         return [f"**Selected**: none of ours holds {_held(budgets)} at its interval's far end."]
@@ -79,8 +79,11 @@ def _selected(pick: dict | None, budgets: dict[str, QualityBudget]) -> list[str]
         f"**Selected** (the fastest of ours that holds {_held(budgets)}, each at the far end of its 95 % "
         f"interval): {_name(pick)} ({pick['shape']}): decode "
         f"{pick['speedup_b1']:.2f}× dense fp32 at batch 1 ({pick['speedup_b1_vs_dense_deployed']:.2f}× dense as "
-        f"deployed); test perplexity {test.text()}, validation {QualityChange(**pick['val_change']).text()}"
+        "deployed"
     )
+    versus = versus_form(pick, forms)
+    line += f", {versus[1]:.2f}× dense Q4_K_M in llama.cpp" if versus else ""
+    line += f"); test perplexity {test.text()}, validation {QualityChange(**pick['val_change']).text()}"
     if "general_change" in pick:
         line += f"; general text {QualityChange(**pick['general_change']).text()}"
     if "zero_shot_change" in pick:
@@ -140,6 +143,81 @@ def _runtimes(machine: dict) -> str:
     return genai + (f", llama-cpp-python {machine['llama_cpp_python']}" if "llama_cpp_python" in machine else "")
 
 
+def dense_forms(workload, dirs: dict[str, Path]) -> list[dict]:
+    """Every form of dense its quantize stage measured: what quantisation alone gives a user who never prunes.
+
+    Each form's changes against dense fp32 (validation, and the gating halves of general text and the
+    zero-shot check), its times from that stage (every form timed interleaved with the others, batch 1)
+    and its speed-ups over dense fp32 there, whether it is within the budgets, and which one the stage
+    ships for dense (`shipped`). Empty without a dense variant.
+    """
+    dense = next((v.name for v in workload.variants if v.kind == "dense" and v.name in dirs), None)
+    quantize = read_json(dirs[dense] / "metrics.json").get("quantize", {}) if dense else {}
+    candidates = quantize.get("candidates", {})
+    if "fp32" not in candidates:
+        return []
+    fp32 = candidates["fp32"]
+    keys = ("runtime", "precision", "val_change", "general_change", "zero_shot_change", "tpot_b1_ms", "ttft_b1_ms",
+            "within_budget")  # fmt: skip
+    return [
+        {"name": name, **{k: c[k] for k in keys if k in c}, "speedup_b1": fp32["tpot_b1_ms"] / c["tpot_b1_ms"],
+         "ttft_vs_fp32": c["ttft_b1_ms"] / fp32["ttft_b1_ms"], "shipped": name == quantize.get("fastest_dense")}
+        for name, c in candidates.items()
+    ]  # fmt: skip
+
+
+def versus_form(pick: dict, forms: list[dict], precision: str = "q4_k_m") -> tuple[dict, float] | None:
+    """The dense form in `precision` and the pick's decode speed-up over it (None where dense has no such form).
+
+    Each speed-up is over dense fp32 in its own interleaved timing (the pick's in the bench's, the
+    form's in dense's quantize stage), so the ratio compares two ratios measured on this machine in one run.
+    """
+    form = next((f for f in forms if f["precision"] == precision), None)
+    return (form, pick["speedup_b1"] / form["speedup_b1"]) if form else None
+
+
+def _dense_forms_lines(forms: list[dict]) -> list[str]:
+    """The table of what quantisation alone gives (`dense_forms`)."""
+    if not forms:
+        return []
+    lines = [
+        "What quantisation alone gives: dense in every form its quantize stage measured, scored on validation "
+        "and the gating halves of general text and the zero-shot check, timed interleaved with one another "
+        "there (batch 1). A form ships only within every budget and at most 10 % slower to the first token "
+        "than dense fp32 (`quantize.other_metric_tolerance`).",
+        "",
+        "| dense form | Δ val (%) [95% CI] | Δ general (%) [95% CI] | Δ zero-shot (pts) [95% CI] | TTFT b1 (ms) "
+        "| TTFT vs fp32 | TPOT b1 (ms) | b1 decode speed-up | within the budgets |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in forms:
+        runtime = {"genai": "onnxruntime-genai", "llamacpp": "llama.cpp"}.get(f["runtime"], f["runtime"])
+        verdict = ("yes" if f.get("within_budget") else "no") + (", ships for dense" if f["shipped"] else "")
+        cells = [f"{f['precision']} ({runtime})", _change(f, "val"), _change(f, "general"), _change(f, "zero_shot"),
+                 f"{f['ttft_b1_ms']:.1f}", f"{f['ttft_vs_fp32']:.2f}×", f"{f['tpot_b1_ms']:.2f}",
+                 f"{f['speedup_b1']:.2f}×", verdict]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _in_domain_line(rows: list[dict], pick: dict | None, budgets: dict[str, QualityBudget], forms) -> list[str]:
+    """Ours held to the in-domain budget alone, where that is another row than the pick: what the corpus allows."""
+    alone = select_decoder(rows, {"val_change": budgets["val_change"]})
+    if alone is None or (pick is not None and alone["name"] == pick["name"]):
+        return []
+    line = (
+        f"Within the in-domain budget alone ({budgets['val_change'].text().replace(' perplexity', '')} on "
+        f"validation), the fastest of ours is {_name(alone)} ({alone['shape']}): "
+        f"{alone['speedup_b1']:.2f}× dense fp32 ({alone['speedup_b1_vs_dense_deployed']:.2f}× dense as deployed"
+    )
+    versus = versus_form(alone, forms)
+    line += f", {versus[1]:.2f}× dense Q4_K_M in llama.cpp)" if versus else ")"
+    line += f"; test perplexity {QualityChange(**alone['test_change']).text()}"
+    for key, what in (("general_change", "general text"), ("zero_shot_change", "zero-shot")):
+        line += f"; {what} {QualityChange(**alone[key]).text()}" if alone.get(key) else ""
+    return [line + ".", ""]
+
+
 def write_decoder_report(
     workload, rows: list[dict], selected: dict | None, failed: dict, machine: dict, timing, command: str, dirs
 ) -> str:
@@ -172,7 +250,9 @@ def write_decoder_report(
         ]
     lines += ["", "![frontier](frontier.png)", "", *_table(rows, [1, *timing.batch_sizes]), ""]
     lines += [f"- {name}: not measured — {why}" for name, why in failed.items()]
-    lines += ["", *_selected(selected, selection_budgets(workload)), "", *_versus(rows), "", *_cost_and_plans(ours)]
+    forms, budgets = dense_forms(workload, dirs), selection_budgets(workload)
+    lines += ["", *_dense_forms_lines(forms), *_selected(selected, budgets, forms), ""]
+    lines += [*_in_domain_line(rows, selected, budgets, forms), *_versus(rows), "", *_cost_and_plans(ours)]
     return "\n".join(lines).rstrip() + "\n"
 
 

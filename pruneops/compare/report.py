@@ -509,18 +509,23 @@ def write_report(
     return written
 
 
+def _decoder_pick_record(pick: dict) -> dict:
+    """The results page's record of a decoder row: its name, speed-up and test perplexity ratio with its interval."""
+    change = pick["test_change"]
+    return {"name": pick["name"], "speedup_b1": pick["speedup_b1"], "test_ratio": 1 + change["value"],
+            "test_ratio_ci": [1 + change["low"], 1 + change["high"]]}  # fmt: skip
+
+
 def _write_decoder_report(workload, rows, pick, failed, timing, command, here: Path, dirs: dict, wall) -> Path:
     """A causal-LM workload's `report.md`, `results.json` (its pick as `decoder_selected`) and frontier plot."""
-    from pruneops.compare.decoder_report import plot_decoder_bench, write_decoder_report
+    from pruneops.compare.decoder_report import dense_forms, plot_decoder_bench, write_decoder_report
+    from pruneops.compare.decoders import select_decoder, selection_budgets
 
     machine = machine_info(timing.threads, *(dict.fromkeys(r["runtime"] for r in rows) if rows else ["genai"]))
     plot_decoder_bench(rows, workload.name, here / FRONTIER)
     (here / PREDICTIONS).unlink(missing_ok=True)
-    selected = None
-    if pick is not None:  # the results page's row: the change and speed-up of what was selected
-        change = pick["test_change"]
-        selected = {"name": pick["name"], "speedup_b1": pick["speedup_b1"], "test_ratio": 1 + change["value"],
-                    "test_ratio_ci": [1 + change["low"], 1 + change["high"]]}  # fmt: skip
+    alone = select_decoder(rows, {"val_change": selection_budgets(workload)["val_change"]})
+    in_domain = _decoder_pick_record(alone) if alone is not None and alone is not pick else None
     dump_json(
         {
             "workload": workload.name,
@@ -532,7 +537,9 @@ def _write_decoder_report(workload, rows, pick, failed, timing, command, here: P
             "budget_general_perplexity": workload.max_general_perplexity_increase,
             "budget_zero_shot_points": workload.max_zero_shot_drop,
             "rows": rows,
-            "decoder_selected": selected,
+            "decoder_selected": _decoder_pick_record(pick) if pick is not None else None,
+            "decoder_in_domain": in_domain,  # ours within the in-domain budget alone, where that is another row
+            "dense_forms": dense_forms(workload, dirs),  # what quantisation alone gives (dense's quantize stage)
             "failed": failed,
             "wall": wall,
         },

@@ -68,6 +68,10 @@ def test_a_decoder_workload_is_benchmarked_over_the_pipeline(tmp_path, capsys):
     # The baselines are what their strategies cut: every layer kept (width), widths kept (depth).
     assert rows["width fp32"]["shape"].startswith("4 layers") and "MLP 48" in rows["depth fp32"]["shape"]
     assert "ours 0.8 fp32 / width fp32" in (here / "report.md").read_text()
+    # What quantisation alone gives: every form dense's quantize stage measured, against its fp32 there.
+    forms = {f["name"]: f for f in results["dense_forms"]}
+    assert forms["fp32"]["speedup_b1"] == 1.0 and sum(f["shipped"] for f in forms.values()) == 1
+    assert "What quantisation alone gives" in (here / "report.md").read_text()
     pick = results["decoder_selected"]
     assert pick is not None and pick["name"].startswith("ours ")
     listed = next(r for r in read_results(tmp_path / "docs") if r.workload == "tiny-llama")
@@ -81,7 +85,9 @@ def test_a_decoder_workload_is_benchmarked_over_the_pipeline(tmp_path, capsys):
     assert fastest["variant"] == "dense" and fastest["speedup_b1_vs_fastest_dense"] == 1.0
     against = {"speedup_b1_vs_fastest_dense": row["speedup_b1_vs_fastest_dense"],
                "fastest_dense": f"{fastest['precision']} ({fastest['runtime']})"}  # fmt: skip
-    assert listed.decoder == {
-        **pick, "speedup_b1_vs_dense_deployed": row["speedup_b1_vs_dense_deployed"], **beyond, **against
-    }  # fmt: skip
+    expected = {**pick, "speedup_b1_vs_dense_deployed": row["speedup_b1_vs_dense_deployed"], **beyond, **against}
+    assert {key: listed.decoder.get(key) for key in expected} == expected
+    # ... and names the form it is compared with, and whether what shipped is dense backed off to.
+    assert listed.decoder["form"] == row["precision"].upper() + ("" if row["runtime"] == "genai" else " in llama.cpp")
+    assert listed.decoder["backed_off"] is (row["source"] == "dense")
     assert "selected ours" in capsys.readouterr().out

@@ -192,3 +192,46 @@ def test_the_headline_gives_a_decoder_picks_general_text_and_zero_shot_changes(t
     (report / "report.md").write_text("# w\n")
     cell = "perplexity +4.0 % [+0.0, +9.0]; general text +350.0 % [+306.0, +401.0]; zero-shot -2.00 pts [-6.00, +1.00]"
     assert cell in headline_table(tmp_path)
+
+
+def _decoder_results(tmp_path, data: dict) -> str:
+    from pruneops.compare.results import headline_table
+
+    report = tmp_path / "results" / "llm" / "w"
+    report.mkdir(parents=True)
+    machine = {"cpu": "AMD EPYC 7B13", "date": "2026-12-07"}
+    (report / "results.json").write_text(json.dumps({**data, "machine": machine}))
+    (report / "report.md").write_text("# w\n")
+    return headline_table(tmp_path)
+
+
+def test_a_decoder_pick_that_shipped_dense_says_so_and_gives_ours_within_the_in_domain_budget_alone(tmp_path):
+    # Held to every budget, ours backed off to dense INT8; held to the in-domain budget alone, its cut shipped.
+    pick = {"name": "ours deployed", "speedup_b1": 2.0, "test_ratio": 1.002, "test_ratio_ci": [1.001, 1.004]}
+    alone = {"name": "ours-in-domain deployed", "speedup_b1": 3.0, "test_ratio": 1.05, "test_ratio_ci": [1.0, 1.1]}
+    general = {"value": 3.5, "low": 3.06, "high": 4.01, "unit": "perplexity", "samples": 32}
+    rows = [
+        {**pick, "family": "ours", "source": "dense", "precision": "int8", "runtime": "genai",
+         "speedup_b1_vs_dense_deployed": 1.0},
+        {**alone, "family": "ours", "source": "pruned", "precision": "int8", "runtime": "genai",
+         "speedup_b1_vs_dense_deployed": 1.5, "general_change": general},
+    ]  # fmt: skip
+    # What quantisation alone gives: Q4_K_M decodes 2.5x dense fp32 in dense's quantize stage.
+    forms = [{"precision": "fp32", "speedup_b1": 1.0}, {"precision": "q4_k_m", "speedup_b1": 2.5}]
+    table = _decoder_results(
+        tmp_path, {"decoder_selected": pick, "decoder_in_domain": alone, "rows": rows, "dense_forms": forms}
+    )
+    assert "`ours deployed` (dense INT8: no cut held every budget)" in table
+    assert "2.00× per generated token (1.00× vs dense INT8) (0.80× vs dense Q4_K_M in llama.cpp)" in table
+    within = "within the in-domain budget alone `ours-in-domain deployed` 3.00× per generated token (1.50× vs dense"
+    assert within + " INT8) (1.20× vs dense Q4_K_M in llama.cpp), test perplexity +5.0 % [+0.0, +10.0]" in table
+    assert "general text +350.0 % [+306.0, +401.0]" in table
+
+
+def test_a_decoder_pick_that_shipped_its_cut_names_no_back_off_and_no_other_row(tmp_path):
+    pick = {"name": "ours deployed", "speedup_b1": 3.9, "test_ratio": 1.04, "test_ratio_ci": [1.0, 1.09]}
+    rows = [{**pick, "family": "ours", "source": "pruned", "precision": "q8_0", "runtime": "llamacpp",
+             "speedup_b1_vs_dense_deployed": 1.6}]  # fmt: skip
+    table = _decoder_results(tmp_path, {"decoder_selected": pick, "decoder_in_domain": None, "rows": rows})
+    assert "`ours deployed` |" in table and "no cut held" not in table and "in-domain" not in table
+    assert "3.90× per generated token (1.60× vs dense Q8_0 in llama.cpp)" in table
