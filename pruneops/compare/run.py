@@ -28,6 +28,7 @@ from pruneops.config import AUTO_FORM, BenchmarkConfig
 from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.core.io import Layout, dump_json, read_json
 from pruneops.core.params import parse_section, read_params
+from pruneops.data.zero_shot import ZERO_SHOT_FILE
 from pruneops.pipeline.experiments import apply_overrides, run_experiment, tool_env
 from pruneops.pipeline.stages import STAGE_NAMES, STAGES, project_importable
 
@@ -197,6 +198,24 @@ def reference_to_match(
     return reference.resolve()
 
 
+# What a variant was measured on, kept beside its exports: a classifier's splits, a causal LM's blocks and
+# its zero-shot check (without which the bench's rows would have no zero-shot figures).
+MEASURED_DATA = ("val.npz", "test.npz", "corpus.npz", ZERO_SHOT_FILE)
+
+
+def keep_measured_data(validate: Path, keep: Path) -> list[str]:
+    """Puts each of `MEASURED_DATA` that `validate` wrote into `keep` (hard links: not copied per variant).
+
+    Returns:
+        The names kept.
+    """
+    keep.mkdir(parents=True)
+    kept = [name for name in MEASURED_DATA if (validate / name).is_file()]
+    for name in kept:
+        _link_or_copy(validate / name, keep / name)
+    return kept
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src.resolve(), dst)
@@ -252,12 +271,7 @@ def run_variant(
         keep = repo / "results" / variant.name
         shutil.rmtree(keep, ignore_errors=True)
         shutil.copytree(experiment.layout.stage_dir("export"), Layout(keep).stage_dir("export"))
-        # The splits it was measured on (hard links: large data is not copied per variant).
-        data = Layout(keep).stage_dir("validate")
-        data.mkdir(parents=True)
-        for split in ("val.npz", "test.npz", "corpus.npz"):
-            if (experiment.layout.stage_dir("validate") / split).is_file():
-                _link_or_copy(experiment.layout.stage_dir("validate") / split, data / split)
+        keep_measured_data(experiment.layout.stage_dir("validate"), Layout(keep).stage_dir("validate"))
         for stage, record in (("latency", "decode_cost.json"), ("prune", "plan.json")):  # a causal LM's plan
             if (experiment.layout.stage_dir(stage) / record).is_file():
                 shutil.copyfile(experiment.layout.stage_dir(stage) / record, keep / record)

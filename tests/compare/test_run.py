@@ -1,4 +1,4 @@
-"""What `pruneops bench` shows of a variant's output (`pruneops.compare.run.StageLines`)."""
+"""`pruneops bench`'s running of variants (`pruneops.compare.run`): what it shows, what it keeps."""
 
 from __future__ import annotations
 
@@ -42,3 +42,17 @@ def test_progress_of_a_long_step_is_shown_at_most_once_a_minute_per_step_and_alw
     clock.now = 70.0
     done = "recovery: 150000/150000 tokens (100%), 94.0 tokens/s, done in 27 min"
     assert relay(_progress(done)) == done  # the end of a step is always shown
+
+
+def test_a_variant_keeps_the_blocks_and_the_zero_shot_check_it_was_measured_on(tmp_path) -> None:
+    from pruneops.compare.run import keep_measured_data
+    from pruneops.data.zero_shot import read_zero_shot
+
+    validate = tmp_path / "validate"
+    validate.mkdir()
+    for name in ("corpus.npz", "zero_shot.json", "expectations.json"):
+        (validate / name).write_text("{}")
+    kept = keep_measured_data(validate, tmp_path / "keep" / "validate")
+    assert kept == ["corpus.npz", "zero_shot.json"]  # what the bench scores; nothing else
+    assert sorted(p.name for p in (tmp_path / "keep" / "validate").iterdir()) == kept
+    assert read_zero_shot(tmp_path / "keep" / "validate") == {}  # the bench's rows read it from there
