@@ -257,26 +257,38 @@ def write_decoder_report(
 
 
 def plot_decoder_bench(rows: list[dict], title: str, path: Path) -> None:
-    """Test perplexity against measured time per output token (batch 1), one marker per family."""
+    """Perplexity against measured time per output token (batch 1), one marker per family.
+
+    In-domain test perplexity on the left; general text's (beyond the corpus) on the right where
+    the rows have it, on the same time axis, so what a cut costs beyond the corpus is seen beside it.
+    """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    panels = [("test_perplexity", "test perplexity (in-domain)")]
+    if any("general_perplexity" in r for r in rows):
+        panels.append(("general_perplexity", "general-text perplexity (beyond the corpus)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels, strict=True):
+        _scatter_families([r for r in rows if key in r], key, ax)
+        ax.set_xlabel("time per output token, batch 1 (ms)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{title}: perplexity against decode time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _scatter_families(rows: list[dict], key: str, ax) -> None:
+    """One marker per family; each point labelled with its variant and precision (log scale over a 10× range)."""
     markers = {"dense": "s", "ours": "o", "torch_pruning": "^", "shortgpt": "v", "naive": "x"}
     for family, marker in markers.items():
         mine = [r for r in rows if r["family"] == family]
         if not mine:
             continue
-        ax.scatter([r["tpot_b1_ms"] for r in mine], [r["test_perplexity"] for r in mine], marker=marker, label=family)
+        ax.scatter([r["tpot_b1_ms"] for r in mine], [r[key] for r in mine], marker=marker, label=family)
         for r in mine:
-            label = f"{r['label']} {r['precision']}"
-            ax.annotate(label, (r["tpot_b1_ms"], r["test_perplexity"]), fontsize=7, xytext=(4, 3),
+            ax.annotate(f"{r['label']} {r['precision']}", (r["tpot_b1_ms"], r[key]), fontsize=7, xytext=(4, 3),
                         textcoords="offset points")  # fmt: skip
-    ax.set_xlabel("time per output token, batch 1 (ms)")
-    ax.set_ylabel("test perplexity (in-domain)")
-    if rows and max(r["test_perplexity"] for r in rows) / min(r["test_perplexity"] for r in rows) > 10:
+    if rows and max(r[key] for r in rows) / min(r[key] for r in rows) > 10:
         ax.set_yscale("log")
-    ax.set_title(f"{title}: perplexity against decode time")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -65,3 +65,21 @@ def test_a_pick_is_compared_with_dense_q4_k_m_through_each_ones_speed_up_over_de
 def test_without_a_dense_variant_there_is_no_table(dense_dirs):
     assert dense_forms(SimpleNamespace(variants=[SimpleNamespace(name="ours", kind="")]), dense_dirs) == []
     assert _dense_forms_lines([]) == []
+
+
+def test_the_frontier_puts_general_text_beside_the_corpus_where_the_rows_have_it(tmp_path):
+    import matplotlib.image
+
+    from pruneops.compare.decoder_report import plot_decoder_bench
+
+    rows = [
+        {"family": "dense", "label": "dense", "precision": "fp32", "tpot_b1_ms": 18.0, "test_perplexity": 26.0,
+         "general_perplexity": 62.0},
+        {"family": "ours", "label": "ours", "precision": "int8", "tpot_b1_ms": 5.0, "test_perplexity": 28.0,
+         "general_perplexity": 210.0},
+    ]  # fmt: skip
+    plot_decoder_bench(rows, "w", tmp_path / "both.png")
+    corpus_only = [{k: v for k, v in r.items() if k != "general_perplexity"} for r in rows]
+    plot_decoder_bench(corpus_only, "w", tmp_path / "a.png")
+    both, one = matplotlib.image.imread(tmp_path / "both.png"), matplotlib.image.imread(tmp_path / "a.png")
+    assert both.shape[0] == one.shape[0] and both.shape[1] == 2 * one.shape[1]  # a second panel, same height
