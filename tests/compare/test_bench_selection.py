@@ -230,8 +230,12 @@ def test_a_decoder_pick_that_shipped_dense_says_so_and_gives_ours_within_the_in_
 
 def test_a_decoder_pick_that_shipped_its_cut_names_no_back_off_and_no_other_row(tmp_path):
     pick = {"name": "ours deployed", "speedup_b1": 3.9, "test_ratio": 1.04, "test_ratio_ci": [1.0, 1.09]}
-    rows = [{**pick, "family": "ours", "source": "pruned", "precision": "q8_0", "runtime": "llamacpp",
-             "speedup_b1_vs_dense_deployed": 1.6}]  # fmt: skip
+    # Ours ships in llama.cpp; dense as deployed (every row's "vs dense as deployed") is dense's own pick.
+    dense = {"name": "dense deployed", "family": "dense", "deployed": True, "precision": "q8_0", "runtime": "llamacpp",
+             "fastest_dense": True}  # fmt: skip
+    rows = [dense, {**pick, "family": "ours", "source": "pruned", "precision": "q4_k_m", "runtime": "llamacpp",
+                    "speedup_b1_vs_dense_deployed": 1.6, "speedup_b1_vs_fastest_dense": 1.6}]  # fmt: skip
     table = _decoder_results(tmp_path, {"decoder_selected": pick, "decoder_in_domain": None, "rows": rows})
     assert "`ours deployed` |" in table and "no cut held" not in table and "in-domain" not in table
-    assert "3.90× per generated token (1.60× vs dense Q8_0 in llama.cpp)" in table
+    # The fastest dense form is dense as deployed: said once.
+    assert "3.90× per generated token (1.60× vs dense Q8_0 in llama.cpp) |" in table
