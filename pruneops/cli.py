@@ -201,6 +201,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     from pruneops.compare.run import run_bench_file
 
+    _show_progress()  # its own long steps (the interleaved timing and scoring of every row) log as the stages' do
     command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
     report = run_bench_file(
         Path(args.config), Path(args.root), args.params, command, args.only, args.variants, args.out_dir

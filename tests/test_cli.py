@@ -241,3 +241,26 @@ def test_a_training_stage_shows_one_line_per_epoch(tmp_path):
     epochs = [line for line in result.stderr.splitlines() if " pruneops.training.fit: train epoch " in line]
     assert [line.split("train epoch ")[1].split(":")[0] for line in epochs] == ["1/2", "2/2"], result.stderr
     assert "val acc" in epochs[-1] and result.stdout.startswith("pruneops train (")
+
+
+def test_the_bench_shows_the_progress_of_its_own_long_steps(tmp_path, monkeypatch, capsys):
+    """`pruneops bench` times and scores every row in its own process: that step's progress is shown too."""
+    import logging
+
+    import pruneops.compare.run
+    from pruneops.compare.run import BenchReport
+    from pruneops.core.progress import Progress
+
+    logger = logging.getLogger("pruneops")
+    monkeypatch.setattr(logger, "handlers", [])  # as in a fresh process (restored afterwards)
+    monkeypatch.setattr(logger, "level", logger.level)
+
+    def bench(*args):  # a long step of the bench's own: the scoring of its rows
+        clock = iter([0.0, 30.0, 30.0])
+        with Progress("bench: scoring", 1, "models", clock=lambda: next(clock)) as counter:
+            counter.update()
+        return BenchReport(rows={}, selected={}, failed={}, reports={})
+
+    monkeypatch.setattr(pruneops.compare.run, "run_bench_file", bench)
+    assert main(["--root", str(tmp_path), "bench", "--config", str(tmp_path / "bench.yaml")]) == 0
+    assert "INFO pruneops: bench: scoring: 1/1 models (100%)" in capsys.readouterr().err
