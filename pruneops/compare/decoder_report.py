@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pruneops.compare.decoders import select_decoder, selection_budgets
+from pruneops.compare.decoders import selection_budgets
 from pruneops.core.io import read_json
 from pruneops.core.quality import QualityBudget, QualityChange
 from pruneops.reports.plots import _pyplot
@@ -200,10 +200,9 @@ def _dense_forms_lines(forms: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
-def _in_domain_line(rows: list[dict], pick: dict | None, budgets: dict[str, QualityBudget], forms) -> list[str]:
+def _in_domain_line(alone: dict | None, budgets: dict[str, QualityBudget], forms: list[dict]) -> list[str]:
     """Ours held to the in-domain budget alone, where that is another row than the pick: what the corpus allows."""
-    alone = select_decoder(rows, {"val_change": budgets["val_change"]})
-    if alone is None or (pick is not None and alone["name"] == pick["name"]):
+    if alone is None:
         return []
     line = (
         f"Within the in-domain budget alone ({budgets['val_change'].text().replace(' perplexity', '')} on "
@@ -219,9 +218,22 @@ def _in_domain_line(rows: list[dict], pick: dict | None, budgets: dict[str, Qual
 
 
 def write_decoder_report(
-    workload, rows: list[dict], selected: dict | None, failed: dict, machine: dict, timing, command: str, dirs
+    workload,
+    rows: list[dict],
+    selected: dict | None,
+    failed: dict,
+    machine: dict,
+    timing,
+    command: str,
+    dirs,
+    forms: list[dict],
+    in_domain: dict | None,
 ) -> str:
-    """The markdown report of one causal-LM workload."""
+    """The markdown report of one causal-LM workload.
+
+    `forms`: what quantisation alone gives (`dense_forms`); `in_domain`: ours held to the in-domain
+    budget alone, where that is another row than `selected` (None otherwise).
+    """
     ours = next((dirs[v.name] for v in workload.variants if v.family == "ours" and v.name in dirs), None)
     recovery = read_json(ours / "metrics.json").get("finetune", {}) if ours else {}
     lines = [
@@ -250,9 +262,9 @@ def write_decoder_report(
         ]
     lines += ["", "![frontier](frontier.png)", "", *_table(rows, [1, *timing.batch_sizes]), ""]
     lines += [f"- {name}: not measured — {why}" for name, why in failed.items()]
-    forms, budgets = dense_forms(workload, dirs), selection_budgets(workload)
+    budgets = selection_budgets(workload)
     lines += ["", *_dense_forms_lines(forms), *_selected(selected, budgets, forms), ""]
-    lines += [*_in_domain_line(rows, selected, budgets, forms), *_versus(rows), "", *_cost_and_plans(ours)]
+    lines += [*_in_domain_line(in_domain, budgets, forms), *_versus(rows), "", *_cost_and_plans(ours)]
     return "\n".join(lines).rstrip() + "\n"
 
 

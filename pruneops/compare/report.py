@@ -509,11 +509,18 @@ def write_report(
     return written
 
 
-def _decoder_pick_record(pick: dict) -> dict:
-    """The results page's record of a decoder row: its name, speed-up and test perplexity ratio with its interval."""
+def _decoder_pick_record(pick: dict, forms: list[dict]) -> dict:
+    """The results page's record of a decoder row: name, speed-up, test perplexity ratio and its interval.
+
+    And its speed-up over dense Q4_K_M where `forms` has that form (`decoder_report.versus_form`).
+    """
+    from pruneops.compare.decoder_report import versus_form
+
     change = pick["test_change"]
+    versus = versus_form(pick, forms)
     return {"name": pick["name"], "speedup_b1": pick["speedup_b1"], "test_ratio": 1 + change["value"],
-            "test_ratio_ci": [1 + change["low"], 1 + change["high"]]}  # fmt: skip
+            "test_ratio_ci": [1 + change["low"], 1 + change["high"]],
+            **({"speedup_b1_vs_q4_k_m": versus[1]} if versus else {})}  # fmt: skip
 
 
 def _write_decoder_report(workload, rows, pick, failed, timing, command, here: Path, dirs: dict, wall) -> Path:
@@ -525,7 +532,8 @@ def _write_decoder_report(workload, rows, pick, failed, timing, command, here: P
     plot_decoder_bench(rows, workload.name, here / FRONTIER)
     (here / PREDICTIONS).unlink(missing_ok=True)
     alone = select_decoder(rows, {"val_change": selection_budgets(workload)["val_change"]})
-    in_domain = _decoder_pick_record(alone) if alone is not None and alone is not pick else None
+    alone = alone if alone is not None and alone is not pick else None  # ours within the in-domain budget alone
+    forms = dense_forms(workload, dirs)  # what quantisation alone gives (dense's quantize stage)
     dump_json(
         {
             "workload": workload.name,
@@ -537,14 +545,14 @@ def _write_decoder_report(workload, rows, pick, failed, timing, command, here: P
             "budget_general_perplexity": workload.max_general_perplexity_increase,
             "budget_zero_shot_points": workload.max_zero_shot_drop,
             "rows": rows,
-            "decoder_selected": _decoder_pick_record(pick) if pick is not None else None,
-            "decoder_in_domain": in_domain,  # ours within the in-domain budget alone, where that is another row
-            "dense_forms": dense_forms(workload, dirs),  # what quantisation alone gives (dense's quantize stage)
+            "decoder_selected": _decoder_pick_record(pick, forms) if pick is not None else None,
+            "decoder_in_domain": _decoder_pick_record(alone, forms) if alone is not None else None,
+            "dense_forms": forms,
             "failed": failed,
             "wall": wall,
         },
         here / RESULTS,
     )
-    text = write_decoder_report(workload, rows, pick, failed, machine, timing, command, dirs)
+    text = write_decoder_report(workload, rows, pick, failed, machine, timing, command, dirs, forms, alone)
     (here / REPORT).write_text(text + "".join(line + "\n" for line in _wall_lines(wall)))
     return here

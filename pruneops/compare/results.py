@@ -70,28 +70,24 @@ def _decoder_pick(data: dict) -> dict | None:
     rows = data.get("rows", [])
     fastest = next((r for r in rows if r.get("fastest_dense")), None)
     deployed = next((r for r in rows if r.get("family") == "dense" and r.get("deployed")), {})
-    against = {}
+    # Every row's "vs dense as deployed" is against dense's own pick, in its form.
+    against = {"form": _form(deployed.get("precision", "int8"), deployed.get("runtime", "genai"))}
     if fastest is not None:  # the fastest dense form within the budgets: what a user who never pruned deploys
-        against = {"fastest_dense": f"{fastest['precision']} ({fastest.get('runtime', 'genai')})",
-                   "fastest_is_deployed": fastest.get("name") == deployed.get("name")}  # fmt: skip
+        against |= {"fastest_dense": f"{fastest['precision']} ({fastest.get('runtime', 'genai')})",
+                    "fastest_is_deployed": fastest.get("name") == deployed.get("name")}  # fmt: skip
     alone = data.get("decoder_in_domain")
     in_domain = {"in_domain": {**_decoder_row(data, alone), **against}} if alone else {}
     return {**_decoder_row(data, pick), **against, **in_domain}
 
 
 def _decoder_row(data: dict, pick: dict) -> dict:
-    """`pick` with its row's figures: speed-ups against dense as deployed, the fastest dense and Q4_K_M, changes."""
+    """`pick` (with its speed-up over dense Q4_K_M) and its row's speed-ups against dense as deployed and fastest."""
     row = next((r for r in data.get("rows", []) if r.get("name") == pick["name"]), {})
     keys = ("general_change", "zero_shot_change", "speedup_b1_vs_dense_deployed", "speedup_b1_vs_fastest_dense")
     figures = {key: row[key] for key in keys if row.get(key)}
-    q4 = next((f for f in data.get("dense_forms", []) if f["precision"] == "q4_k_m"), None)
-    if q4 is not None:  # each over dense fp32 in its own interleaved timing of this run
-        figures["speedup_b1_vs_q4_k_m"] = pick["speedup_b1"] / q4["speedup_b1"]
-    dense = next((r for r in data.get("rows", []) if r.get("family") == "dense" and r.get("deployed")), {})
-    form = _form(dense.get("precision", "int8"), dense.get("runtime", "genai"))  # dense as deployed
     shipped = _form(row.get("precision", "int8"), row.get("runtime", "genai"))
     backed_off = row.get("source") == "dense" and row.get("family") != "dense"
-    return {**figures, "form": form, "shipped": shipped, "backed_off": backed_off, **pick}
+    return {**figures, "shipped": shipped, "backed_off": backed_off, **pick}
 
 
 def _beyond_corpus(pick: dict) -> str:
