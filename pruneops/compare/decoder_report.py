@@ -81,13 +81,8 @@ def _selected(pick: dict | None, budgets: dict[str, QualityBudget], forms: list[
         f"{pick['speedup_b1']:.2f}× dense fp32 at batch 1 ({pick['speedup_b1_vs_dense_deployed']:.2f}× dense as "
         "deployed"
     )
-    versus = versus_form(pick, forms)
-    line += f", {versus[1]:.2f}× dense Q4_K_M in llama.cpp" if versus else ""
-    line += f"); test perplexity {test.text()}, validation {QualityChange(**pick['val_change']).text()}"
-    if "general_change" in pick:
-        line += f"; general text {QualityChange(**pick['general_change']).text()}"
-    if "zero_shot_change" in pick:
-        line += f"; zero-shot {QualityChange(**pick['zero_shot_change']).text()}"
+    line += f"{_versus_q4_k_m(pick, forms)}); test perplexity {test.text()}, validation "
+    line += QualityChange(**pick["val_change"]).text() + _beyond_corpus(pick)
     lines = [line + "."]
     val = budgets["val_change"]
     if not val.holds(test):
@@ -209,12 +204,20 @@ def _in_domain_line(alone: dict | None, budgets: dict[str, QualityBudget], forms
         f"validation), the fastest of ours is {_name(alone)} ({alone['shape']}): "
         f"{alone['speedup_b1']:.2f}× dense fp32 ({alone['speedup_b1_vs_dense_deployed']:.2f}× dense as deployed"
     )
-    versus = versus_form(alone, forms)
-    line += f", {versus[1]:.2f}× dense Q4_K_M in llama.cpp)" if versus else ")"
-    line += f"; test perplexity {QualityChange(**alone['test_change']).text()}"
-    for key, what in (("general_change", "general text"), ("zero_shot_change", "zero-shot")):
-        line += f"; {what} {QualityChange(**alone[key]).text()}" if alone.get(key) else ""
-    return [line + ".", ""]
+    line += f"{_versus_q4_k_m(alone, forms)}); test perplexity {QualityChange(**alone['test_change']).text()}"
+    return [line + _beyond_corpus(alone) + ".", ""]
+
+
+def _versus_q4_k_m(row: dict, forms: list[dict]) -> str:
+    """`, 1.45× dense Q4_K_M in llama.cpp` (`versus_form`), or nothing where dense has no Q4_K_M form."""
+    versus = versus_form(row, forms)
+    return f", {versus[1]:.2f}× dense Q4_K_M in llama.cpp" if versus else ""
+
+
+def _beyond_corpus(row: dict) -> str:
+    """`; general text +239.2 % [...]; zero-shot -9.00 pts [...]`: the row's changes beyond its corpus, where set."""
+    parts = (("general_change", "general text"), ("zero_shot_change", "zero-shot"))
+    return "".join(f"; {what} {QualityChange(**row[key]).text()}" for key, what in parts if row.get(key))
 
 
 def write_decoder_report(
