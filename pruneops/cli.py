@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pruneops import __version__
 from pruneops.core.errors import DataValidationError, PruneOpsError
+from pruneops.core.progress import LOG_FORMAT, show_progress
 from pruneops.pipeline.runner import StageOutcome, record_outcome, run_stage
 from pruneops.pipeline.stages import STAGES, get_stage
 
@@ -95,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pruneops.serving.app import app_from_params
     from pruneops.serving.limits import run_server
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     app = app_from_params(
         Path(args.root),
         args.params,
@@ -115,7 +116,7 @@ def _serve_decoder(args: argparse.Namespace) -> int:
     from pruneops.serving.generate import DecoderService, ServeLimits, create_decoder_app
     from pruneops.serving.limits import run_server
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     feedback = Path(args.feedback_file) if args.feedback_file else None
     params = Path(args.root) / args.params
     threshold = load_section(args.root, "serve", args.params).psi_threshold if params.is_file() else 0.2
@@ -201,7 +202,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     from pruneops.compare.run import run_bench_file
 
-    _show_progress()  # its own long steps (the interleaved timing and scoring of every row) log as the stages' do
+    show_progress()  # its own long steps (the interleaved timing and scoring of every row) log as the stages' do
     command = "pruneops " + " ".join(shlex.quote(a) for a in args.argv)
     report = run_bench_file(
         Path(args.config), Path(args.root), args.params, command, args.only, args.variants, args.out_dir
@@ -400,21 +401,6 @@ def _run_tool(args: argparse.Namespace) -> int:
         return _print_error(args.command, PruneOpsError(_file_error(exc)))
 
 
-def _show_progress() -> None:
-    """Shows the package's log lines (one per training epoch) on stderr.
-
-    A long stage under DVC, a flow or `pruneops bench` (which relays them) then shows how far it is.
-    """
-    import logging
-
-    logger = logging.getLogger("pruneops")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-
-
 def _run_stage_command(args: argparse.Namespace) -> int:
     """Runs the stage and records how it ended (`pipeline.runner.StageOutcome`)."""
     started = time.perf_counter()
@@ -429,7 +415,7 @@ def _run_stage_reporting(args: argparse.Namespace, started: float) -> tuple[int,
 
     The error is None where the stage ran under torchrun: its rank-0 process recorded the outcome.
     """
-    _show_progress()
+    show_progress()
     try:
         launched = _launch_data_parallel(args)
         if launched is not None:

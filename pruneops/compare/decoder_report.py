@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pruneops.compare.decoders import selection_budgets
 from pruneops.core.io import read_json
-from pruneops.core.quality import QualityBudget, QualityChange
+from pruneops.core.quality import QualityBudget, QualityChange, beyond_corpus
 from pruneops.reports.plots import _pyplot
 
 
@@ -82,7 +82,7 @@ def _selected(pick: dict | None, budgets: dict[str, QualityBudget], forms: list[
         "deployed"
     )
     line += f"{_versus_q4_k_m(pick, forms)}); test perplexity {test.text()}, validation "
-    line += QualityChange(**pick["val_change"]).text() + _beyond_corpus(pick)
+    line += QualityChange(**pick["val_change"]).text() + beyond_corpus(pick)
     lines = [line + "."]
     val = budgets["val_change"]
     if not val.holds(test):
@@ -205,19 +205,13 @@ def _in_domain_line(alone: dict | None, budgets: dict[str, QualityBudget], forms
         f"{alone['speedup_b1']:.2f}× dense fp32 ({alone['speedup_b1_vs_dense_deployed']:.2f}× dense as deployed"
     )
     line += f"{_versus_q4_k_m(alone, forms)}); test perplexity {QualityChange(**alone['test_change']).text()}"
-    return [line + _beyond_corpus(alone) + ".", ""]
+    return [line + beyond_corpus(alone) + ".", ""]
 
 
 def _versus_q4_k_m(row: dict, forms: list[dict]) -> str:
     """`, 1.45× dense Q4_K_M in llama.cpp` (`versus_form`), or nothing where dense has no Q4_K_M form."""
     versus = versus_form(row, forms)
     return f", {versus[1]:.2f}× dense Q4_K_M in llama.cpp" if versus else ""
-
-
-def _beyond_corpus(row: dict) -> str:
-    """`; general text +239.2 % [...]; zero-shot -9.00 pts [...]`: the row's changes beyond its corpus, where set."""
-    parts = (("general_change", "general text"), ("zero_shot_change", "zero-shot"))
-    return "".join(f"; {what} {QualityChange(**row[key]).text()}" for key, what in parts if row.get(key))
 
 
 def write_decoder_report(

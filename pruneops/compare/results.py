@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pruneops.compare.report import REPORT, RESULTS
 from pruneops.core.io import read_json
-from pruneops.core.quality import QualityChange
+from pruneops.core.quality import beyond_corpus
 
 RESULTS_DIR = "results"  # under docs/
 HEADLINE_START = "<!-- results:start: written by `pruneops reference` from docs/results -->"
@@ -90,16 +90,6 @@ def _decoder_row(data: dict, pick: dict) -> dict:
     return {**figures, "shipped": shipped, "backed_off": backed_off, **pick}
 
 
-def _beyond_corpus(pick: dict) -> str:
-    """`; general text +350.4 % [+306.0, +401.2]; zero-shot -2.00 pts [...]`: the pick's changes beyond its corpus."""
-    parts = []
-    if pick.get("general_change"):
-        parts.append(f"general text {QualityChange(**pick['general_change']).text()}")
-    if pick.get("zero_shot_change"):
-        parts.append(f"zero-shot {QualityChange(**pick['zero_shot_change']).text()}")
-    return "".join(f"; {part}" for part in parts)
-
-
 def _decoder_cells(pick: dict) -> list[str]:
     """A decoder's pick: perplexity change instead of accuracy, decode (per-token) speed-up."""
     if not pick:
@@ -108,11 +98,11 @@ def _decoder_cells(pick: dict) -> list[str]:
     alone = pick.get("in_domain")
     speed = _decoder_speed(pick) + (
         f"; within the in-domain budget alone `{alone['name']}` {_decoder_speed(alone)}, test perplexity "
-        f"{_perplexity(alone)}{_beyond_corpus(alone)}"
+        f"{_perplexity(alone)}{beyond_corpus(alone)}"
         if alone
         else ""
     )
-    return [name, f"perplexity {_perplexity(pick)}" + _beyond_corpus(pick), speed, "–"]
+    return [name, f"perplexity {_perplexity(pick)}" + beyond_corpus(pick), speed, "–"]
 
 
 def _form(precision: str, runtime: str) -> str:

@@ -28,6 +28,7 @@ from pruneops.config import AUTO_FORM, BenchmarkConfig
 from pruneops.core.errors import ConfigError, PruneOpsError
 from pruneops.core.io import Layout, dump_json, read_json
 from pruneops.core.params import parse_section, read_params
+from pruneops.core.progress import progress_text
 from pruneops.data.zero_shot import ZERO_SHOT_FILE
 from pruneops.pipeline.experiments import apply_overrides, run_experiment, tool_env
 from pruneops.pipeline.stages import STAGE_NAMES, STAGES, project_importable
@@ -245,9 +246,9 @@ class StageLines:
             return line
         if " pruneops.training.fit: " in line or " pruneops.task.classification.prune: latency " in line:
             return line.split(" pruneops.", 1)[1].split(": ", 1)[1]
-        if " INFO pruneops: " not in line:  # `pruneops.core.progress` logs as `pruneops`
+        text = progress_text(line)
+        if text is None:
             return None
-        text = line.split(" INFO pruneops: ", 1)[1]
         step, now = text.split(": ", 1)[0], self.clock()
         if " done in " not in text and now - self.last.get(step, -float("inf")) < self.every_s:
             return None

@@ -16,6 +16,25 @@ from tqdm.auto import tqdm
 
 log = logging.getLogger("pruneops")
 T = TypeVar("T")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # how `show_progress` writes a log line
+_STEP_MARK = " INFO pruneops: "  # a progress line in that format (`log` is the `pruneops` logger itself)
+
+
+def show_progress() -> None:
+    """Shows the package's log lines (progress, one per training epoch) on stderr, in `LOG_FORMAT`.
+
+    A long stage under DVC, a flow or `pruneops bench` (which relays them) then shows how far it is.
+    """
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def progress_text(line: str) -> str | None:
+    """The message of a progress line as `show_progress` wrote it (`scoring perplexity: ...`), else None."""
+    return line.split(_STEP_MARK, 1)[1] if _STEP_MARK in line else None
 
 
 class Progress:

@@ -49,6 +49,16 @@ class QualityChange:
         return asdict(self)
 
 
+def beyond_corpus(row: dict) -> str:
+    """`; general text +239.2 % [...]; zero-shot -9.00 pts [...]`: a decoder row's changes beyond its corpus.
+
+    Reads a report row or results record's `general_change` and `zero_shot_change` (`QualityChange`
+    records), where set.
+    """
+    parts = (("general_change", "general text"), ("zero_shot_change", "zero-shot"))
+    return "".join(f"; {what} {QualityChange(**row[key]).text()}" for key, what in parts if row.get(key))
+
+
 def accuracy_change(correct: np.ndarray, dense_correct: np.ndarray, seed: int = 0) -> QualityChange:
     """Accuracy points against dense and their 95 % interval, resampling the same samples for both."""
     a, b = np.asarray(correct, dtype=np.float64), np.asarray(dense_correct, dtype=np.float64)

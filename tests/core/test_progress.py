@@ -39,3 +39,24 @@ def test_a_quick_step_says_nothing_and_a_slow_unit_reads_as_seconds_per_unit(cap
             clock.now += 40.0
             p.update()
     assert caplog.records[0].getMessage() == "export: 1/3 precisions (33%), 40 s per precision, ~80 s left"
+
+
+def test_the_bench_reads_back_a_progress_line_as_show_progress_writes_it(monkeypatch):
+    """`pruneops bench` relays a stage's progress from its log: the writer's format and the reader agree."""
+    import io
+
+    from pruneops.core.progress import log, progress_text, show_progress
+
+    monkeypatch.setattr(log, "handlers", [])  # as in a fresh stage process (restored afterwards)
+    monkeypatch.setattr(log, "level", log.level)
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    show_progress()
+    clock = Clock()
+    with Progress("scoring", 2, "blocks", 10.0, clock) as p:
+        clock.now = 30.0
+        p.update(2)
+    logging.getLogger("pruneops.training.fit").info("epoch 1/3")  # a module's line: not a progress line
+    first, second = stream.getvalue().splitlines()
+    assert progress_text(first) == "scoring: 2/2 blocks (100%), 15 s per block, done in 30 s"
+    assert progress_text(second) is None

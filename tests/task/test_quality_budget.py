@@ -68,3 +68,16 @@ def test_without_a_budget_the_same_pruned_model_ships(cut_without_recovery, tmp_
     report = run_stage("quantize", tmp_path / "params.yaml", root)
     assert report.source == "pruned" and report.budget == "none"
     assert -report.val_change["value"] > 1.0  # the loss the default budget refused
+
+
+def test_a_decoder_row_names_its_changes_beyond_its_corpus_where_measured():
+    from pruneops.core.quality import beyond_corpus
+
+    general = QualityChange(2.392, 2.12, 2.673, "perplexity", 160)
+    zero_shot = QualityChange(-9.0, -16.5, -1.0, "points", 200)
+    row = {"general_change": general.record(), "zero_shot_change": zero_shot.record()}
+    assert beyond_corpus(row) == "; general text +239.2 % [+212.0, +267.3]; zero-shot -9.00 pts [-16.50, -1.00]"
+    assert beyond_corpus({"general_change": general.record(), "zero_shot_change": None}) == (
+        "; general text +239.2 % [+212.0, +267.3]"
+    )
+    assert beyond_corpus({}) == ""
