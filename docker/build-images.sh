@@ -4,7 +4,8 @@
 # CONTAINER_ENGINE picks podman or docker (default: podman when installed). BASE_IMAGE overrides
 # the python slim base. On a machine that reaches package registries only through a local CA and
 # a wheel folder (PIP_CERT, PIP_FIND_LINKS set, podman), those are mounted into the build and the
-# CPU torch wheel is taken from the folder.
+# CPU torch wheel is taken from the folder. LLAMA_CPP_PYTHON (a version, or empty to leave llama.cpp
+# out of the serving image) and LLAMA_CPP_CMAKE_ARGS are passed on where set (Dockerfile.serving).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 engine=${CONTAINER_ENGINE:-$(command -v podman >/dev/null 2>&1 && echo podman || echo docker)}
@@ -13,6 +14,8 @@ images=("$@")
 
 args=()
 [ -z "${BASE_IMAGE:-}" ] || args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+[ -z "${LLAMA_CPP_PYTHON+set}" ] || args+=(--build-arg "LLAMA_CPP_PYTHON=$LLAMA_CPP_PYTHON")
+[ -z "${LLAMA_CPP_CMAKE_ARGS:-}" ] || args+=(--build-arg "LLAMA_CPP_CMAKE_ARGS=$LLAMA_CPP_CMAKE_ARGS")
 if [ "$engine" = podman ]; then
   # docker format keeps HEALTHCHECK (OCI images drop it).
   args+=(--network host --format docker)

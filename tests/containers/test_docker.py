@@ -70,6 +70,15 @@ def test_serving_image_is_multi_stage_and_installs_no_torch():
     assert "onnxruntime-genai" in requirements  # serve-decoder
 
 
+def test_serving_image_builds_the_llama_cpp_the_pipeline_timed():
+    """A decoder shipped as GGUF is served by the llama-cpp-python release `make llama-cpp` builds."""
+    text = (DOCKER / "Dockerfile.serving").read_text()
+    pinned = re.search(r"^ARG LLAMA_CPP_PYTHON=(\S+)$", text, flags=re.M)
+    built = re.search(r"^LLAMA_CPP_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), flags=re.M)
+    assert pinned and built and pinned.group(1) == built.group(1)
+    assert '"llama-cpp-python==$LLAMA_CPP_PYTHON"' in text and "libgomp1" in text  # its OpenMP runtime
+
+
 def test_dockerignore_keeps_local_state_out_of_the_build_context():
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", "state", "models", "artifacts", ".dvc/cache"} <= ignored
