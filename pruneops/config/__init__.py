@@ -192,12 +192,14 @@ class ValidateConfig(StageConfig):
     # `zero_shot_label_column`) whose texts, in `zero_shot_prompt` ({text} marks where), the model
     # answers by the likeliest of `zero_shot_labels` (null: the file's labels); at most
     # `zero_shot_items` items (drawn with `seed` across a longer file), alternately in a half that
-    # gates and a half that is reported.
+    # gates and a half that is reported. 2,000: a 1,000-item gating half, where an 8-bit form that
+    # changes 4-5 % of the answers has an interval of about ±1.3 points (±3 on 200: the 3-point budget
+    # then refused such forms or let them through by the draw; studies/decoder/zero_shot_items.json).
     zero_shot: Text | None = None
     zero_shot_prompt: Text = "{text}\nAnswer:"
     zero_shot_labels: Annotated[list[Text], Field(min_length=2, max_length=1000)] | None = None
     zero_shot_label_column: Text = "label"
-    zero_shot_items: Annotated[int, Field(ge=4, le=100_000)] = 400
+    zero_shot_items: Annotated[int, Field(ge=4, le=100_000)] = 2000
 
     @field_validator("zero_shot_prompt")
     @classmethod
