@@ -465,7 +465,23 @@ def _backed_off(candidates: dict[str, dict], budgets: Budgets) -> str:
         "prune.gate: no form of the pruned model is within the budget against dense on validation "
         f"({budgets.text()}), judged at the far end of its 95 % interval ({listed}); the dense model ships instead "
         "(a milder prune.target, more finetune.max_tokens, general text in the recovery, or a larger budget "
-        "would let one through)"
+        f"would let one through){_zero_shot_resolution(candidates, budgets)}"
+    )
+
+
+def _zero_shot_resolution(candidates: dict[str, dict], budgets: Budgets) -> str:
+    """`; the zero-shot check's N gating items ...`: how wide its intervals were, where it gates (else empty).
+
+    The far end is what the budget holds: an interval as wide as the budget refuses forms that change
+    few answers, and only more items (`validate.zero_shot_items`) narrow it.
+    """
+    changes = [QualityChange(**c["zero_shot_change"]) for c in candidates.values() if c.get("zero_shot_change")]
+    if budgets.zero_shot.limit is None or not changes:
+        return ""
+    widest = max(change.high - change.low for change in changes) / 2
+    return (
+        f"; the zero-shot check's {changes[0].samples} gating items gave intervals up to ±{widest:.1f} points "
+        f"against its {budgets.zero_shot.limit:g}-point budget (validate.zero_shot_items: more items narrow them)"
     )
 
 

@@ -162,6 +162,14 @@ def test_a_pruned_decoder_that_loses_the_zero_shot_check_backs_off_unless_that_b
     else:
         assert report.source == "dense" and "zero-shot" in report.warnings[0]
         assert report.zero_shot_change["value"] == 0.0  # dense against itself
+        # The warning says how wide the check's intervals were: what more items would narrow.
+        pruned = [c["zero_shot_change"] for n, c in report.candidates.items() if not n.startswith("dense")]
+        widest = max(c["high"] - c["low"] for c in pruned) / 2
+        assert 2.0 < widest < 25.0, report.warnings[0]  # 14 answers of 40 lost: a wide interval
+        assert (
+            f"the zero-shot check's 40 gating items gave intervals up to ±{widest:.1f} points "
+            f"against its {limit:g}-point budget" in report.warnings[0]
+        )
 
 
 def test_every_export_is_scored_once_dense_fp32_included(tmp_path, monkeypatch):
