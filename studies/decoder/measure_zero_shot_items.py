@@ -73,9 +73,8 @@ def main() -> None:
             changed = float(np.mean(answers[:n] != dense[:n]))
             held = -change.low <= args.budget + 1e-12
             rows.append({"gating_items": n, "form": form, **change.record(), "answers_changed": changed, "held": held})
-            print(
-                f"{n:5d} {form:16s} {change.text():28s} {'holds' if held else 'out':5s} {changed:.1%} of answers changed"
-            )  # noqa: E501
+            verdict = "holds" if held else "out"
+            print(f"{n:5d} {form:16s} {change.text():28s} {verdict:5s} {changed:.1%} of answers changed")
     result = {
         "machine": machine_info(2, "genai", "llamacpp"),
         "items": args.items,
