@@ -49,14 +49,19 @@ class QualityChange:
         return asdict(self)
 
 
-def beyond_corpus(row: dict) -> str:
-    """`; general text +239.2 % [...]; zero-shot -9.00 pts [...]`: a decoder row's changes beyond its corpus.
+def changes_beyond_corpus(row: dict) -> list[str]:
+    """`["general text +239.2 % [...]", "zero-shot -9.00 pts [...]"]`: a decoder row's changes beyond its corpus.
 
-    Reads a report row or results record's `general_change` and `zero_shot_change` (`QualityChange`
-    records), where set.
+    Reads a report row, results record or quantize candidate's `general_change` and `zero_shot_change`
+    (`QualityChange` records), where set.
     """
     parts = (("general_change", "general text"), ("zero_shot_change", "zero-shot"))
-    return "".join(f"; {what} {QualityChange(**row[key]).text()}" for key, what in parts if row.get(key))
+    return [f"{what} {QualityChange(**row[key]).text()}" for key, what in parts if row.get(key)]
+
+
+def beyond_corpus(row: dict) -> str:
+    """`; general text +239.2 % [...]; zero-shot -9.00 pts [...]`: `changes_beyond_corpus`, each after `; `."""
+    return "".join(f"; {change}" for change in changes_beyond_corpus(row))
 
 
 def accuracy_change(correct: np.ndarray, dense_correct: np.ndarray, seed: int = 0) -> QualityChange:

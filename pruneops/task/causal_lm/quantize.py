@@ -18,7 +18,13 @@ from pruneops.config.prune import DecoderMetric
 from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, dump_json, replaced_whole, staged_output_paths
 from pruneops.core.progress import progress
-from pruneops.core.quality import QualityBudget, QualityChange, accuracy_change, perplexity_change
+from pruneops.core.quality import (
+    QualityBudget,
+    QualityChange,
+    accuracy_change,
+    changes_beyond_corpus,
+    perplexity_change,
+)
 from pruneops.data import zero_shot
 from pruneops.data.zero_shot import zero_shot_correct
 from pruneops.models.decoders import load_causal_lm
@@ -456,8 +462,7 @@ def _backed_off(candidates: dict[str, dict], budgets: Budgets) -> str:
     """The warning of a back-off to dense: what each form of the pruned model measured against the budgets."""
 
     def figures(c: dict) -> str:
-        beyond = [f"{what} {QualityChange(**c[key]).text()}" for key, what in
-                  (("general_change", "general text"), ("zero_shot_change", "zero-shot")) if c.get(key)]  # fmt: skip
+        beyond = changes_beyond_corpus(c)
         return QualityChange(**c["val_change"]).text() + (f" ({', '.join(beyond)})" if beyond else "")
 
     listed = ", ".join(f"{n} {figures(c)}" for n, c in candidates.items())
