@@ -6,7 +6,7 @@ returns is written to its process's log with a unique id (the reason it passes);
 history must hold exactly those ids (none lost, none doubled), parse, and end at the version the
 `production` symlink points at.
 
-python scripts/registry_race.py [--processes 2] [--operations 100] [--repetitions 20]
+python tests/sweep/registry_race.py [--processes 2] [--operations 100] [--repetitions 20]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def worker(registry_dir: Path, name: str, operations: int, log: Path, unlocked: 
     registry = ModelRegistry(registry_dir)
     if unlocked:  # what the race looks like without the lock: shows that this check can fail
         registry._locked = contextlib.nullcontext
+    _start_together(log)
     rng = random.Random(name)
     done = []
     for i in range(operations):
@@ -52,6 +53,31 @@ def worker(registry_dir: Path, name: str, operations: int, log: Path, unlocked: 
     log.write_text(json.dumps(done))
 
 
+def _start_together(log: Path, timeout_s: float = 120.0) -> None:
+    """Says this worker is ready, then waits for the go file: the processes race from their first operation.
+
+    Without it a worker on a loaded machine may finish before the other has imported pruneops, and
+    the race never happens.
+    """
+    log.with_suffix(".ready").touch()
+    go = log.parent / "go"
+    deadline = time.monotonic() + timeout_s
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{log.stem}: no go file after {timeout_s:.0f} s")
+        time.sleep(0.005)
+
+
+def _release_when_ready(procs: list[subprocess.Popen], logs: list[Path], timeout_s: float = 120.0) -> None:
+    """Writes the go file once every worker is ready (or one has exited, whose code the tally reports)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(log.with_suffix(".ready").exists() for log in logs):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.005)
+    (logs[0].parent / "go").touch()
+
+
 def repetition(work: Path, processes: int, operations: int, unlocked: bool = False) -> dict:
     """One race; returns its tally."""
     from pruneops.modelstore.store import ModelRegistry, served_stack
@@ -65,6 +91,7 @@ def repetition(work: Path, processes: int, operations: int, unlocked: bool = Fal
     cmd = [sys.executable, __file__, "--worker", str(registry.root), "--operations", str(operations)]
     cmd += ["--unlocked"] if unlocked else []
     procs = [subprocess.Popen([*cmd, "--name", f"p{n}", "--log", str(log)]) for n, log in enumerate(logs)]
+    _release_when_ready(procs, logs)
     codes = [p.wait() for p in procs]
     done = [op for log in logs if log.exists() for op in json.loads(log.read_text())]
     try:
