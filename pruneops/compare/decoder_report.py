@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pruneops.compare.decoders import selection_budgets
 from pruneops.core.io import read_json
-from pruneops.core.quality import QualityBudget, QualityChange, beyond_corpus
+from pruneops.core.quality import DenseShips, QualityBudget, QualityChange, beyond_corpus
 from pruneops.reports.plots import _pyplot
 
 
@@ -53,8 +53,8 @@ def _name(row: dict) -> str:
     name = f"{row['label']} {row['precision']}{runtime}" + (", deployed" if row["deployed"] else "")
     if row.get("fastest_dense"):
         name += ", the fastest dense within the budgets"
-    return name + (" (dense: the pruned model was outside the budget)" if row.get("source") == "dense" and
-                   row["family"] != "dense" and row["deployed"] else "")  # fmt: skip
+    backed_off = row.get("source") == "dense" and row["family"] != "dense" and row["deployed"]
+    return name + (f" (dense: {DenseShips.read(row.get('dense_ships')).why})" if backed_off else "")
 
 
 WHERE = {

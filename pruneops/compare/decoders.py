@@ -61,6 +61,7 @@ def decoder_rows(variant: VariantConfig, directory: Path) -> list[dict]:
                 "label": variant.label or variant.name,
                 "precision": m["precision"],
                 "source": m.get("source", "pruned") if deployed else ("dense" if key.startswith("dense") else "pruned"),
+                "dense_ships": m.get("dense_ships") if deployed else None,  # why dense ships where it backed off
                 "shape": prune.get("shape", "") + (f", vocabulary {vocabulary}" if vocabulary else ""),
                 "runtime": m.get("runtime", manifest["runtime"]),
                 "path": str(export / m["file"]),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pruneops.compare.report import REPORT, RESULTS
 from pruneops.core.io import read_json
-from pruneops.core.quality import beyond_corpus
+from pruneops.core.quality import DenseShips, beyond_corpus
 
 RESULTS_DIR = "results"  # under docs/
 HEADLINE_START = "<!-- results:start: written by `pruneops reference` from docs/results -->"
@@ -87,14 +87,15 @@ def _decoder_row(data: dict, pick: dict) -> dict:
     figures = {key: row[key] for key in keys if row.get(key)}
     shipped = _form(row.get("precision", "int8"), row.get("runtime", "genai"))
     backed_off = row.get("source") == "dense" and row.get("family") != "dense"
-    return {**figures, "shipped": shipped, "backed_off": backed_off, **pick}
+    why = DenseShips.read(row.get("dense_ships")).for_a_selection if backed_off else None
+    return {**figures, "shipped": shipped, "backed_off": backed_off, "dense_ships": why, **pick}
 
 
 def _decoder_cells(pick: dict) -> list[str]:
     """A decoder's pick: perplexity change instead of accuracy, decode (per-token) speed-up."""
     if not pick:
         return ["none within the perplexity budget on validation", "–", "–", "–"]
-    name = f"`{pick['name']}`" + (f" (dense {pick['shipped']}: no cut held every budget)" if pick["backed_off"] else "")
+    name = f"`{pick['name']}`" + (f" (dense {pick['shipped']}: {pick['dense_ships']})" if pick["backed_off"] else "")
     alone = pick.get("in_domain")
     speed = _decoder_speed(pick) + (
         f"; within the in-domain budget alone `{alone['name']}` {_decoder_speed(alone)}, test perplexity "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Literal
 
 import numpy as np
@@ -103,3 +104,34 @@ class QualityBudget:
         """One line: the change, its interval, and whether it holds."""
         state = "within" if self.holds(change) else "outside"
         return f"{change.text()} on {change.samples} validation samples: {state} the {self.text()} budget"
+
+
+class DenseShips(StrEnum):
+    """Why a decoder's quantize stage shipped dense in place of the pruned model (its value is what files hold)."""
+
+    OUTSIDE_BUDGET = "outside_budget"  # no form of the pruned model within the quality budgets
+    SLOWER_ELSEWHERE = "slower_elsewhere"  # those within were too slow in the other metric
+    NOT_FASTER = "not_faster"  # those within were no faster than dense's fastest form within them
+
+    @classmethod
+    def read(cls, value: str | None) -> DenseShips:
+        """The reason a file names; one without (written before reasons were recorded): outside the budget."""
+        return cls(value) if value else cls.OUTSIDE_BUDGET
+
+    @property
+    def why(self) -> str:
+        """`the pruned model was outside the budget`: the reason as a row of a report says it."""
+        return {
+            DenseShips.OUTSIDE_BUDGET: "the pruned model was outside the budget",
+            DenseShips.SLOWER_ELSEWHERE: "the pruned model's forms within the budget were too slow in the other metric",
+            DenseShips.NOT_FASTER: "no form of the pruned model within the budget was faster",
+        }[self]
+
+    @property
+    def for_a_selection(self) -> str:
+        """`no cut held every budget`: the reason as a benchmark's selection says it."""
+        return {
+            DenseShips.OUTSIDE_BUDGET: "no cut held every budget",
+            DenseShips.SLOWER_ELSEWHERE: "every cut within the budgets too slow in the other metric",
+            DenseShips.NOT_FASTER: "no cut within every budget was faster",
+        }[self]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pruneops.core.quality import QualityChange
+from pruneops.core.quality import DenseShips, QualityChange
 from pruneops.pipeline.stages import StageReport
 
 Column = tuple[str, Callable[[dict], str]]
@@ -87,7 +87,10 @@ def summary_markdown(bench: dict[str, Any], where: str) -> str:
             ("speed-up", lambda r: f"{r['speedup_b1']:.2f}x"),
         ],
     )
-    shipped = bench["shipped"] + (" (the quality budget backed off to dense)" if bench["source"] == "dense" else "")
+    why = f"dense: {DenseShips(bench['dense_ships']).why}" if bench.get("dense_ships") else ""
+    shipped = bench["shipped"] + (
+        f" ({why or 'the quality budget backed off to dense'})" if bench["source"] == "dense" else ""
+    )
     return (
         f"# PruneOps pipeline run ({where})\n\n"
         f"Ships **{shipped}**: {bench['speedup_b1']:.2f}x dense fp32 and {bench['speedup_b1_same_precision']:.2f}x "

@@ -227,6 +227,14 @@ def test_a_decoder_pick_that_shipped_dense_says_so_and_gives_ours_within_the_in_
     assert "general text +350.0 % [+306.0, +401.0]" in table
 
 
+def test_a_decoder_pick_that_shipped_dense_because_no_cut_was_faster_says_that(tmp_path):
+    pick = {"name": "ours deployed", "speedup_b1": 2.0, "test_ratio": 1.002, "test_ratio_ci": [1.001, 1.004]}
+    row = {**pick, "family": "ours", "source": "dense", "dense_ships": "not_faster", "precision": "int8",
+           "runtime": "genai", "speedup_b1_vs_dense_deployed": 1.0}  # fmt: skip
+    table = _decoder_results(tmp_path, {"decoder_selected": pick, "rows": [row]})
+    assert "`ours deployed` (dense INT8: no cut within every budget was faster)" in table
+
+
 def test_a_decoder_pick_that_shipped_its_cut_names_no_back_off_and_no_other_row(tmp_path):
     pick = {"name": "ours deployed", "speedup_b1": 3.9, "test_ratio": 1.04, "test_ratio_ci": [1.0, 1.09]}
     # Ours ships in llama.cpp; dense as deployed (every row's "vs dense as deployed") is dense's own pick.

@@ -83,3 +83,21 @@ def test_the_frontier_puts_general_text_beside_the_corpus_where_the_rows_have_it
     plot_decoder_bench(corpus_only, "w", tmp_path / "a.png")
     both, one = matplotlib.image.imread(tmp_path / "both.png"), matplotlib.image.imread(tmp_path / "a.png")
     assert both.shape[0] == one.shape[0] and both.shape[1] == 2 * one.shape[1]  # a second panel, same height
+
+
+@pytest.mark.parametrize(
+    ("dense_ships", "says"),
+    [
+        (None, "(dense: the pruned model was outside the budget)"),  # a results file from before reasons were kept
+        ("outside_budget", "(dense: the pruned model was outside the budget)"),
+        ("not_faster", "(dense: no form of the pruned model within the budget was faster)"),
+        ("slower_elsewhere", "(dense: the pruned model's forms within the budget were too slow in the other metric)"),
+    ],
+)
+def test_a_deployed_row_that_backed_off_to_dense_says_why(dense_ships, says):
+    from pruneops.compare.decoder_report import _name
+
+    row = {"label": "ours 0.7", "precision": "int8", "deployed": True, "source": "dense", "family": "ours",
+           "dense_ships": dense_ships}  # fmt: skip
+    assert _name(row) == f"ours 0.7 int8, deployed {says}"
+    assert _name({**row, "source": "pruned", "dense_ships": None}) == "ours 0.7 int8, deployed"

@@ -35,6 +35,7 @@ class DecoderBenchmarkReport(BenchmarkSummary):
     runtime: str = "genai"  # what ships is served by
     fastest_dense: str | None = None  # the row of the fastest dense form within the budgets (quantize's choice)
     speedup_b1_vs_fastest_dense: float | None = None  # per output token, against that row
+    dense_ships: str | None = None  # why dense ships where it backed off (quantize's `DenseShips` value)
 
     def summary(self) -> str:
         low, high = self.test_perplexity_ratio_ci
@@ -93,6 +94,7 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
             task="causal_lm",
             shipped=f"{shipped.get('source', 'pruned')} {shipped['precision']}{vocabulary}",
             source=shipped.get("source", "pruned"),
+            dense_ships=shipped.get("dense_ships"),
             precision=shipped["precision"],
             latency_metric="time per output token",
             latency_b1_ms=served["tpot_b1_ms"],

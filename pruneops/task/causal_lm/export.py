@@ -81,7 +81,8 @@ def export_decoder(config: ExportConfig, layout: Layout) -> DecoderExportReport:
         shutil.copytree(quantized / MODEL_DIR, staged.path(out) / MODEL_DIR)
         shutil.copytree(quantized / "dense", staged.path(out) / "dense")
         shutil.copy(layout.stage_dir("validate") / "prompt_reference.json", staged.path(out) / "prompt_reference.json")
-        served = {"precision": precision, "vocabulary": choice["vocabulary"], "source": source}
+        served = {"precision": precision, "vocabulary": choice["vocabulary"], "source": source,
+                  "dense_ships": choice.get("dense_ships")}  # fmt: skip
         dump_json({**served, "runtime": runtime.name}, staged.path(out) / SERVED_FILE)
         models = _manifest_models(choice, served)
         manifest = {"runtime": runtime.name, "task": runtime.task, "models": models,

@@ -19,6 +19,7 @@ from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, dump_json, replaced_whole, staged_output_paths
 from pruneops.core.progress import progress
 from pruneops.core.quality import (
+    DenseShips,
     QualityBudget,
     QualityChange,
     accuracy_change,
@@ -62,8 +63,9 @@ class PrecisionReport(StageReport):
     ttft_b1_ms: float
     fp32_ttft_b1_ms: float
     candidates: dict
-    # What ships: the pruned model, or dense where no form of the pruned one is within the budget.
+    # What ships: the pruned model, or dense where no form of the pruned one is within the budget and faster.
     source: str = "pruned"
+    dense_ships: DenseShips | None = None  # why dense ships (None: the pruned model does)
     budget: str = "none"  # prune.gate's quality budget, as text
     val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
     general_change: dict | None = None  # the same on the general text's validation half (`general_text`)
@@ -147,8 +149,9 @@ def quantize_decoder(
     The quality budgets (`prune.gate.max_perplexity_increase`, and `max_general_perplexity_increase`
     on the general text's validation half where `validate.general_text` gives one; None: not gated):
     a candidate ships only if its perplexity against dense fp32 is within each at the far end of its
-    95 % paired interval; where no form of the pruned model is, dense in the fastest precision within
-    the budget ships instead, and a warning gives every form's figures. Dense is exported and
+    95 % paired interval; where no form of the pruned model is, or where the fastest that is is no
+    faster than dense's fastest form within the same budgets, dense in that form ships instead, and a
+    warning gives the figures (`dense_ships` names which). Dense is exported and
     timed in every precision beside the candidates (once: where `finetune` passed dense's own files
     on, its forms are the candidates) (`artifacts/quantize/dense/<precision>`: the
     benchmark's rows of dense fp32, of dense in the runtime and precision that ships, and of the
@@ -193,11 +196,10 @@ def quantize_decoder(
         today = dense_candidates["fp32"]  # what the user serves now: no form ships much slower in either metric
         fastest_dense = _choose(dense_candidates, config, metric, today)
         chosen = _choose(candidates, config, metric, today)
-        if chosen is None:  # none within the budgets (or slower than dense in the other metric): dense ships
-            elsewhere = _slower_elsewhere(candidates, config, metric, today)
-            within = [n for n in _within_quality(candidates, config) if n in elsewhere]
-            warnings.append(_backed_off_elsewhere(within, elsewhere, config, metric)
-                            if within else _backed_off(candidates, budgets))  # fmt: skip
+        rival = None if recovered_is_dense else fastest_dense  # dense passed on: its forms are the candidates
+        backed_off = _dense_ships(candidates, chosen, dense_candidates, rival, config, metric, budgets)
+        if backed_off is not None:
+            warnings.append(backed_off[1])
             chosen, source = fastest_dense, "dense"
             folders, forms = dense_folders, dense_forms
         refused = _refused_elsewhere(dense_candidates if source == "dense" else candidates, config, metric, today)
@@ -213,7 +215,8 @@ def quantize_decoder(
         dense_rows = {role: {"file": f"dense/{_folder_name(n)}", "runtime": dense_forms[n][0].name,
                              "precision": dense_forms[n][1], "candidate": n} for role, n in kept.items()}  # fmt: skip
         choice = {"runtime": runtime.name, "precision": precision, "vocabulary": vocabulary, "metric": metric,
-                  "source": source, "candidates": candidates, "dense_candidates": dense_candidates,
+                  "source": source, "dense_ships": backed_off and backed_off[0].value, "candidates": candidates,
+                  "dense_candidates": dense_candidates,
                   "dense": dense_rows}  # fmt: skip
         dump_json(choice, staged.path(out) / CHOICE_FILE)
         report = PrecisionReport(
@@ -228,6 +231,7 @@ def quantize_decoder(
             fp32_ttft_b1_ms=candidates["fp32"]["ttft_b1_ms"],
             candidates=candidates,
             source=source,
+            dense_ships=backed_off and backed_off[0],
             budget=budgets.text(),
             val_change=candidates[chosen]["val_change"],
             general_change=candidates[chosen].get("general_change"),
@@ -443,6 +447,41 @@ def _refused_elsewhere(
         f"quantize.other_metric_tolerance: {listed} would be faster in {metric} than {chosen} "
         f"({candidates[chosen][key]:.2f} ms), each more than {100 * config.other_metric_tolerance:.0f} % slower "
         f"than dense fp32 {words}, so {chosen} ships (null ships the fastest in {metric} whatever its time {words})"
+    )
+
+
+def _dense_ships(
+    candidates: dict[str, dict],
+    chosen: str | None,
+    dense_candidates: dict[str, dict],
+    rival: str | None,
+    config: QuantizeConfig,
+    metric: DecoderMetric,
+    budgets: Budgets,
+) -> tuple[DenseShips, str] | None:
+    """Why dense ships instead of `chosen` (the pruned model's pick), and the warning that says so; None: it ships.
+
+    Dense ships where no form of the pruned model is within the budgets, where those within are all too
+    slow in the other metric, and where the fastest of them is no faster in `metric` than `rival`,
+    dense's fastest form within the same budgets (what the user gets without pruning: shipping the
+    pruned model there would be a regression; None where the candidates are dense's own forms).
+    """
+    if chosen is None:
+        elsewhere = _slower_elsewhere(candidates, config, metric, dense_candidates["fp32"])
+        within = [n for n in _within_quality(candidates, config) if n in elsewhere]
+        if within:
+            return DenseShips.SLOWER_ELSEWHERE, _backed_off_elsewhere(within, elsewhere, config, metric)
+        return DenseShips.OUTSIDE_BUDGET, _backed_off(candidates, budgets)
+    key = METRIC_KEYS[metric]
+    if rival is None or candidates[chosen][key] < dense_candidates[rival][key]:
+        return None
+    words = "a token" if metric == "decode" else "to the first token"
+    return DenseShips.NOT_FASTER, (
+        f"prune.gate: the fastest form of the pruned model within the budget ({budgets.text()}), {chosen} at "
+        f"{candidates[chosen][key]:.2f} ms {words}, is no faster than dense {rival} at "
+        f"{dense_candidates[rival][key]:.2f} ms within the same budget; the dense model ships instead "
+        "(a quantized form of the pruned model within the budget, from more finetune.max_tokens or a milder "
+        "prune.target, would let one through)"
     )
 
 

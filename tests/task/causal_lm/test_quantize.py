@@ -259,6 +259,48 @@ def test_a_pruned_model_slower_than_dense_to_the_first_token_in_every_form_backs
     assert "prune.gate" not in warning
 
 
+@pytest.mark.parametrize(("pruned_fp32_tpot", "ships"), [(6.0, ("dense", "int8")), (3.9, ("pruned", "fp32"))])
+def test_a_pruned_form_within_the_budget_ships_only_if_faster_than_the_fastest_dense_form_within_it(
+    pruned_fp32_tpot, ships, tmp_path, monkeypatch
+):
+    """The bench's self-calibrated cut: its INT8 just outside the budget, its fp32 within it and slower than
+    dense INT8 (10.97 against 8.30 ms a token): shipping it would serve slower than quantizing dense alone."""
+    import json
+
+    from pruneops.config import BenchmarkConfig, QuantizeConfig
+    from pruneops.core.quality import DenseShips, QualityBudget
+    from pruneops.runtimes.genai.generation import GenerationTiming
+    from pruneops.task.causal_lm import quantize as quantize_stage
+    from tests.pruning.test_decoder_vocabulary import _recovered_layout
+
+    layout = _recovered_layout(tmp_path)
+    tpot = {"dense fp32": 8.0, "dense int8": 4.0, "fp32": pruned_fp32_tpot, "int8": 3.0}
+
+    def timed(folders, vocab, batch, benchmark, seed=0):
+        return {n: GenerationTiming(10.0, tpot[n], (tpot[n],), 16, 8, batch) for n in folders}
+
+    def losses(opened, splits):  # the pruned int8 export 0.5 nats a token worse: +65 % perplexity
+        worse = "dense" not in opened.folder.parts and opened.folder.name == "int8"
+        return {name: np.full(len(blocks), 3.5 if worse else 3.0) for name, blocks in splits.items()}
+
+    monkeypatch.setattr(quantize_stage, "_timed", timed)
+    monkeypatch.setattr(quantize_stage, "_losses", losses)
+    _no_exports(monkeypatch, quantize_stage)
+    config = QuantizeConfig(decoder_precisions=["int8"], decoder_vocabulary=[], perplexity_tolerance=10.0)
+    report = quantize_stage.quantize_decoder(
+        config, BenchmarkConfig(), "decode", layout, QualityBudget(0.1, "perplexity")
+    )
+    choice = json.loads((layout.stage_dir("quantize") / "precision.json").read_text())
+    assert (report.source, report.precision) == ships
+    assert report.tpot_b1_ms == (4.0 if ships[0] == "dense" else pruned_fp32_tpot)
+    if ships[0] == "dense":
+        assert report.dense_ships is DenseShips.NOT_FASTER and choice["dense_ships"] == "not_faster"
+        (warning,) = report.warnings
+        assert "fp32 at 6.00 ms a token, is no faster than dense int8 at 4.00 ms" in warning
+    else:
+        assert report.dense_ships is None and choice["dense_ships"] is None and not report.warnings
+
+
 def test_dense_passed_on_unchanged_is_exported_timed_and_scored_once(tmp_path, monkeypatch):
     """A dense project (or a plan refused by its gate): finetune's files are train's own, so the candidates are
     dense's forms. Each is exported, timed and scored once, and dense's figures are the candidates' own."""
