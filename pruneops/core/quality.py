@@ -121,17 +121,22 @@ class DenseShips(StrEnum):
     @property
     def why(self) -> str:
         """`the pruned model was outside the budget`: the reason as a row of a report says it."""
-        return {
-            DenseShips.OUTSIDE_BUDGET: "the pruned model was outside the budget",
-            DenseShips.SLOWER_ELSEWHERE: "the pruned model's forms within the budget were too slow in the other metric",
-            DenseShips.NOT_FASTER: "no form of the pruned model within the budget was faster",
-        }[self]
+        return _DENSE_SHIPS_WORDS[self][0]
 
     @property
     def for_a_selection(self) -> str:
         """`no cut held every budget`: the reason as a benchmark's selection says it."""
-        return {
-            DenseShips.OUTSIDE_BUDGET: "no cut held every budget",
-            DenseShips.SLOWER_ELSEWHERE: "every cut within the budgets too slow in the other metric",
-            DenseShips.NOT_FASTER: "no cut within every budget was faster",
-        }[self]
+        return _DENSE_SHIPS_WORDS[self][1]
+
+
+_DENSE_SHIPS_WORDS: dict[DenseShips, tuple[str, str]] = {  # (a report's row, a benchmark's selection)
+    DenseShips.OUTSIDE_BUDGET: ("the pruned model was outside the budget", "no cut held every budget"),
+    DenseShips.SLOWER_ELSEWHERE: (
+        "the pruned model's forms within the budget were too slow in the other metric",
+        "every cut within the budgets too slow in the other metric",
+    ),
+    DenseShips.NOT_FASTER: (
+        "no form of the pruned model within the budget was faster",
+        "no cut within every budget was faster",
+    ),
+}
