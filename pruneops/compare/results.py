@@ -87,15 +87,15 @@ def _decoder_row(data: dict, pick: dict) -> dict:
     figures = {key: row[key] for key in keys if row.get(key)}
     shipped = _form(row.get("precision", "int8"), row.get("runtime", "genai"))
     backed_off = row.get("source") == "dense" and row.get("family") != "dense"
-    why = DenseShips.read(row.get("dense_ships")).for_a_selection if backed_off else None
-    return {**figures, "shipped": shipped, "backed_off": backed_off, "dense_ships": why, **pick}
+    return {**figures, "shipped": shipped, "backed_off": backed_off, "dense_ships": row.get("dense_ships"), **pick}
 
 
 def _decoder_cells(pick: dict) -> list[str]:
     """A decoder's pick: perplexity change instead of accuracy, decode (per-token) speed-up."""
     if not pick:
         return ["none within the perplexity budget on validation", "–", "–", "–"]
-    name = f"`{pick['name']}`" + (f" (dense {pick['shipped']}: {pick['dense_ships']})" if pick["backed_off"] else "")
+    why = DenseShips.read(pick.get("dense_ships")).for_a_selection
+    name = f"`{pick['name']}`" + (f" (dense {pick['shipped']}: {why})" if pick["backed_off"] else "")
     alone = pick.get("in_domain")
     speed = _decoder_speed(pick) + (
         f"; within the in-domain budget alone `{alone['name']}` {_decoder_speed(alone)}, test perplexity "
