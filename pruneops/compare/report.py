@@ -13,6 +13,7 @@ import numpy as np
 
 from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json
+from pruneops.core.quality import DenseShips
 from pruneops.reports.summary import Column, latency_columns, latency_summary, render_table
 from pruneops.runtimes.onnxruntime.timing import measure_latencies
 from pruneops.timing.machine import machine_info
@@ -30,7 +31,6 @@ def _model_rows(variant, directory: Path) -> list[dict]:
         m = manifest[file_key]
         # The deployed model's row: "int8" or "fp32", whichever the quantize stage chose here.
         precision = m["precision"] if file_key == "pruned_deployed" else "fp32"
-        deployed_fp32 = file_key == "pruned_deployed" and precision == "fp32"
         rows.append(
             {
                 "name": f"{variant.name} {'deployed' if file_key == 'pruned_deployed' else 'fp32'}",
@@ -39,8 +39,7 @@ def _model_rows(variant, directory: Path) -> list[dict]:
                 "family": variant.family,
                 "label": variant.label or variant.name,
                 "precision": precision,
-                # Two fp32 rows of one variant: say why the second is the deployed one.
-                "note": _why_fp32_deployed(directory / "metrics.json") if deployed_fp32 else "",
+                "note": _note(variant, m, directory) if file_key == "pruned_deployed" else "",
                 "path": str(export / m["file"]),
                 "params": m["params"],
                 "nonzero_params": m["nonzero_params"],
@@ -49,6 +48,14 @@ def _model_rows(variant, directory: Path) -> list[dict]:
             }
         )
     return rows
+
+
+def _note(variant, m: dict, directory: Path) -> str:
+    """What a deployed row says of itself: a pruned variant's that shipped dense says why, a second fp32 row why."""
+    if variant.kind != "dense" and m.get("source") == "dense":
+        return f"deployed (dense: {DenseShips.read(m.get('dense_ships')).why})"
+    # Two fp32 rows of one variant: say why the second is the deployed one.
+    return _why_fp32_deployed(directory / "metrics.json") if m["precision"] == "fp32" else ""
 
 
 def _why_fp32_deployed(metrics_path: Path) -> str:

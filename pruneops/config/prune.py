@@ -148,8 +148,9 @@ class GateConfig(StageConfig):
     with `validate.zero_shot`, to `max_zero_shot_drop` accuracy points on its check's gating half.
     Both gates back off the same way: a plan that misses the speed floor, or a model whose every
     form misses the budget, ships nothing pruned (dense passes on, in the fastest form within the
-    budget), and the report and the stage's warnings give the figures; so does a causal LM whose
-    fastest form within the budgets is no faster than dense's fastest form within them.
+    budget), and the report and the stage's warnings give the figures; so does a model whose
+    fastest form within the budgets is no faster than dense's fastest form within them (timed in
+    the same session).
     """
 
     TASK_KEYS = task_keys(

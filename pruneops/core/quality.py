@@ -107,7 +107,7 @@ class QualityBudget:
 
 
 class DenseShips(StrEnum):
-    """Why a decoder's quantize stage shipped dense in place of the pruned model (its value is what files hold)."""
+    """Why a quantize stage shipped dense in place of the pruned model (its value is what files hold)."""
 
     OUTSIDE_BUDGET = "outside_budget"  # no form of the pruned model within the quality budgets
     SLOWER_ELSEWHERE = "slower_elsewhere"  # those within were too slow in the other metric

@@ -10,7 +10,7 @@ test with the paired 95 % interval, and its size. `models` has one row per model
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,11 @@ class BenchmarkSummary(StageReport):
     size_reduction: float
     models: dict
     machine: dict
+    # Dense's fastest form within the budgets, what a user gets without pruning: its row (None: none
+    # within them), what ships against it at batch 1, and why dense ships where it does.
+    fastest_dense: str | None = field(default=None, kw_only=True)
+    speedup_b1_vs_fastest_dense: float | None = field(default=None, kw_only=True)
+    dense_ships: str | None = field(default=None, kw_only=True)  # quantize's `DenseShips` value
 
     def headline(self) -> str:
         """One line: speed-ups, the quality change with its interval, size."""
@@ -91,10 +96,17 @@ def summary_markdown(bench: dict[str, Any], where: str) -> str:
     shipped = bench["shipped"] + (
         f" ({why or 'the quality budget backed off to dense'})" if bench["source"] == "dense" else ""
     )
+    fastest = bench.get("fastest_dense")  # named where it is neither of the two rows the line gives
+    against = (
+        f" ({bench['speedup_b1_vs_fastest_dense']:.2f}x dense's fastest form within the budget, "
+        f"{bench['models'][fastest]['precision']})"
+        if fastest == "dense_fastest"
+        else ""
+    )
     return (
         f"# PruneOps pipeline run ({where})\n\n"
         f"Ships **{shipped}**: {bench['speedup_b1']:.2f}x dense fp32 and {bench['speedup_b1_same_precision']:.2f}x "
-        f"dense {bench['precision']} in {bench['latency_metric']}; {bench['quality_metric']} {change.text()} "
+        f"dense {bench['precision']} in {bench['latency_metric']}{against}; {bench['quality_metric']} {change.text()} "
         f"against dense fp32 (paired 95 % interval); {bench['size_reduction']:.2f}x smaller; on "
         f"{bench['machine']['cpu']}.\n\n" + table
     )
@@ -131,3 +143,8 @@ def latency_columns(batch_sizes: list[int], digits: int = 4) -> list[Column]:
 
 def _p50_p99(lat: dict, digits: int) -> str:
     return f"{lat['p50_ms']:.{digits}f} / {lat['p99_ms']:.{digits}f}"
+
+
+def speedup_against(models: dict[str, dict], row: str | None) -> float | None:
+    """What ships (`pruned_deployed`) against `row` in the latency compared at batch 1 (None: no such row)."""
+    return None if row is None else models[row]["latency_b1_ms"] / models["pruned_deployed"]["latency_b1_ms"]

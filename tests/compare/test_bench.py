@@ -310,6 +310,31 @@ def test_a_variant_deployed_as_fp32_says_why(tmp_path):
     assert _why_fp32_deployed(tmp_path / "absent.json") == "deployed"
 
 
+def test_a_pruned_variant_that_shipped_dense_says_so_and_why(tmp_path):
+    """A classifier variant whose quantize stage shipped dense: its deployed row is dense's, and says so."""
+    from pruneops.compare.report import _model_rows
+    from pruneops.compare.workloads import VariantConfig
+    from pruneops.core.io import Layout
+
+    export = Layout(tmp_path).stage_dir("export")
+    export.mkdir(parents=True)
+    figures = {"params": 10, "nonzero_params": 10, "macs": 100}
+    models = {
+        "pruned_fp32": {"file": "pruned_fp32.onnx", "precision": "fp32", **figures},
+        "pruned_deployed": {"file": "pruned_deployed.onnx", "precision": "int8", "quantizer": "dynamic",
+                            "source": "dense", "dense_ships": "not_faster", **figures},
+    }  # fmt: skip
+    for m in models.values():
+        (export / m["file"]).write_bytes(b"onnx")
+    (export / "manifest.json").write_text(json.dumps({"models": models}))
+    rows = {r["name"]: r for r in _model_rows(VariantConfig(name="ours"), tmp_path)}
+    assert rows["ours deployed"]["note"] == "deployed (dense: no form of the pruned model within the budget was faster)"
+    assert rows["ours fp32"]["note"] == ""
+    models["pruned_deployed"].update(source="pruned", dense_ships=None)
+    (export / "manifest.json").write_text(json.dumps({"models": models}))
+    assert [r["note"] for r in _model_rows(VariantConfig(name="ours"), tmp_path)] == ["", ""]
+
+
 def test_a_row_is_marked_slower_than_dense_only_beyond_timing_noise():
     """The same graph trained from scratch times within noise of dense: not a regression to flag."""
     from pruneops.compare.report import SLOWER_TOLERANCE, _relative_to_dense

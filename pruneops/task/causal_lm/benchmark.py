@@ -10,7 +10,7 @@ from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.core.quality import perplexity_change
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.reports.decoder_plots import plot_decoder_frontier
-from pruneops.reports.summary import BenchmarkSummary, ordered
+from pruneops.reports.summary import BenchmarkSummary, ordered, speedup_against
 from pruneops.task.causal_lm.common import DECODER_RUNTIMES, load_blocks, load_zero_shot
 from pruneops.task.causal_lm.rows import quality_figures, score_rows, time_rows
 from pruneops.timing.machine import machine_info
@@ -33,9 +33,6 @@ class DecoderBenchmarkReport(BenchmarkSummary):
     general_change: dict | None = None  # `QualityChange` of the general text's perplexity (validate.general_text)
     zero_shot_change: dict | None = None  # `QualityChange` of the zero-shot check (validate.zero_shot), in points
     runtime: str = "genai"  # what ships is served by
-    fastest_dense: str | None = None  # the row of the fastest dense form within the budgets (quantize's choice)
-    speedup_b1_vs_fastest_dense: float | None = None  # per output token, against that row
-    dense_ships: str | None = None  # why dense ships where it backed off (quantize's `DenseShips` value)
 
     def summary(self) -> str:
         low, high = self.test_perplexity_ratio_ci
@@ -122,12 +119,7 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
             zero_shot_change=served.get("zero_shot_change"),
             runtime=shipped["runtime"],
             fastest_dense=manifest.get("fastest_dense"),
-            speedup_b1_vs_fastest_dense=_against(figures, manifest.get("fastest_dense")),
+            speedup_b1_vs_fastest_dense=speedup_against(figures, manifest.get("fastest_dense")),
         )
         dump_json(report.metrics(), staged.path(layout.metrics("benchmark")))
     return report
-
-
-def _against(figures: dict[str, dict], row: str | None) -> float | None:
-    """What ships against `row` per output token at batch 1 (None: no such row)."""
-    return None if row is None else figures[row]["tpot_b1_ms"] / figures["pruned_deployed"]["tpot_b1_ms"]

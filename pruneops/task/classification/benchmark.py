@@ -12,7 +12,14 @@ from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.core.quality import accuracy_change
 from pruneops.data import load_prepared
 from pruneops.reports.plots import plot_frontier
-from pruneops.reports.summary import BenchmarkSummary, Column, latency_columns, latency_summary, render_table
+from pruneops.reports.summary import (
+    BenchmarkSummary,
+    Column,
+    latency_columns,
+    latency_summary,
+    render_table,
+    speedup_against,
+)
 from pruneops.runtimes.onnxruntime.files import file_size, make_session, ort_logits
 from pruneops.runtimes.onnxruntime.timing import measure_latencies
 from pruneops.timing.machine import cuda_device, gpu_not_timed, machine_info
@@ -114,6 +121,9 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         task="classification",
         shipped=f"{shipped.get('source', 'pruned')} {shipped.get('quantizer', shipped['precision'])}",
         source=shipped.get("source", "pruned"),
+        dense_ships=shipped.get("dense_ships"),
+        fastest_dense=manifest.get("fastest_dense"),
+        speedup_b1_vs_fastest_dense=speedup_against(models, manifest.get("fastest_dense")),
         precision=deployed["precision"],
         latency_metric="batch-1 latency",
         latency_b1_ms=deployed["latency_b1_ms"],

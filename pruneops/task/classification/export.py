@@ -105,9 +105,10 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
     """Exports the dense and pruned models to ONNX and checks them against PyTorch.
 
     Both get a dynamic batch axis; the model `quantize` chose ships beside them (`pruned_deployed`:
-    the pruned model in its form, or dense where the quality budget backed off), with dense in the
-    same form where that is not fp32 (`dense_deployed`), and TensorRT engines are built where
-    tensorrt and a CUDA device are present.
+    the pruned model in its form, or dense where it backed off), with dense in the same form where
+    that is not fp32 (`dense_deployed`) and dense's fastest form within the budget where it is neither
+    (`dense_fastest`; the manifest's `fastest_dense` names its row), and TensorRT engines are built
+    where tensorrt and a CUDA device are present.
 
     Returns:
         The report; `artifacts/export/` holds the models and `manifest.json` describing them.
@@ -154,13 +155,11 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
             "file": "pruned_deployed.onnx",
             **deployed,
             "source": source,
+            "dense_ships": quantized.get("dense_ships"),
             "top1_agreement_with_fp32": agreement,
         }
         manifest["pruned_deployed"].pop("max_abs_diff")
-        if quantized["precision"] != "fp32":
-            shutil.copyfile(layout.stage_dir("quantize") / "dense.onnx", tmp / "dense_deployed.onnx")
-            manifest["dense_deployed"] = {**manifest["dense_fp32"], "file": "dense_deployed.onnx", **deployed}
-            manifest["dense_deployed"].pop("max_abs_diff")
+        fastest = _dense_rows(layout.stage_dir("quantize"), quantized, manifest, tmp)
         trt = {}
         if config.tensorrt:
             for name in ("dense_fp32", "pruned_fp32"):
@@ -174,7 +173,13 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
         first = next(iter(trt.values()))
         trt_line = "built" if first["status"] == "built" else f"{first['status']} — {first.get('reason', '')}"
         dump_json(
-            {"input_shape": meta.input_shape, "num_classes": meta.num_classes, "models": manifest, "tensorrt": trt},
+            {
+                "input_shape": meta.input_shape,
+                "num_classes": meta.num_classes,
+                "models": manifest,
+                "tensorrt": trt,
+                "fastest_dense": fastest,
+            },  # fmt: skip
             tmp / "manifest.json",
         )
         report = ExportReport(
@@ -182,3 +187,27 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
         )
         dump_json(report.metrics(), staged.path(metrics_path))
     return report
+
+
+def _dense_rows(quantize_dir: Path, quantized: dict, manifest: dict[str, dict], tmp: Path) -> str | None:
+    """Adds dense as deployed and dense's fastest form to `manifest`; the row of the fastest (None: none within).
+
+    Dense as deployed (`dense.onnx`: dense in the form that ships) where that is not fp32; dense's
+    fastest form within the budget (`dense_fastest.onnx`) where it is neither of those.
+    """
+    method, fastest = quantized["method"], quantized.get("fastest_dense")
+
+    def row(name: str, src: str, quantizer: str, precision: str) -> None:
+        shutil.copyfile(quantize_dir / src, tmp / f"{name}.onnx")
+        manifest[name] = {**manifest["dense_fp32"], "file": f"{name}.onnx", "precision": precision,
+                          "quantizer": quantizer}  # fmt: skip
+        manifest[name].pop("max_abs_diff")
+
+    if quantized["precision"] != "fp32":
+        row("dense_deployed", "dense.onnx", method, quantized["precision"])
+    if fastest is None or fastest == "fp32":
+        return None if fastest is None else "dense_fp32"
+    if fastest == method:
+        return "dense_deployed"
+    row("dense_fastest", "dense_fastest.onnx", fastest, quantized["dense_candidates"][fastest]["precision"])
+    return "dense_fastest"

@@ -15,7 +15,7 @@ from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig, QuantizeCon
 from pruneops.core.errors import QualityGateError
 from pruneops.core.inputs import rows
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.core.quality import QualityChange, accuracy_change
+from pruneops.core.quality import DenseShips, QualityBudget, QualityChange, accuracy_change
 from pruneops.data import load_prepared
 from pruneops.models.checkpoint import load_checkpoint
 from pruneops.pipeline.stages import StageReport
@@ -47,13 +47,16 @@ class QuantizeReport(StageReport):
     warnings: tuple[str, ...]
     static_weight_bits: str
     model_path: Path
-    # What ships: the pruned model, or dense where no form of the pruned one is within the budget.
+    # What ships: the pruned model, or dense where no form of the pruned one within the budget is faster.
     source: str = "pruned"
+    dense_ships: DenseShips | None = None  # why dense ships (None: the pruned model does)
+    fastest_dense: str | None = None  # dense's fastest form within the budget (None: none is)
+    dense_candidates: dict | None = None  # dense's forms, timed in the same session as the candidates
     budget: str = "none"  # prune.gate's quality budget, as text
     val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
 
     def summary(self) -> str:
-        shipped = self.method if self.source == "pruned" else f"dense {self.method} (backed off: see the warning)"
+        shipped = self.method if self.source == "pruned" else f"dense {self.method} ({self.dense_ships.why})"
         return (
             f"{shipped}: test accuracy {100 * self.test_accuracy:.2f}% "
             f"(fp32 {100 * self.fp32_test_accuracy:.2f}%), batch-1 {self.latency_ms_b1:.4f} ms "
@@ -61,59 +64,63 @@ class QuantizeReport(StageReport):
         )
 
 
-def _measure_candidates(paths: dict[str, Path], val, config: QuantizeConfig, batch_sizes: list[int]) -> dict[str, dict]:
-    """Median latency per batch size, timed interleaved, then validation accuracy and size.
+def _measure_candidates(
+    groups: dict[str, dict[str, Path]], val, config: QuantizeConfig, batch_sizes: list[int]
+) -> dict[str, dict[str, dict]]:
+    """Median latency per batch size of every model of every group, timed interleaved, then accuracy and size.
 
-    Every batch size the benchmark serves is measured, not only batch 1: dynamic INT8 can win at
-    batch 1 and lose at batch 16 (a ViT here did), and that model would then ship slower than
-    fp32 where it is used (docs/explanation/int8.md#every-batch). Larger batches get fewer repeats
-    (each run is longer and steadier). With `fp32` among the candidates, a candidate measured
-    slower than it (beyond a tie, `SAME_SPEED`) at some batch size is not evaluated on validation
+    The groups are the pruned model's forms and dense's: all are timed in one session, so that a
+    pruned form and the dense form it must beat meet the same machine. Every batch size the
+    benchmark serves is measured, not only batch 1: dynamic INT8 can win at batch 1 and lose at
+    batch 16 (a ViT here did), and that model would then ship slower than fp32 where it is used
+    (docs/explanation/int8.md#every-batch). Larger batches get fewer repeats (each run is longer
+    and steadier). With `fp32` among a group's candidates, a candidate measured slower than it
+    (beyond a tie, `SAME_SPEED`) at some batch size is not evaluated on validation
     (`val_accuracy` None, `not_evaluated` says why): `_choose` never ships it, fp32 being within
-    tolerance and not slower. Where some candidate reads slower than fp32,
-    that batch size is timed once more and each candidate keeps its faster reading
-    (`timed_twice_at` lists those batch sizes).
+    tolerance and not slower. Where some candidate reads slower than its group's fp32, that batch
+    size is timed once more and each candidate keeps its faster reading (`timed_twice_at` lists
+    those batch sizes).
     """
     from pruneops.runtimes.onnxruntime.timing import measure_latencies
 
-    sessions = {n: make_session(path, config.threads) for n, path in paths.items()}
+    keys = [(g, n) for g, paths in groups.items() for n in paths]
+    sessions = {(g, n): make_session(groups[g][n], config.threads) for g, n in keys}
     rounds = 4
     per_round = max(1, config.latency_repeats // rounds)
-    latency: dict[str, dict[str, float]] = {n: {} for n in paths}
+    latency: dict[tuple[str, str], dict[str, float]] = {k: {} for k in keys}
     retimed: list[str] = []
     for b in batch_sizes:
         repeats = per_round if b == 1 else max(5, int(per_round / b**0.5))
         timing = BenchmarkConfig(batch_sizes=[b], warmup=10 if b == 1 else 3, repeats=repeats, rounds=rounds)
 
-        def medians(timing: BenchmarkConfig = timing, b: int = b) -> dict[str, float]:
+        def medians(timing: BenchmarkConfig = timing, b: int = b) -> dict[tuple[str, str], float]:
             samples = measure_latencies(sessions, val.x, timing)
-            return {n: float(np.median(samples[n][b])) for n in paths}
+            return {k: float(np.median(samples[k][b])) for k in keys}
 
         at_b = medians()
-        if "fp32" in paths and any(_slower(ms, at_b["fp32"]) for ms in at_b.values()):
+        if any((g, "fp32") in at_b and _slower(ms, at_b[g, "fp32"]) for (g, _), ms in at_b.items()):
             # A candidate read slower than fp32 is never shipped, so one noisy reading would rule it
             # out: it is timed again, and each candidate keeps its faster reading (the machine only
             # ever adds time; docs/explanation/int8.md#timed-twice).
             again = medians()
-            at_b = {n: min(ms, again[n]) for n, ms in at_b.items()}
+            at_b = {k: min(ms, again[k]) for k, ms in at_b.items()}
             retimed.append(f"b{b}")
-        for n in paths:
-            latency[n][str(b)] = at_b[n]
+        for k in keys:
+            latency[k][str(b)] = at_b[k]
     if retimed:
         logger.info("quantize: a candidate read slower than fp32 at %s; timed again there", ", ".join(retimed))
-    measured = {}
-    for n in paths:
-        slower = (
-            _slower_than_fp32({"latency_ms": latency[n]}, {"latency_ms": latency["fp32"]}) if "fp32" in paths else []
-        )
-        correct = None if slower else ort_logits(sessions[n], val.x).argmax(1) == val.y
-        measured[n] = {
+    measured: dict[str, dict[str, dict]] = {g: {} for g in groups}
+    for g, n in keys:
+        fp32 = latency.get((g, "fp32"))
+        slower = _slower_than_fp32({"latency_ms": latency[g, n]}, {"latency_ms": fp32}) if fp32 else []
+        correct = None if slower else ort_logits(sessions[g, n], val.x).argmax(1) == val.y
+        measured[g][n] = {
             "precision": "fp32" if n in ("fp32", "reference") else "int8",
             "val_accuracy": None if slower else float(correct.mean()),
             "correct": correct,
-            "latency_ms_b1": latency[n]["1"],
-            "latency_ms": latency[n],
-            "size_bytes": file_size(paths[n]),
+            "latency_ms_b1": latency[g, n]["1"],
+            "latency_ms": latency[g, n],
+            "size_bytes": file_size(groups[g][n]),
             **({"not_evaluated": f"slower than fp32 at {', '.join(slower)}"} if slower else {}),
             **({"timed_twice_at": retimed} if retimed else {}),
         }
@@ -144,6 +151,19 @@ def _fastest(names: list[str], candidates: dict[str, dict]) -> str:
     tied = [n for n in names if not _slower(candidates[n]["latency_ms_b1"], best)]
     largest = max(candidates[tied[0]]["latency_ms"], key=int)
     return min(tied, key=lambda n: (candidates[n]["latency_ms"][largest], candidates[n]["latency_ms_b1"]))
+
+
+def _faster(candidate: dict, rival: dict) -> bool:
+    """Whether `candidate` is faster than `rival` as `_fastest` ranks them.
+
+    Faster at batch 1 beyond a tie (`SAME_SPEED`), or tied there and faster at the largest batch.
+    """
+    if _slower(rival["latency_ms_b1"], candidate["latency_ms_b1"]):
+        return True
+    if _slower(candidate["latency_ms_b1"], rival["latency_ms_b1"]):
+        return False
+    largest = max(candidate["latency_ms"], key=int)
+    return _slower(rival["latency_ms"][largest], candidate["latency_ms"][largest])
 
 
 class OutsideBudget(Exception):
@@ -220,11 +240,13 @@ def quantize_model(
     accuracy is measured on the chosen model. Where the prune stage planned a
     latency target in another form than the one chosen here, a warning says so.
 
-    The quality budget (`prune.gate.max_accuracy_drop`): a candidate ships only if its validation
-    accuracy against dense fp32 is within the budget at the far end of its 95 % paired interval.
-    Where no form of the pruned model is, the stage backs off to the dense model (the same
-    candidates, the same rules) and warns with every form's figures. `dense.onnx` is dense in the
-    form that ships (the benchmark's row of the same precision).
+    Dense is exported in the same forms and timed in the same session, and chosen by the same rules:
+    its pick is the fastest form a user gets without pruning. The quality budget
+    (`prune.gate.max_accuracy_drop`): a candidate ships only if its validation accuracy against
+    dense fp32 is within the budget at the far end of its 95 % paired interval. Where no form of
+    the pruned model is, or where the pruned pick is no faster (`_faster`) than dense's pick, dense's
+    pick ships and a warning gives the figures (`dense_ships` names which). `dense.onnx` is dense in
+    the form that ships (the benchmark's row of the same precision), `dense_fastest.onnx` dense's pick.
 
     Args:
         config: The `quantize` section.
@@ -247,32 +269,34 @@ def quantize_model(
     calib = rows(train.x, rng.choice(len(train), min(config.calibration_samples, len(train)), replace=False))
     work = Path(tempfile.mkdtemp(prefix="pruneops-quant-"))
     try:
-        dense_fp32 = _forms(dense, meta.input_shape, ["fp32"], calib, config, work / "dense-reference")["fp32"]
-        dense_correct = ort_logits(make_session(dense_fp32, config.threads), val.x).argmax(1) == val.y
-        batch_sizes = sorted({1, *benchmark.batch_sizes})
-        source, warnings = "pruned", []
-        paths = _forms(model, meta.input_shape, names, calib, config, work / "pruned", reference=True)
-        candidates, reference = _judged(paths, val, config, batch_sizes, dense_correct, budget)
+        forms = {
+            "pruned": _forms(model, meta.input_shape, names, calib, config, work / "pruned", reference=True),
+            "dense": _forms(dense, meta.input_shape, names, calib, config, work / "dense", reference=True),
+        }
+        measured = _measure_candidates(forms, val, config, sorted({1, *benchmark.batch_sizes}))
+        dense_fp32 = measured["dense"].get("reference", measured["dense"].get("fp32"))
+        dense_correct = dense_fp32["correct"]
+        pruned, reference = _judged(measured["pruned"], config, dense_correct, budget)
+        dense_candidates, dense_reference = _judged(measured["dense"], config, dense_correct, budget)
+        rival = _rival(names, dense_candidates, dense_reference)
         try:
-            chosen, warnings = _choose(names, candidates, reference)
+            chosen, warnings = _choose(names, pruned, reference)
         except QualityGateError as e:
             raise QualityGateError(f"quantize.accuracy_tolerance={config.accuracy_tolerance}: {e}") from None
         except OutsideBudget:
-            warnings = [_backed_off(candidates, budget)]
-            source, pruned_candidates = "dense", candidates
-            paths = _forms(dense, meta.input_shape, names, calib, config, work / "dense", reference=True)
-            candidates, reference = _judged(paths, val, config, batch_sizes, dense_correct, budget)
-            try:
-                chosen, more = _choose(names, candidates, reference)
-            except OutsideBudget:  # a quantizer named in params: dense in it is outside the budget too
-                raise QualityGateError(f"{warnings[0]}; dense in {config.method} is outside it too") from None
-            warnings += more
-            candidates = {**{f"pruned {n}": c for n, c in pruned_candidates.items()}, **candidates}
-        if source == "pruned":
+            chosen, warnings = None, []
+        dense_ships = _dense_ships(pruned, chosen, dense_candidates, rival, budget)
+        source, candidates, paths = "pruned", pruned, forms["pruned"]
+        if dense_ships is not None:
+            if rival is None:  # a quantizer named in params: dense in it is outside the budget too
+                raise QualityGateError(f"{dense_ships[1]}; dense in {config.method} is outside it too")
+            source, (chosen, more), reference, paths = "dense", rival, dense_reference, forms["dense"]
+            warnings = [dense_ships[1], *more]
+            candidates = {**{f"pruned {n}": c for n, c in pruned.items()}, **dense_candidates}
+        else:
             warnings += _planned_in_another_form(prune, planned_form(prune, layout), chosen)
         fp32 = paths.get("reference", paths.get("fp32"))
         test_accuracy = ort_accuracy(make_session(paths[chosen], config.threads), test.x, test.y)
-        dense_same = paths[chosen] if source == "dense" else _same_form(dense, meta, chosen, calib, config, work)
         report = QuantizeReport(
             method=chosen,
             precision=candidates[chosen]["precision"],
@@ -290,13 +314,55 @@ def quantize_model(
             static_weight_bits="{} ({})".format(*_bits(config)),
             model_path=layout.stage_dir("quantize") / "model.onnx",
             source=source,
+            dense_ships=dense_ships and dense_ships[0],
+            fastest_dense=rival and rival[0],
+            dense_candidates=dense_candidates,
             budget=budget.text(),
             val_change=candidates[chosen]["val_change"],
         )
-        _write(layout, paths[chosen], dense_same, report)
+        fastest = forms["dense"][rival[0]] if rival else None
+        _write(layout, paths[chosen], forms["dense"][chosen], fastest, report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def _rival(names: list[str], candidates: dict[str, dict], reference: dict) -> tuple[str, list[str]] | None:
+    """Dense's fastest form within the tolerance and the budget (`_choose`), and its warnings; None: none is."""
+    try:
+        return _choose(names, candidates, reference)
+    except (QualityGateError, OutsideBudget):
+        return None
+
+
+def _dense_ships(
+    candidates: dict[str, dict],
+    chosen: str | None,
+    dense_candidates: dict[str, dict],
+    rival: tuple[str, list[str]] | None,
+    budget: QualityBudget,
+) -> tuple[DenseShips, str] | None:
+    """Why dense ships instead of `chosen` (the pruned model's pick), and the warning that says so; None: it ships.
+
+    Dense ships where no form of the pruned model is within the budget (`chosen` None), and where the
+    pick is no faster (`_faster`) than `rival`, dense's fastest form within the same budget: what the
+    user gets by quantizing dense alone, timed in the same session. Shipping the pruned model there
+    would be a regression.
+    """
+    if chosen is None:
+        return DenseShips.OUTSIDE_BUDGET, _backed_off(candidates, budget)
+    if rival is None or _faster(candidates[chosen], dense_candidates[rival[0]]):
+        return None
+    mine, theirs = candidates[chosen], dense_candidates[rival[0]]
+    largest = max(mine["latency_ms"], key=int)
+    return DenseShips.NOT_FASTER, (
+        f"prune.gate: the fastest form of the pruned model within the {budget.text()} budget, {chosen} at "
+        f"{mine['latency_ms_b1']:.4f} ms at batch 1 ({mine['latency_ms'][largest]:.4f} ms at batch {largest}), "
+        f"is no faster than dense {rival[0]} at {theirs['latency_ms_b1']:.4f} ms "
+        f"({theirs['latency_ms'][largest]:.4f} ms) within the same budget (a tie is within "
+        f"{100 * SAME_SPEED:g} %); the dense model ships instead (a deeper cut, prune.target, or an INT8 form of the "
+        "pruned model within the budget, from more finetune.epochs, would let one through)"
+    )
 
 
 def _forms(
@@ -324,13 +390,13 @@ def _forms(
     return paths
 
 
-def _judged(paths: dict[str, Path], val, config: QuantizeConfig, batch_sizes, dense_correct, budget):
+def _judged(measured: dict[str, dict], config: QuantizeConfig, dense_correct, budget: QualityBudget):
     """Every candidate measured, within the tolerance of its fp32 or not, its change against dense in the budget or not.
 
     Returns:
         The candidates (by name) and the fp32 reference's figures.
     """
-    measured = _measure_candidates(paths, val, config, batch_sizes)
+    measured = {n: dict(c) for n, c in measured.items()}
     reference = measured.pop("reference") if "reference" in measured else measured["fp32"]
     candidates = {}
     for n, c in measured.items():
@@ -359,22 +425,20 @@ def _backed_off(candidates: dict[str, dict], budget) -> str:
     )
 
 
-def _same_form(dense, meta, method: str, calib, config: QuantizeConfig, work: Path) -> Path:
-    """Dense in the form that ships (what the benchmark compares the shipped model with at the same precision)."""
-    return _forms(dense, meta.input_shape, [method], calib, config, work / "dense-same")[method]
-
-
 def _bits(config: QuantizeConfig) -> tuple[int, str]:
     """The static candidate's weight bits and why (`weight_range`)."""
     reduced, why = weight_range(config.reduce_range)
     return (7 if reduced else 8), why
 
 
-def _write(layout: Layout, chosen: Path, dense: Path, report: QuantizeReport) -> None:
+def _write(layout: Layout, chosen: Path, dense: Path, fastest: Path | None, report: QuantizeReport) -> None:
+    """The model that ships, dense in its form (`dense.onnx`), dense's fastest form within the budget, the figures."""
     out_dir, metrics_path = layout.stage_dir("quantize"), layout.metrics("quantize")
     with staged_output_paths(out_dir, metrics_path) as staged:
         tmp = staged.dir(out_dir)
         shutil.copyfile(chosen, tmp / "model.onnx")
         shutil.copyfile(dense, tmp / "dense.onnx")
+        if fastest is not None:
+            shutil.copyfile(fastest, tmp / "dense_fastest.onnx")
         dump_json({"selection": "fastest within tolerance on validation", **report.metrics()}, tmp / "quantize.json")
         dump_json(report.metrics(), staged.path(metrics_path))
