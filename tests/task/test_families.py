@@ -33,13 +33,23 @@ def test_train_classifier_overrides_the_output_layer_and_must_name_a_linear():
         create_model(ModelSpec("tests.models.families:se_net", [1, 8, 8], 10, classifier="stem"))
 
 
+# Quantize times the pruned model's forms and dense's together (keys: ("pruned" | "dense", form)). These
+# tests are about the choice among the pruned model's forms: each dense form is set to twice its pruned
+# twin, so that the rule against dense's fastest form (tests/task/test_quality_budget.py) never decides.
+DENSE_FACTOR = 2.0
+
+
 def _scaled_latencies(real, factors: dict[str, dict[int, float]]):
     """measure_latencies, with each INT8 candidate's samples set to fp32's times a factor per batch size."""
 
     def scaled(sessions, x, config):
         samples = real(sessions, x, config)
-        fp32 = samples["fp32"] if "fp32" in samples else samples["reference"]  # the export, under either name
-        return {n: {b: fp32[b] * factors.get(n, {}).get(b, 1.0) for b in samples[n]} for n in samples}
+        # The pruned fp32 export, under either name.
+        fp32 = samples["pruned", "fp32"] if ("pruned", "fp32") in samples else samples["pruned", "reference"]
+        return {
+            (g, n): {b: fp32[b] * (DENSE_FACTOR if g == "dense" else 1.0) * factors.get(n, {}).get(b, 1.0) for b in t}
+            for (g, n), t in samples.items()
+        }
 
     return scaled
 
@@ -121,7 +131,12 @@ def test_a_candidate_read_slower_than_fp32_once_is_timed_again_before_it_is_rule
         (b,) = config.batch_sizes
         calls.append(b)
         factors = next(readings)
-        return {n: {b: np.full(5, (1.0 if b == 1 else 8.0) * factors.get(n, 1.0))} for n in sessions}
+        return {
+            (g, n): {
+                b: np.full(5, (1.0 if b == 1 else 8.0) * factors.get(n, 1.0) * (DENSE_FACTOR if g == "dense" else 1))
+            }
+            for g, n in sessions
+        }
 
     monkeypatch.setattr(benchmark, "measure_latencies", measure)
     report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
