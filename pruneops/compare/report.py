@@ -40,6 +40,9 @@ def _model_rows(variant, directory: Path) -> list[dict]:
                 "label": variant.label or variant.name,
                 "precision": precision,
                 "note": _note(variant, m, directory) if file_key == "pruned_deployed" else "",
+                # What the row's file is: a pruned variant's deployed row is dense where its quantize stage backed off.
+                "source": m.get("source", "pruned") if variant.kind != "dense" else "dense",
+                "dense_ships": m.get("dense_ships"),  # why, where a pruned variant's quantize stage shipped dense
                 "path": str(export / m["file"]),
                 "params": m["params"],
                 "nonzero_params": m["nonzero_params"],
@@ -53,7 +56,7 @@ def _model_rows(variant, directory: Path) -> list[dict]:
 def _note(variant, m: dict, directory: Path) -> str:
     """What a deployed row says of itself: a pruned variant's that shipped dense says why, a second fp32 row why."""
     if variant.kind != "dense" and m.get("source") == "dense":
-        return f"deployed (dense: {DenseShips.read(m.get('dense_ships')).why})"
+        return f"deployed ({_why_dense(m)})"
     # Two fp32 rows of one variant: say why the second is the deployed one.
     return _why_fp32_deployed(directory / "metrics.json") if m["precision"] == "fp32" else ""
 
@@ -211,7 +214,8 @@ def select_point(rows: list[dict], max_drop_points: float) -> dict | None:
     """Our fastest model (batch 1) whose *validation* accuracy holds the budget at its interval's far end.
 
     The far end of the paired 95 % interval against dense, not the point estimate: a lucky draw of
-    a small validation split does not select a model that loses on test.
+    a small validation split does not select a model that loses on test. A deployed row of ours whose
+    quantize stage shipped dense is what that recipe ships (dense's model); the selection says so.
     """
     ours = [r for r in rows if r["family"] == "ours" and _holds(r, max_drop_points)]
     return min(ours, key=lambda r: r["latency"]["1"]["p50_ms"]) if ours else None
@@ -272,7 +276,7 @@ def _selected_lines(workload: WorkloadConfig, pick: dict | None, big: str) -> li
     lines = [
         f"\n**Selected** (validation drop ≤ {budget} pt at the far end of its 95% interval, "
         f"{-pick['val_drop_points']:+.2f} [{pick['val_delta_ci_points'][0]:+.2f}, "
-        f"{pick['val_delta_ci_points'][1]:+.2f}]): {pick['label']} {pick['precision']}: test "
+        f"{pick['val_delta_ci_points'][1]:+.2f}]): {pick['label']} {pick['precision']}{_dense_shipped(pick)}: test "
         f"{100 * pick['test_accuracy']:.2f}% ({-pick['test_drop_points']:+.2f} pts, 95% CI "
         f"[{pick['test_delta_ci_points'][0]:+.2f}, {pick['test_delta_ci_points'][1]:+.2f}]), "
         f"batch-1 {pick['speedup_b1']:.2f}× "
@@ -295,6 +299,16 @@ def _selected_lines(workload: WorkloadConfig, pick: dict | None, big: str) -> li
         verdict = "met" if achieved[key] >= goal and within else "**missed**"
         lines.append(f"- target {key} ≥ {goal:g}×: {achieved[key]:.2f}× — {verdict}")
     return lines
+
+
+def _dense_shipped(pick: dict) -> str:
+    """` (dense: no form of the pruned model within the budget was faster)` where the pick shipped dense, else empty."""
+    return f" ({_why_dense(pick)})" if pick.get("source") == "dense" else ""
+
+
+def _why_dense(row: dict) -> str:
+    """`dense: the pruned model was outside the budget`: why a pruned variant's row (or its manifest entry) is dense."""
+    return f"dense: {DenseShips.read(row.get('dense_ships')).why}"
 
 
 def same_budget_verdict(what: str, mine: dict, other: dict) -> str:

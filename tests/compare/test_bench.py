@@ -312,7 +312,7 @@ def test_a_variant_deployed_as_fp32_says_why(tmp_path):
 
 def test_a_pruned_variant_that_shipped_dense_says_so_and_why(tmp_path):
     """A classifier variant whose quantize stage shipped dense: its deployed row is dense's, and says so."""
-    from pruneops.compare.report import _model_rows
+    from pruneops.compare.report import _dense_shipped, _model_rows
     from pruneops.compare.workloads import VariantConfig
     from pruneops.core.io import Layout
 
@@ -329,6 +329,9 @@ def test_a_pruned_variant_that_shipped_dense_says_so_and_why(tmp_path):
     (export / "manifest.json").write_text(json.dumps({"models": models}))
     rows = {r["name"]: r for r in _model_rows(VariantConfig(name="ours"), tmp_path)}
     assert rows["ours deployed"]["note"] == "deployed (dense: no form of the pruned model within the budget was faster)"
+    # Selected, the row is what the recipe ships, and the selection's line says whose model it is.
+    assert _dense_shipped(rows["ours deployed"]) == " (dense: no form of the pruned model within the budget was faster)"
+    assert _dense_shipped(rows["ours fp32"]) == ""
     assert rows["ours fp32"]["note"] == ""
     models["pruned_deployed"].update(source="pruned", dense_ships=None)
     (export / "manifest.json").write_text(json.dumps({"models": models}))
