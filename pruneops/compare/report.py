@@ -39,7 +39,6 @@ def _model_rows(variant, directory: Path) -> list[dict]:
                 "family": variant.family,
                 "label": variant.label or variant.name,
                 "precision": precision,
-                "note": _note(variant, m, directory) if file_key == "pruned_deployed" else "",
                 # What the row's file is: a pruned variant's deployed row is dense where its quantize stage backed off.
                 "source": m.get("source", "pruned") if variant.kind != "dense" else "dense",
                 "dense_ships": m.get("dense_ships"),  # why, where a pruned variant's quantize stage shipped dense
@@ -50,15 +49,16 @@ def _model_rows(variant, directory: Path) -> list[dict]:
                 "size_bytes": (export / m["file"]).stat().st_size,
             }
         )
+        rows[-1]["note"] = _note(rows[-1], directory) if rows[-1]["deployed"] else ""
     return rows
 
 
-def _note(variant, m: dict, directory: Path) -> str:
+def _note(row: dict, directory: Path) -> str:
     """What a deployed row says of itself: a pruned variant's that shipped dense says why, a second fp32 row why."""
-    if variant.kind != "dense" and m.get("source") == "dense":
-        return f"deployed ({_why_dense(m)})"
+    if DenseShips.of_row(row):
+        return f"deployed{_dense_shipped(row)}"
     # Two fp32 rows of one variant: say why the second is the deployed one.
-    return _why_fp32_deployed(directory / "metrics.json") if m["precision"] == "fp32" else ""
+    return _why_fp32_deployed(directory / "metrics.json") if row["precision"] == "fp32" else ""
 
 
 def _why_fp32_deployed(metrics_path: Path) -> str:
@@ -301,14 +301,10 @@ def _selected_lines(workload: WorkloadConfig, pick: dict | None, big: str) -> li
     return lines
 
 
-def _dense_shipped(pick: dict) -> str:
-    """` (dense: no form of the pruned model within the budget was faster)` where the pick shipped dense, else empty."""
-    return f" ({_why_dense(pick)})" if pick.get("source") == "dense" else ""
-
-
-def _why_dense(row: dict) -> str:
-    """`dense: the pruned model was outside the budget`: why a pruned variant's row (or its manifest entry) is dense."""
-    return f"dense: {DenseShips.read(row.get('dense_ships')).why}"
+def _dense_shipped(row: dict) -> str:
+    """` (dense: no form of the pruned model within the budget was faster)` where the row shipped dense, else empty."""
+    backed_off = DenseShips.of_row(row)
+    return f" (dense: {backed_off.why})" if backed_off else ""
 
 
 def same_budget_verdict(what: str, mine: dict, other: dict) -> str:

@@ -123,6 +123,17 @@ class DenseShips(StrEnum):
         """`the pruned model was outside the budget`: the reason as a row of a report says it."""
         return _DENSE_SHIPS_WORDS[self][0]
 
+    @classmethod
+    def of_row(cls, row: dict) -> DenseShips | None:
+        """Why a bench row of a pruned recipe holds dense's model (its quantize stage shipped dense); None: it doesn't.
+
+        The row's `source` is `dense` where it holds dense's model, `family` its recipe's family
+        (`dense` for dense's own rows), `deployed` whether it is what the recipe ships (a row without it:
+        a selection's pick, which is).
+        """
+        shipped = row.get("source") == "dense" and row.get("family") != "dense" and row.get("deployed", True)
+        return cls.read(row.get("dense_ships")) if shipped else None
+
     @property
     def for_a_selection(self) -> str:
         """`no cut held every budget`: the reason as a benchmark's selection says it."""
