@@ -179,7 +179,7 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
                 "models": manifest,
                 "tensorrt": trt,
                 "fastest_dense": fastest,
-            },  # fmt: skip
+            },
             tmp / "manifest.json",
         )
         report = ExportReport(
