@@ -180,3 +180,34 @@ def test_faster_is_beyond_a_tie_at_batch_1_then_at_the_largest_batch(b1, b8, fas
         return {"latency_ms_b1": at_1, "latency_ms": {"1": at_1, "8": at_8}}
 
     assert _faster(record(b1[0], b8[0]), record(b1[1], b8[1])) is faster
+
+
+def test_dense_passed_on_unchanged_is_timed_once_with_no_rival(cut_without_recovery, tmp_path, monkeypatch):
+    """A dense variant (finetune passed dense's weights on): its forms are the candidates, not timed twice
+    against themselves, where a tie would read as "no faster than dense"."""
+    import shutil
+
+    import numpy as np
+
+    from pruneops.runtimes.onnxruntime import timing
+
+    for part in ("validate", "train", "prune", "finetune"):
+        shutil.copytree(cut_without_recovery / "artifacts" / part, tmp_path / "artifacts" / part)
+    for name in ("model.safetensors", "model.safetensors.sha256"):  # the checkpoint and its checksum
+        shutil.copyfile(tmp_path / "artifacts/train" / name, tmp_path / "artifacts/finetune" / name)
+    write_params(tmp_path, _params(max_accuracy_drop=None))
+    timed = set()
+
+    def measure(sessions, x, config, budget_s=None):
+        timed.update(sessions)
+        return {k: {b: np.full(config.repeats, 1.0 * b) for b in config.batch_sizes} for k in sessions}
+
+    monkeypatch.setattr(timing, "measure_latencies", measure)
+    report = run_stage("quantize", tmp_path / "params.yaml", tmp_path)
+    assert {group for group, _ in timed} == {"pruned"}
+    assert (report.source, report.dense_ships, report.fastest_dense, report.dense_candidates) == (
+        "pruned",
+        None,
+        None,
+        None,
+    )

@@ -51,7 +51,7 @@ class QuantizeReport(StageReport):
     source: str = "pruned"
     dense_ships: DenseShips | None = None  # why dense ships (None: the pruned model does)
     fastest_dense: str | None = None  # dense's fastest form within the budget (None: none is)
-    dense_candidates: dict | None = None  # dense's forms, timed in the same session as the candidates
+    dense_candidates: dict | None = None  # dense's forms, timed with the candidates (None: they are dense's)
     budget: str = "none"  # prune.gate's quality budget, as text
     val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
 
@@ -269,16 +269,18 @@ def quantize_model(
     calib = rows(train.x, rng.choice(len(train), min(config.calibration_samples, len(train)), replace=False))
     work = Path(tempfile.mkdtemp(prefix="pruneops-quant-"))
     try:
-        forms = {
-            "pruned": _forms(model, meta.input_shape, names, calib, config, work / "pruned", reference=True),
-            "dense": _forms(dense, meta.input_shape, names, calib, config, work / "dense", reference=True),
-        }
+        # Dense passed on unchanged (a dense variant): its forms are the candidates, timed once, with no rival.
+        group = "pruned" if _same_weights(model, dense) else "dense"
+        forms = {"pruned": _forms(model, meta.input_shape, names, calib, config, work / "pruned", reference=True)}
+        if group == "dense":
+            forms["dense"] = _forms(dense, meta.input_shape, names, calib, config, work / "dense", reference=True)
         measured = _measure_candidates(forms, val, config, sorted({1, *benchmark.batch_sizes}))
-        dense_fp32 = measured["dense"].get("reference", measured["dense"].get("fp32"))
-        dense_correct = dense_fp32["correct"]
+        dense_correct = measured[group].get("reference", measured[group].get("fp32"))["correct"]
         pruned, reference = _judged(measured["pruned"], config, dense_correct, budget)
-        dense_candidates, dense_reference = _judged(measured["dense"], config, dense_correct, budget)
-        rival = _rival(names, dense_candidates, dense_reference)
+        dense_candidates, dense_reference, rival = None, reference, None
+        if group == "dense":
+            dense_candidates, dense_reference = _judged(measured["dense"], config, dense_correct, budget)
+            rival = _rival(names, dense_candidates, dense_reference)
         try:
             chosen, warnings = _choose(names, pruned, reference)
         except QualityGateError as e:
@@ -290,7 +292,7 @@ def quantize_model(
         if dense_ships is not None:
             if rival is None:  # a quantizer named in params: dense in it is outside the budget too
                 raise QualityGateError(f"{dense_ships[1]}; dense in {config.method} is outside it too")
-            source, (chosen, more), reference, paths = "dense", rival, dense_reference, forms["dense"]
+            source, (chosen, more), reference, paths = "dense", rival, dense_reference, forms[group]
             warnings = [dense_ships[1], *more]
             candidates = {**{f"pruned {n}": c for n, c in pruned.items()}, **dense_candidates}
         else:
@@ -320,11 +322,19 @@ def quantize_model(
             budget=budget.text(),
             val_change=candidates[chosen]["val_change"],
         )
-        fastest = forms["dense"][rival[0]] if rival else None
-        _write(layout, paths[chosen], forms["dense"][chosen], fastest, report)
+        fastest = forms[group][rival[0]] if rival else None
+        _write(layout, paths[chosen], forms[group][chosen], fastest, report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def _same_weights(model: torch.nn.Module, dense: torch.nn.Module) -> bool:
+    """Whether `finetune` passed dense on unchanged (a dense variant): every tensor equal, names and shapes alike."""
+    mine, theirs = model.state_dict(), dense.state_dict()
+    return mine.keys() == theirs.keys() and all(
+        mine[k].shape == theirs[k].shape and torch.equal(mine[k], theirs[k]) for k in mine
+    )
 
 
 def _rival(names: list[str], candidates: dict[str, dict], reference: dict) -> tuple[str, list[str]] | None:
@@ -338,7 +348,7 @@ def _rival(names: list[str], candidates: dict[str, dict], reference: dict) -> tu
 def _dense_ships(
     candidates: dict[str, dict],
     chosen: str | None,
-    dense_candidates: dict[str, dict],
+    dense_candidates: dict[str, dict] | None,
     rival: tuple[str, list[str]] | None,
     budget: QualityBudget,
 ) -> tuple[DenseShips, str] | None:
