@@ -36,6 +36,7 @@ class WorkloadResult:
     budget_points: float | None
     selected: dict | None
     decoder: dict | None = None  # a decoder workload's pick (`pruneops bench-decoder`), or {} for none
+    dense_form: str = "int8"  # the precision dense ships in (its variant's deployed row): what "vs dense" means
 
     def cells(self, link_prefix: str) -> list[str]:
         """The table row: workload, machine and date, selected point, accuracy, speed-ups."""
@@ -55,7 +56,8 @@ class WorkloadResult:
             where,
             f"`{pick['name']}`",
             f"{-pick['test_drop_points']:+.2f}{interval}",
-            f"{pick['speedup_b1']:.2f}×" + (f" ({deployed:.2f}× vs dense INT8)" if deployed else ""),
+            f"{pick['speedup_b1']:.2f}×"
+            + (f" ({deployed:.2f}× vs dense {_form(self.dense_form, 'genai')})" if deployed else ""),
             f"{pick['mac_reduction']:.2f}×",
         ]
 
@@ -107,9 +109,9 @@ def _decoder_cells(pick: dict) -> list[str]:
 
 
 def _form(precision: str, runtime: str) -> str:
-    """`INT8` (onnxruntime-genai, the default runtime) or `Q4_K_M in llama.cpp`."""
+    """`INT8` (genai, the default runtime; ONNX Runtime for a classifier), `Q4_K_M in llama.cpp`, `fp32`."""
     where = {"genai": "", "llamacpp": " in llama.cpp"}.get(runtime, f" in {runtime}")
-    return precision.upper() + where
+    return (precision if precision == "fp32" else precision.upper()) + where
 
 
 def _perplexity(pick: dict) -> str:
@@ -155,9 +157,15 @@ def read_results(docs: Path) -> list[WorkloadResult]:
                 budget_points=data.get("budget_points"),
                 selected=data.get("selected"),
                 decoder=_decoder_pick(data),
+                dense_form=_dense_form(data.get("rows", [])),
             )
         )
     return found
+
+
+def _dense_form(rows: list[dict]) -> str:
+    """The precision of dense's deployed row (`int8` where a report has none: dense shipped INT8 then)."""
+    return next((r["precision"] for r in rows if r.get("family") == "dense" and r.get("deployed")), "int8")
 
 
 def _short_cpu(name: str) -> str:

@@ -246,3 +246,19 @@ def test_a_decoder_pick_that_shipped_its_cut_names_no_back_off_and_no_other_row(
     assert "`ours deployed` |" in table and "no cut held" not in table and "in-domain" not in table
     # The fastest dense form is dense as deployed: said once.
     assert "3.90× per generated token (1.60× vs dense Q8_0 in llama.cpp) |" in table
+
+
+def test_a_classifier_row_names_the_form_dense_shipped_in(tmp_path):
+    """On Zen 5 the ViT's dense INT8 was no faster than its fp32, so dense shipped fp32: "vs dense INT8" was wrong."""
+    from pruneops.compare.results import headline_table
+
+    pick = {"name": "ours deployed", "speedup_b1": 2.0, "speedup_b1_vs_dense_deployed": 2.0, "test_drop_points": 0.1,
+            "mac_reduction": 4.0}  # fmt: skip
+    report = tmp_path / "results" / "families" / "w"
+    report.mkdir(parents=True)
+    (report / "report.md").write_text("# w\n")
+    for form, cell in (("fp32", "2.00× (2.00× vs dense fp32)"), ("int8", "2.00× (2.00× vs dense INT8)")):
+        rows = [{"name": "dense deployed", "family": "dense", "deployed": True, "precision": form}]
+        machine = {"cpu": "AMD EPYC", "date": "2026-12-07"}
+        (report / "results.json").write_text(json.dumps({"selected": pick, "rows": rows, "machine": machine}))
+        assert cell in headline_table(tmp_path)
