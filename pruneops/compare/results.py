@@ -109,9 +109,9 @@ def _decoder_cells(pick: dict) -> list[str]:
 
 
 def _form(precision: str, runtime: str) -> str:
-    """`INT8` (genai, the default runtime; ONNX Runtime for a classifier), `Q4_K_M in llama.cpp`, `fp32`."""
+    """`INT8` (genai, the default runtime; ONNX Runtime for a classifier), `Q4_K_M in llama.cpp`."""
     where = {"genai": "", "llamacpp": " in llama.cpp"}.get(runtime, f" in {runtime}")
-    return (precision if precision == "fp32" else precision.upper()) + where
+    return precision.upper() + where
 
 
 def _perplexity(pick: dict) -> str:

@@ -257,7 +257,7 @@ def test_a_classifier_row_names_the_form_dense_shipped_in(tmp_path):
     report = tmp_path / "results" / "families" / "w"
     report.mkdir(parents=True)
     (report / "report.md").write_text("# w\n")
-    for form, cell in (("fp32", "2.00× (2.00× vs dense fp32)"), ("int8", "2.00× (2.00× vs dense INT8)")):
+    for form, cell in (("fp32", "2.00× (2.00× vs dense FP32)"), ("int8", "2.00× (2.00× vs dense INT8)")):
         rows = [{"name": "dense deployed", "family": "dense", "deployed": True, "precision": form}]
         machine = {"cpu": "AMD EPYC", "date": "2026-12-07"}
         (report / "results.json").write_text(json.dumps({"selected": pick, "rows": rows, "machine": machine}))
