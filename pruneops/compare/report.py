@@ -55,8 +55,9 @@ def _model_rows(variant, directory: Path) -> list[dict]:
 
 def _note(row: dict, directory: Path) -> str:
     """What a deployed row says of itself: a pruned variant's that shipped dense says why, a second fp32 row why."""
-    if DenseShips.of_row(row):
-        return f"deployed{_dense_shipped(row)}"
+    shipped_dense = _dense_shipped(row)
+    if shipped_dense:
+        return f"deployed{shipped_dense}"
     # Two fp32 rows of one variant: say why the second is the deployed one.
     return _why_fp32_deployed(directory / "metrics.json") if row["precision"] == "fp32" else ""
 
