@@ -19,7 +19,7 @@ import numpy as np
 from pruneops.config import BenchmarkConfig
 from pruneops.core.integrity import folder_manifest
 from pruneops.core.io import Layout, read_json
-from pruneops.core.quality import QualityBudget, QualityChange, perplexity_change
+from pruneops.core.quality import ModelSource, QualityBudget, QualityChange, perplexity_change
 from pruneops.data.zero_shot import read_zero_shot
 from pruneops.runtimes import get_runtime
 from pruneops.task.causal_lm.rows import quality_figures, score_rows, time_rows
@@ -60,7 +60,7 @@ def decoder_rows(variant: VariantConfig, directory: Path) -> list[dict]:
                 "family": variant.family,
                 "label": variant.label or variant.name,
                 "precision": m["precision"],
-                "source": m.get("source", "pruned") if deployed else ("dense" if key.startswith("dense") else "pruned"),
+                "source": ModelSource.read(m.get("source")) if deployed else _source(key),
                 "dense_ships": m.get("dense_ships") if deployed else None,  # why dense ships where it backed off
                 "shape": prune.get("shape", "") + (f", vocabulary {vocabulary}" if vocabulary else ""),
                 "runtime": m.get("runtime", manifest["runtime"]),
@@ -71,6 +71,11 @@ def decoder_rows(variant: VariantConfig, directory: Path) -> list[dict]:
             }
         )
     return rows
+
+
+def _source(key: str) -> ModelSource:
+    """Whose model a row other than the deployed one holds, by its manifest key (`dense_fp32`, `pruned_fp32`, ...)."""
+    return ModelSource.DENSE if key.startswith("dense") else ModelSource.PRUNED
 
 
 GATING = {"general_change": "general_val_change", "zero_shot_change": "zero_shot_val_change"}
@@ -86,7 +91,7 @@ def gating_changes(quantize: dict, key: str) -> dict[str, dict]:
     if key == "pruned_deployed":
         record = quantize
     else:  # fp32 of the recovered model: a candidate, named so beside dense's where dense shipped
-        fp32 = "fp32" if quantize.get("source", "pruned") == "pruned" else "pruned fp32"
+        fp32 = "fp32" if ModelSource.read(quantize.get("source")) is ModelSource.PRUNED else "pruned fp32"
         record = quantize.get("candidates", {}).get(fp32, {})
     return {gating: record[change] for change, gating in GATING.items() if record.get(change)}
 

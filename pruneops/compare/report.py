@@ -13,7 +13,7 @@ import numpy as np
 
 from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json
-from pruneops.core.quality import DenseShips
+from pruneops.core.quality import DenseShips, ModelSource
 from pruneops.reports.summary import Column, latency_columns, latency_summary, render_table
 from pruneops.runtimes.onnxruntime.timing import measure_latencies
 from pruneops.timing.machine import machine_info
@@ -40,7 +40,7 @@ def _model_rows(variant, directory: Path) -> list[dict]:
                 "label": variant.label or variant.name,
                 "precision": precision,
                 # What the row's file is: a pruned variant's deployed row is dense where its quantize stage backed off.
-                "source": m.get("source", "pruned") if variant.kind != "dense" else "dense",
+                "source": ModelSource.read(m.get("source")) if variant.kind != "dense" else ModelSource.DENSE,
                 "dense_ships": m.get("dense_ships"),  # why, where a pruned variant's quantize stage shipped dense
                 "path": str(export / m["file"]),
                 "params": m["params"],

@@ -106,6 +106,18 @@ class QualityBudget:
         return f"{change.text()} on {change.samples} validation samples: {state} the {self.text()} budget"
 
 
+class ModelSource(StrEnum):
+    """Whose model a quantize stage ships, or a row of a report holds (its value is what files hold)."""
+
+    PRUNED = "pruned"
+    DENSE = "dense"  # dense's own, where the pruned model was outside the budget or no faster (`DenseShips`)
+
+    @classmethod
+    def read(cls, value: str | None) -> ModelSource:
+        """The source a file names; one without (written before dense could ship in its place): the pruned model."""
+        return cls(value) if value else cls.PRUNED
+
+
 class DenseShips(StrEnum):
     """Why a quantize stage shipped dense in place of the pruned model (its value is what files hold)."""
 
@@ -131,7 +143,7 @@ class DenseShips(StrEnum):
         (`dense` for dense's own rows), `deployed` whether it is what the recipe ships (a row without it:
         a selection's pick, which is).
         """
-        shipped = row.get("source") == "dense" and row.get("family") != "dense" and row.get("deployed", True)
+        shipped = row.get("source") == ModelSource.DENSE and row.get("family") != "dense" and row.get("deployed", True)
         return cls.read(row.get("dense_ships")) if shipped else None
 
     @property

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pruneops.core.quality import DenseShips, QualityChange
+from pruneops.core.quality import DenseShips, ModelSource, QualityChange
 from pruneops.pipeline.stages import StageReport
 
 Column = tuple[str, Callable[[dict], str]]
@@ -28,13 +28,13 @@ class BenchmarkSummary(StageReport):
 
     `latency_metric` names the time compared (`batch-1 latency`, or `time per output token` at
     batch 1); `quality_metric` the quality (`test accuracy`, `test perplexity`); `quality_change`
-    is a `QualityChange` record (accuracy points, or relative perplexity). `source` is `pruned`,
-    or `dense` where the quality budget backed off.
+    is a `QualityChange` record (accuracy points, or relative perplexity). `source` says whose model ships:
+    the pruned one, or dense's (`dense_ships` says why).
     """
 
     task: str
     shipped: str
-    source: str
+    source: ModelSource
     precision: str
     latency_metric: str
     latency_b1_ms: float
@@ -94,7 +94,7 @@ def summary_markdown(bench: dict[str, Any], where: str) -> str:
     )
     why = f"dense: {DenseShips(bench['dense_ships']).why}" if bench.get("dense_ships") else ""
     shipped = bench["shipped"] + (
-        f" ({why or 'the quality budget backed off to dense'})" if bench["source"] == "dense" else ""
+        f" ({why or 'the quality budget backed off to dense'})" if bench["source"] == ModelSource.DENSE else ""
     )
     fastest = bench.get("fastest_dense")  # named where it is neither of the two rows the line gives
     against = (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pruneops.config import BenchmarkConfig
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.core.quality import perplexity_change
+from pruneops.core.quality import ModelSource, perplexity_change
 from pruneops.models.language import paired_ratio_interval, perplexity_from_losses
 from pruneops.reports.decoder_plots import plot_decoder_frontier
 from pruneops.reports.summary import BenchmarkSummary, ordered, speedup_against
@@ -89,8 +89,8 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         vocabulary = f", vocabulary {shipped['vocabulary']}" if shipped.get("vocabulary") else ""
         report = DecoderBenchmarkReport(
             task="causal_lm",
-            shipped=f"{shipped.get('source', 'pruned')} {shipped['precision']}{vocabulary}",
-            source=shipped.get("source", "pruned"),
+            shipped=f"{ModelSource.read(shipped.get('source'))} {shipped['precision']}{vocabulary}",
+            source=ModelSource.read(shipped.get("source")),
             dense_ships=shipped.get("dense_ships"),
             precision=shipped["precision"],
             latency_metric="time per output token",

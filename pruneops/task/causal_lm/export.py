@@ -12,6 +12,7 @@ import torch
 from pruneops.config import ExportConfig
 from pruneops.core.errors import ParityError
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
+from pruneops.core.quality import ModelSource
 from pruneops.models.decoders import load_causal_lm
 from pruneops.modelstore.decoder import SERVED_FILE
 from pruneops.pipeline.stages import StageReport
@@ -66,7 +67,7 @@ def export_decoder(config: ExportConfig, layout: Layout) -> DecoderExportReport:
     """
     model, tokenizer = load_causal_lm(layout.stage_dir("finetune") / MODEL_DIR)
     choice = read_json(layout.stage_dir("quantize") / CHOICE_FILE)
-    precision, source = choice["precision"], choice.get("source", "pruned")
+    precision, source = choice["precision"], ModelSource.read(choice.get("source"))
     runtime = DECODER_RUNTIMES[choice["runtime"]]
     prompt = load_blocks(layout)["test"][:1, :PARITY_PROMPT_TOKENS].astype(np.int32)
     out = layout.stage_dir("export")

@@ -20,6 +20,7 @@ from pruneops.core.io import Layout, dump_json, replaced_whole, staged_output_pa
 from pruneops.core.progress import progress
 from pruneops.core.quality import (
     DenseShips,
+    ModelSource,
     QualityBudget,
     QualityChange,
     accuracy_change,
@@ -64,7 +65,7 @@ class PrecisionReport(StageReport):
     fp32_ttft_b1_ms: float
     candidates: dict
     # What ships: the pruned model, or dense where no form of the pruned one is within the budget and faster.
-    source: str = "pruned"
+    source: ModelSource = ModelSource.PRUNED
     dense_ships: DenseShips | None = None  # why dense ships (None: the pruned model does)
     budget: str = "none"  # prune.gate's quality budget, as text
     val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
@@ -78,7 +79,7 @@ class PrecisionReport(StageReport):
         speedup = self.fp32_tpot_b1_ms / self.tpot_b1_ms, self.fp32_ttft_b1_ms / self.ttft_b1_ms
         form = self.precision if self.vocabulary is None else f"{self.precision}, vocabulary {self.vocabulary}"
         form = f"{form} in {self.runtime}"
-        form = form if self.source == "pruned" else f"dense {form} (backed off: see the warning)"
+        form = form if self.source is ModelSource.PRUNED else f"dense {form} ({self.dense_ships.why})"
         return (
             f"{form} (fastest in {self.metric} time within tolerance): {self.tpot_b1_ms:.2f} ms/token "
             f"({speedup[0]:.2f}x fp32), first token {self.ttft_b1_ms:.1f} ms ({speedup[1]:.2f}x fp32), "
@@ -192,7 +193,7 @@ def quantize_decoder(
             else _judged(dense_folders, dense_forms, {n: timings[k] for n, k in dense_names.items()}, splits,
                          reference, budgets)
         )  # fmt: skip
-        source, warnings = "pruned", []
+        source, warnings = ModelSource.PRUNED, []
         today = dense_candidates["fp32"]  # what the user serves now: no form ships much slower in either metric
         fastest_dense = _choose(dense_candidates, config, metric, today)
         chosen = _choose(candidates, config, metric, today)
@@ -200,11 +201,13 @@ def quantize_decoder(
         backed_off = _dense_ships(candidates, chosen, dense_candidates, rival, config, metric, budgets)
         if backed_off is not None:
             warnings.append(backed_off[1])
-            chosen, source = fastest_dense, "dense"
+            chosen, source = fastest_dense, ModelSource.DENSE
             folders, forms = dense_folders, dense_forms
-        refused = _refused_elsewhere(dense_candidates if source == "dense" else candidates, config, metric, today)
+        refused = _refused_elsewhere(
+            dense_candidates if source is ModelSource.DENSE else candidates, config, metric, today
+        )
         warnings.extend([refused] if refused else [])
-        if source == "dense":
+        if source is ModelSource.DENSE:
             candidates = {**{f"pruned {n}": c for n, c in candidates.items()}, **dense_candidates}
         runtime, precision, vocabulary = forms[chosen]
         kept = _dense_kept(runtime, precision, runtimes[0], fastest_dense)

@@ -9,7 +9,7 @@ from pruneops.config import BenchmarkConfig
 from pruneops.core.errors import DataError
 from pruneops.core.integrity import verify_file
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.core.quality import accuracy_change
+from pruneops.core.quality import ModelSource, accuracy_change
 from pruneops.data import load_prepared
 from pruneops.reports.plots import plot_frontier
 from pruneops.reports.summary import (
@@ -119,8 +119,8 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
     )
     report = BenchmarkReport(
         task="classification",
-        shipped=f"{shipped.get('source', 'pruned')} {shipped.get('quantizer', shipped['precision'])}",
-        source=shipped.get("source", "pruned"),
+        shipped=f"{ModelSource.read(shipped.get('source'))} {shipped.get('quantizer', shipped['precision'])}",
+        source=ModelSource.read(shipped.get("source")),
         dense_ships=shipped.get("dense_ships"),
         fastest_dense=manifest.get("fastest_dense"),
         speedup_b1_vs_fastest_dense=speedup_against(models, manifest.get("fastest_dense")),

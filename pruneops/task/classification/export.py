@@ -16,6 +16,7 @@ from pruneops.core.inputs import as_tensors, rows, run_model
 from pruneops.core.integrity import write_checksum
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
 from pruneops.core.plugins import Registry
+from pruneops.core.quality import ModelSource
 from pruneops.data import load_prepared
 from pruneops.models.checkpoint import load_checkpoint
 from pruneops.models.profiling import count_macs, count_nonzero_params, count_params
@@ -144,7 +145,7 @@ def export_onnx(config: ExportConfig, layout: Layout | None = None) -> ExportRep
             }
         # What ships: the pruned model in the form quantize chose, or dense where no pruned form was
         # within the quality budget (`source`); and dense in that form, the row of the same precision.
-        source = quantized.get("source", "pruned")
+        source = ModelSource.read(quantized.get("source"))
         shutil.copyfile(deployed_src, tmp / "pruned_deployed.onnx")
         fp32_pred = ort_logits(make_session(tmp / f"{source}_fp32.onnx"), x).argmax(1)
         deployed_pred = ort_logits(make_session(tmp / "pruned_deployed.onnx"), x).argmax(1)

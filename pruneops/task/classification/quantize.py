@@ -15,7 +15,7 @@ from pruneops.config import AUTO_FORM, BenchmarkConfig, PruneConfig, QuantizeCon
 from pruneops.core.errors import QualityGateError
 from pruneops.core.inputs import rows
 from pruneops.core.io import Layout, dump_json, read_json, staged_output_paths
-from pruneops.core.quality import DenseShips, QualityBudget, QualityChange, accuracy_change
+from pruneops.core.quality import DenseShips, ModelSource, QualityBudget, QualityChange, accuracy_change
 from pruneops.data import load_prepared
 from pruneops.models.checkpoint import load_checkpoint
 from pruneops.pipeline.stages import StageReport
@@ -48,7 +48,7 @@ class QuantizeReport(StageReport):
     static_weight_bits: str
     model_path: Path
     # What ships: the pruned model, or dense where no form of the pruned one within the budget is faster.
-    source: str = "pruned"
+    source: ModelSource = ModelSource.PRUNED
     dense_ships: DenseShips | None = None  # why dense ships (None: the pruned model does)
     fastest_dense: str | None = None  # dense's fastest form within the budget (None: none is)
     dense_candidates: dict | None = None  # dense's forms, timed with the candidates (None: they are dense's)
@@ -56,7 +56,7 @@ class QuantizeReport(StageReport):
     val_change: dict | None = None  # the shipped model's `QualityChange` against dense fp32 on validation
 
     def summary(self) -> str:
-        shipped = self.method if self.source == "pruned" else f"dense {self.method} ({self.dense_ships.why})"
+        shipped = self.method if self.source is ModelSource.PRUNED else f"dense {self.method} ({self.dense_ships.why})"
         return (
             f"{shipped}: test accuracy {100 * self.test_accuracy:.2f}% "
             f"(fp32 {100 * self.fp32_test_accuracy:.2f}%), batch-1 {self.latency_ms_b1:.4f} ms "
@@ -270,16 +270,18 @@ def quantize_model(
     work = Path(tempfile.mkdtemp(prefix="pruneops-quant-"))
     try:
         # Dense passed on unchanged (a dense variant): its forms are the candidates, timed once, with no rival.
-        group = "pruned" if _same_weights(model, dense) else "dense"
-        forms = {"pruned": _forms(model, meta.input_shape, names, calib, config, work / "pruned", reference=True)}
-        if group == "dense":
-            forms["dense"] = _forms(dense, meta.input_shape, names, calib, config, work / "dense", reference=True)
+        group = ModelSource.PRUNED if _same_weights(model, dense) else ModelSource.DENSE  # holds dense's forms
+        models = {ModelSource.PRUNED: model, ModelSource.DENSE: dense}
+        forms = {
+            g: _forms(models[g], meta.input_shape, names, calib, config, work / g, reference=True)
+            for g in dict.fromkeys([ModelSource.PRUNED, group])
+        }
         measured = _measure_candidates(forms, val, config, sorted({1, *benchmark.batch_sizes}))
         dense_correct = measured[group].get("reference", measured[group].get("fp32"))["correct"]
-        pruned, reference = _judged(measured["pruned"], config, dense_correct, budget)
+        pruned, reference = _judged(measured[ModelSource.PRUNED], config, dense_correct, budget)
         dense_candidates, dense_reference, rival = None, reference, None
-        if group == "dense":
-            dense_candidates, dense_reference = _judged(measured["dense"], config, dense_correct, budget)
+        if group is ModelSource.DENSE:
+            dense_candidates, dense_reference = _judged(measured[ModelSource.DENSE], config, dense_correct, budget)
             rival = _rival(names, dense_candidates, dense_reference)
         try:
             chosen, warnings = _choose(names, pruned, reference)
@@ -288,11 +290,11 @@ def quantize_model(
         except OutsideBudget:
             chosen, warnings = None, []
         dense_ships = _dense_ships(pruned, chosen, dense_candidates, rival, budget)
-        source, candidates, paths = "pruned", pruned, forms["pruned"]
+        source, candidates, paths = ModelSource.PRUNED, pruned, forms[ModelSource.PRUNED]
         if dense_ships is not None:
             if rival is None:  # a quantizer named in params: dense in it is outside the budget too
                 raise QualityGateError(f"{dense_ships[1]}; dense in {config.method} is outside it too")
-            source, (chosen, more), reference, paths = "dense", rival, dense_reference, forms[group]
+            source, (chosen, more), reference, paths = ModelSource.DENSE, rival, dense_reference, forms[group]
             warnings = [dense_ships[1], *more]
             candidates = {**{f"pruned {n}": c for n, c in pruned.items()}, **dense_candidates}
         else:
