@@ -53,8 +53,8 @@ def _name(row: dict) -> str:
     name = f"{row['label']} {row['precision']}{runtime}" + (", deployed" if row["deployed"] else "")
     if row.get("fastest_dense"):
         name += ", the fastest dense within the budgets"
-    backed_off = DenseShips.of_row(row)
-    return name + (f" (dense: {backed_off.why})" if backed_off else "")
+    dense_ships = DenseShips.of_row(row)
+    return name + (f" (dense: {dense_ships.why})" if dense_ships else "")
 
 
 WHERE = {

@@ -304,8 +304,8 @@ def _selected_lines(workload: WorkloadConfig, pick: dict | None, big: str) -> li
 
 def _dense_shipped(row: dict) -> str:
     """` (dense: no form of the pruned model within the budget was faster)` where the row shipped dense, else empty."""
-    backed_off = DenseShips.of_row(row)
-    return f" (dense: {backed_off.why})" if backed_off else ""
+    dense_ships = DenseShips.of_row(row)
+    return f" (dense: {dense_ships.why})" if dense_ships else ""
 
 
 def same_budget_verdict(what: str, mine: dict, other: dict) -> str:

@@ -88,8 +88,8 @@ def _decoder_row(data: dict, pick: dict) -> dict:
     keys = ("general_change", "zero_shot_change", "speedup_b1_vs_dense_deployed", "speedup_b1_vs_fastest_dense")
     figures = {key: row[key] for key in keys if row.get(key)}
     shipped = _form(row.get("precision", "int8"), row.get("runtime", "genai"))
-    backed_off = DenseShips.of_row(row)
-    return {**figures, "shipped": shipped, "backed_off": bool(backed_off), "dense_ships": backed_off, **pick}
+    dense_ships = DenseShips.of_row(row)
+    return {**figures, "shipped": shipped, "backed_off": bool(dense_ships), "dense_ships": dense_ships, **pick}
 
 
 def _decoder_cells(pick: dict) -> list[str]:

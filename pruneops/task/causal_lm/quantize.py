@@ -198,9 +198,9 @@ def quantize_decoder(
         fastest_dense = _choose(dense_candidates, config, metric, today)
         chosen = _choose(candidates, config, metric, today)
         rival = None if recovered_is_dense else fastest_dense  # dense passed on: its forms are the candidates
-        backed_off = _dense_ships(candidates, chosen, dense_candidates, rival, config, metric, budgets)
-        if backed_off is not None:
-            warnings.append(backed_off[1])
+        dense_ships = _dense_ships(candidates, chosen, dense_candidates, rival, config, metric, budgets)
+        if dense_ships is not None:
+            warnings.append(dense_ships[1])
             chosen, source = fastest_dense, ModelSource.DENSE
             folders, forms = dense_folders, dense_forms
         refused = _refused_elsewhere(
@@ -218,7 +218,7 @@ def quantize_decoder(
         dense_rows = {role: {"file": f"dense/{_folder_name(n)}", "runtime": dense_forms[n][0].name,
                              "precision": dense_forms[n][1], "candidate": n} for role, n in kept.items()}  # fmt: skip
         choice = {"runtime": runtime.name, "precision": precision, "vocabulary": vocabulary, "metric": metric,
-                  "source": source, "dense_ships": backed_off and backed_off[0].value, "candidates": candidates,
+                  "source": source, "dense_ships": dense_ships and dense_ships[0].value, "candidates": candidates,
                   "dense_candidates": dense_candidates,
                   "dense": dense_rows}  # fmt: skip
         dump_json(choice, staged.path(out) / CHOICE_FILE)
@@ -234,7 +234,7 @@ def quantize_decoder(
             fp32_ttft_b1_ms=candidates["fp32"]["ttft_b1_ms"],
             candidates=candidates,
             source=source,
-            dense_ships=backed_off and backed_off[0],
+            dense_ships=dense_ships and dense_ships[0],
             budget=budgets.text(),
             val_change=candidates[chosen]["val_change"],
             general_change=candidates[chosen].get("general_change"),
