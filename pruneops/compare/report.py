@@ -311,11 +311,16 @@ def _dense_shipped(row: dict) -> str:
 def same_budget_verdict(what: str, mine: dict, other: dict) -> str:
     """Whether `mine` is at least as accurate as `other` at the same budget, and for latency, at the same ms.
 
-    A latency match is a match only where `mine` is no slower at batch 1 than `other` beyond
+    A deployed row whose quantize stage shipped dense's model (`DenseShips.of_row`) is compared with
+    nothing: the two recipes' cuts are not what was timed. A latency match is a match only where `mine` is no
+    slower at batch 1 than `other` beyond
     timing noise (`SLOWER_TOLERANCE`), in this run's interleaved timing: the prune stage meets
     its latency target within `LATENCY_BAND` of its own gate's reading, which can differ from the
     bench's (docs/explanation/latency-targets.md#bench-match).
     """
+    shipped_dense = [r["label"] for r in (mine, other) if DenseShips.of_row(r)]
+    if shipped_dense:  # a deployed row whose quantize stage shipped dense: no cut of its recipe is there to compare
+        return f"**not comparable**: {' and '.join(shipped_dense)} deployed dense's model, not a cut"
     better = mine["test_accuracy"] >= other["test_accuracy"]
     verdict = "equal or better" if better else "**worse**"
     if what == "MAC budget":

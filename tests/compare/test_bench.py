@@ -407,6 +407,27 @@ def test_a_mac_match_is_judged_on_its_macs_too(accuracy, macs, verdict):
     assert same_budget_verdict("MAC budget", mine, other) == verdict
 
 
+@pytest.mark.parametrize("shipped", [("mine",), ("other",), ("mine", "other")])
+def test_a_deployed_row_that_shipped_dense_is_compared_with_nothing(shipped):
+    """MNIST CNN, 2026-12-07: every recipe's cut was outside the 1-point budget, so both deployed rows of the
+    MAC match were dense INT8 and read "equal or better" against each other, a comparison of dense with itself."""
+    from pruneops.compare.report import same_budget_verdict
+
+    rows = {
+        name: {"label": name, "family": "ours", "deployed": True, "source": "pruned", "test_accuracy": 0.98,
+               "macs": 1000, "latency": {"1": {"p50_ms": 1.0}}}
+        for name in ("mine", "other")
+    }  # fmt: skip
+    for name in shipped:
+        rows[name] |= {"source": "dense", "dense_ships": "outside_budget", "macs": 4000}
+    for what in ("MAC budget", "measured latency"):
+        verdict = same_budget_verdict(what, rows["mine"], rows["other"])
+        assert verdict == f"**not comparable**: {' and '.join(shipped)} deployed dense's model, not a cut"
+    rows["mine"] |= {"source": "pruned", "deployed": False, "macs": 1000}  # an fp32 row is the cut itself
+    rows["other"] |= {"source": "pruned", "macs": 1000}
+    assert same_budget_verdict("MAC budget", rows["mine"], rows["other"]) == "equal or better"
+
+
 @pytest.mark.parametrize(
     ("interval", "meaning"),
     [([-0.25, 0.11], "within noise"), ([0.05, 0.4], "better beyond noise"), ([-0.4, -0.05], "worse beyond noise")],

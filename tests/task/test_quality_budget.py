@@ -64,9 +64,11 @@ def test_the_default_budget_backs_off_to_dense_and_says_why(cut_without_recovery
 
 
 def test_without_a_budget_the_same_pruned_model_ships(cut_without_recovery, tmp_path, monkeypatch):
-    """Timings injected (each dense form twice its pruned twin): the budget decides here, not the machine. Timed for
-    real, a tiny CNN cut to a quarter was once read no faster than dense's fastest form (make test, 2026-12-07), so dense
-    shipped for a reason this test is not about."""
+    """Timings injected (each dense form twice its pruned twin): the budget decides here, not the machine.
+
+    Timed for real, a tiny CNN cut to a quarter was once read no faster than dense's fastest form (make test,
+    2026-12-07), so dense shipped for a reason this test is not about.
+    """
     root = cut_without_recovery
     write_params(tmp_path, _params(max_accuracy_drop=None))
     pruned = {"fp32": 1.00, "dynamic": 1.05, "static": 1.30}
