@@ -51,10 +51,12 @@ class WorkloadResult:
         low_high = pick.get("test_delta_ci_points")
         interval = f" [{low_high[0]:+.2f}, {low_high[1]:+.2f}]" if low_high else ""
         deployed = pick.get("speedup_b1_vs_dense_deployed")
+        dense_ships = DenseShips.of_row(pick)  # the pick's quantize stage shipped dense: say whose model it is
+        shipped = f" (dense {_form(pick['precision'], 'genai')}: {dense_ships.for_a_selection})" if dense_ships else ""
         return [
             link,
             where,
-            f"`{pick['name']}`",
+            f"`{pick['name']}`{shipped}",
             f"{-pick['test_drop_points']:+.2f}{interval}",
             f"{pick['speedup_b1']:.2f}×"
             + (f" ({deployed:.2f}× vs dense {_form(self.dense_form, 'genai')})" if deployed else ""),

@@ -262,3 +262,23 @@ def test_a_classifier_row_names_the_form_dense_shipped_in(tmp_path):
         machine = {"cpu": "AMD EPYC", "date": "2026-12-07"}
         (report / "results.json").write_text(json.dumps({"selected": pick, "rows": rows, "machine": machine}))
         assert cell in headline_table(tmp_path)
+
+
+def test_a_classifier_pick_that_shipped_dense_says_so(tmp_path):
+    """MNIST CNN, 2026-12-07: every cut was outside the budget and the pick's row was dense INT8; the results page
+    gave `ours-tp-budget deployed` at 1.00x dense INT8 without saying whose model that was."""
+    from pruneops.compare.results import headline_table
+
+    pick = {"name": "ours deployed", "family": "ours", "deployed": True, "precision": "int8", "speedup_b1": 2.3,
+            "speedup_b1_vs_dense_deployed": 1.0, "test_drop_points": 0.03, "mac_reduction": 1.0}  # fmt: skip
+    report = tmp_path / "results" / "mnist" / "w"
+    report.mkdir(parents=True)
+    (report / "report.md").write_text("# w\n")
+    machine = {"cpu": "AMD EPYC", "date": "2026-12-07"}
+    for source, cell in (
+        ("dense", "`ours deployed` (dense INT8: no cut held every budget) |"),
+        ("pruned", "`ours deployed` |"),
+    ):
+        row = {**pick, "source": source, "dense_ships": "outside_budget" if source == "dense" else None}
+        (report / "results.json").write_text(json.dumps({"selected": row, "rows": [], "machine": machine}))
+        assert cell in headline_table(tmp_path)
