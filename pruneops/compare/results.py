@@ -52,11 +52,10 @@ class WorkloadResult:
         interval = f" [{low_high[0]:+.2f}, {low_high[1]:+.2f}]" if low_high else ""
         deployed = pick.get("speedup_b1_vs_dense_deployed")
         dense_ships = DenseShips.of_row(pick)  # the pick's quantize stage shipped dense: say whose model it is
-        shipped = f" (dense {_form(pick['precision'], 'genai')}: {dense_ships.for_a_selection})" if dense_ships else ""
         return [
             link,
             where,
-            f"`{pick['name']}`{shipped}",
+            _picked(pick["name"], _form(pick["precision"], "genai") if dense_ships else "", dense_ships),
             f"{-pick['test_drop_points']:+.2f}{interval}",
             f"{pick['speedup_b1']:.2f}×"
             + (f" ({deployed:.2f}× vs dense {_form(self.dense_form, 'genai')})" if deployed else ""),
@@ -94,12 +93,17 @@ def _decoder_row(data: dict, pick: dict) -> dict:
     return {**figures, "shipped": shipped, "backed_off": bool(dense_ships), "dense_ships": dense_ships, **pick}
 
 
+def _picked(name: str, form: str, dense_ships: DenseShips | None) -> str:
+    """`ours deployed`, and where the pick's quantize stage shipped dense, whose model and why: ` (dense INT8: …)`."""
+    return f"`{name}`" + (f" (dense {form}: {dense_ships.for_a_selection})" if dense_ships else "")
+
+
 def _decoder_cells(pick: dict) -> list[str]:
     """A decoder's pick: perplexity change instead of accuracy, decode (per-token) speed-up."""
     if not pick:
         return ["none within the perplexity budget on validation", "–", "–", "–"]
-    why = DenseShips.read(pick.get("dense_ships")).for_a_selection
-    name = f"`{pick['name']}`" + (f" (dense {pick['shipped']}: {why})" if pick["backed_off"] else "")
+    dense_ships = DenseShips.read(pick.get("dense_ships")) if pick["backed_off"] else None
+    name = _picked(pick["name"], pick["shipped"], dense_ships)
     alone = pick.get("in_domain")
     speed = _decoder_speed(pick) + (
         f"; within the in-domain budget alone `{alone['name']}` {_decoder_speed(alone)}, test perplexity "
