@@ -87,10 +87,11 @@ def benchmark_decoder(config: BenchmarkConfig, layout: Layout) -> DecoderBenchma
         dump_json(frontier, staged.dir(plots) / "frontier.json")
         plot_decoder_frontier(frontier, staged.path(plots) / "frontier.png")
         vocabulary = f", vocabulary {shipped['vocabulary']}" if shipped.get("vocabulary") else ""
+        source = ModelSource.read(shipped.get("source"))
         report = DecoderBenchmarkReport(
             task="causal_lm",
-            shipped=f"{ModelSource.read(shipped.get('source'))} {shipped['precision']}{vocabulary}",
-            source=ModelSource.read(shipped.get("source")),
+            shipped=f"{source} {shipped['precision']}{vocabulary}",
+            source=source,
             dense_ships=shipped.get("dense_ships"),
             precision=shipped["precision"],
             latency_metric="time per output token",

@@ -117,10 +117,11 @@ def benchmark_model(config: BenchmarkConfig, layout: Layout | None = None) -> Be
         layout.metrics("benchmark"),
         layout.plots("benchmark"),
     )
+    source = ModelSource.read(shipped.get("source"))
     report = BenchmarkReport(
         task="classification",
-        shipped=f"{ModelSource.read(shipped.get('source'))} {shipped.get('quantizer', shipped['precision'])}",
-        source=ModelSource.read(shipped.get("source")),
+        shipped=f"{source} {shipped.get('quantizer', shipped['precision'])}",
+        source=source,
         dense_ships=shipped.get("dense_ships"),
         fastest_dense=manifest.get("fastest_dense"),
         speedup_b1_vs_fastest_dense=speedup_against(models, manifest.get("fastest_dense")),
